@@ -1,0 +1,30 @@
+# The two commands a newcomer needs:  make demo   and   make test
+# Both install what is missing (system packages, a virtualenv, the package with its C core).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+STAMP := $(VENV)/.emqfast-installed
+
+.PHONY: demo test bench setup clean
+
+demo: $(STAMP)
+	$(VENV)/bin/emqfast demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/emqfast bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py)
+	./scripts/system-deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -c "import emqfast; print('emqfast backend:', emqfast.backend())"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info emqfast/_emqcore*.so emqfast/_emqcore.c

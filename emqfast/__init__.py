@@ -1,0 +1,30 @@
+"""emqfast: a Redis job queue whose hot path is C.
+
+    import emqfast
+    q = emqfast.Queue("mail", emqfast.connect())
+    q.enqueue({"to": "ada@example.com"})
+    emqfast.Worker(q, lambda job: send(job.payload)).run()
+"""
+from . import backend as _backend
+from .backoff import Backoff
+from .connection import connect
+from .errors import (BackendUnavailable, ConnectionFailed, EmqError, InvalidInput, JobNotFound,
+                     JobStateError, KindError, LeaseLost, PayloadError, RangeError, Unrecoverable,
+                     VersionMismatch)
+from .job import Job, JobRef
+from .queue import Queue
+from .version import KEYSPACE_VERSION, __version__
+from .worker import Worker, WorkerStats
+
+
+def backend() -> str:
+    """Which backend is live: ``'c'`` (the C core) or ``'python'`` (its pure twin)."""
+    return _backend.current()
+
+
+__all__ = [
+    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "InvalidInput", "Job",
+    "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "LeaseLost",
+    "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
+    "WorkerStats", "__version__", "backend", "connect",
+]

@@ -1,0 +1,56 @@
+"""Pure-Python twin of the C core's Batcher: many EVALSHA calls in one round trip
+over redis-py (with the hiredis parser when installed)."""
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import redis
+
+
+class Batcher:
+    """Pipelines batches of EVALSHA calls on an existing redis-py client."""
+
+    def __init__(self, client: "redis.Redis"):
+        self.client = client
+
+    @classmethod
+    def from_redis(cls, client: "redis.Redis") -> "Batcher":
+        """Wrap ``client`` (any redis-py client, cluster included)."""
+        return cls(client)
+
+    def evalsha_many(self, sha: str, script: bytes, numkeys: int,
+                     calls: Sequence[Sequence[Any]]) -> List[Any]:
+        """Run ``EVALSHA sha numkeys *call`` for every call, in order, in one round trip.
+
+        Error replies are returned in their slot as ``redis.ResponseError``; calls that
+        met NOSCRIPT are re-sent once after ``SCRIPT LOAD``.
+        """
+        replies = self._send(sha, numkeys, calls)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+        if missing:
+            self.client.script_load(script)
+            again = self._send(sha, numkeys, [calls[i] for i in missing])
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return replies
+
+    def evalsha_flat(self, sha: str, script: bytes, numkeys: int, argc: int,
+                     flat: Sequence[Any]) -> List[Any]:
+        """Same as :meth:`evalsha_many` with every call ``argc`` values long, back to back."""
+        calls = [flat[i:i + argc] for i in range(0, len(flat), argc)]
+        return self.evalsha_many(sha, script, numkeys, calls)
+
+    def _send(self, sha: str, numkeys: int, calls: Sequence[Sequence[Any]]) -> List[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command("EVALSHA", sha, numkeys, *call)
+        return pipe.execute(raise_on_error=False)
+
+    def close(self) -> None:
+        """Nothing to release: the redis-py client owns the connection."""
+
+    def __enter__(self) -> "Batcher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

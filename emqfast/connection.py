@@ -1,0 +1,55 @@
+"""``connect()``: an explicit URL, else ``EMQ_REDIS_URL``, else the embedded Redis."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Optional
+
+import redis
+
+from .errors import ConnectionFailed, InvalidInput
+
+_PASSWORD_IN_URL = re.compile(r"(?<=://)([^:@/]*):([^@/]*)@")
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
+    return _PASSWORD_IN_URL.sub(lambda m: f"{m.group(1)}:***@", url)
+
+
+def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
+    """A redis-py client for emqfast.
+
+    ``url`` may be ``redis://``, ``rediss://`` (TLS), ``unix://`` or
+    ``redis+cluster://host:port`` (Redis Cluster). With no URL: ``EMQ_REDIS_URL``,
+    else the embedded server (started on first use, shared by every process of
+    this user; see :mod:`emqfast.embedded`). An existing client is returned as is.
+    """
+    if isinstance(url, (redis.Redis, redis.RedisCluster)):
+        return url
+    url = url or os.environ.get("EMQ_REDIS_URL")
+    if not url:
+        from . import embedded
+        url = embedded.ensure_running()
+    if not isinstance(url, str):
+        raise InvalidInput("url must be a str or a redis client")
+    try:
+        if url.startswith(("redis+cluster://", "rediss+cluster://")):
+            real = url.replace("+cluster", "", 1)
+            client: Any = redis.RedisCluster.from_url(real, **kwargs)
+        else:
+            client = redis.Redis.from_url(url, **kwargs)
+    except (ValueError, redis.RedisError) as exc:
+        # redis-py's messages may echo the URL: never let a password out
+        raise ConnectionFailed(f"cannot connect to {redact(url)}: "
+                               f"{redact(str(exc))}") from None
+    return client
+
+
+def resolve(conn: Any) -> "redis.Redis":
+    """A client from whatever the caller gave a Queue: None, a URL, or a client."""
+    if conn is None or isinstance(conn, str):
+        return connect(conn)
+    if isinstance(conn, (redis.Redis, redis.RedisCluster)):
+        return conn
+    raise InvalidInput(f"expected a redis client or URL, not {type(conn).__name__}")

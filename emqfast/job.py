@@ -1,0 +1,85 @@
+"""What a caller sees of a job: :class:`JobRef` from enqueue, :class:`Job` from ``Queue.get``."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+from . import codec
+from .backoff import Backoff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .queue import Queue
+
+STATES = ("scheduled", "pending", "active", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The answer to an enqueue: the id, and whether it was new or a duplicate."""
+
+    id: str
+    status: str  # 'pending', 'scheduled' or 'duplicate'
+
+    @property
+    def duplicate(self) -> bool:
+        """True when the id already existed and nothing was written."""
+        return self.status == "duplicate"
+
+
+def _int(value: Any) -> Optional[int]:
+    return int(value) if value is not None else None
+
+
+def _text(value: Any) -> Optional[str]:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@dataclass
+class Job:
+    """A job's state and data, as stored in Redis (timestamps are server-clock epoch ms)."""
+
+    id: str
+    queue: str
+    state: str
+    payload: Any
+    attempts: int = 0
+    max_attempts: int = 1
+    priority: int = 0
+    backoff: Optional[Backoff] = None
+    created_ms: Optional[int] = None
+    run_at_ms: Optional[int] = None
+    started_ms: Optional[int] = None
+    finished_ms: Optional[int] = None
+    result: Any = None
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    stalls: int = 0
+    extra: Dict[str, Any] = field(default_factory=dict)
+    # set by the Worker for the job it is running: extends this job's lease
+    _extend: Optional[Callable[[int], None]] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes]) -> "Job":
+        """Build from an HGETALL reply."""
+        opts = json.loads(h[b"opts"]) if b"opts" in h else {}
+        result = h.get(b"result")
+        return cls(
+            id=job_id, queue=queue, state=_text(h.get(b"state")) or "unknown",
+            payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
+            attempts=int(h.get(b"attempts", 0)), max_attempts=int(opts.get("a", 1)),
+            priority=int(opts.get("p", 0)),
+            backoff=Backoff.from_json(opts["b"]) if opts.get("b") else None,
+            created_ms=_int(h.get(b"created")), run_at_ms=_int(h.get(b"run_at")),
+            started_ms=_int(h.get(b"started")), finished_ms=_int(h.get(b"finished")),
+            result=json.loads(result) if result is not None else None,
+            error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),
+            stalls=int(h.get(b"stalls", 0)),
+            extra={k: opts[k] for k in opts if k not in ("a", "p", "b")},
+        )
+
+    def extend_lease(self, ms: int) -> None:
+        """From inside a handler: keep the lease for ``ms`` more (raises LeaseLost if gone)."""
+        if self._extend is None:
+            raise RuntimeError("extend_lease() is only available to the running handler")
+        self._extend(ms)

@@ -1,0 +1,91 @@
+"""The only place key names are built.
+
+Every key of a queue has the form ``emq:{<queue>}:<suffix>``: the braces are a
+Redis Cluster hash tag, so one queue lives in one slot and every script's keys
+are co-located. Scripts never build keys; they receive them all in KEYS.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+from .errors import InvalidInput, KindError
+
+JOB_BRAND = "JOB"
+MAX_NAME_BYTES = 200
+
+
+def check_queue_name(name: str) -> str:
+    """Validate a queue name: non-empty text, no ``{``/``}`` (they would move the hash tag)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("queue name must be a non-empty str")
+    if "{" in name or "}" in name:
+        raise InvalidInput("queue name must not contain '{' or '}' (they would break the hash tag)")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InvalidInput(f"queue name longer than {MAX_NAME_BYTES} bytes")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("queue name must be valid unicode text") from None
+    return name
+
+
+def check_job_id(job_id: str) -> str:
+    """Validate a caller-chosen job id: text with the ``JOB`` brand (the EMQKIND gate)."""
+    if not isinstance(job_id, str):
+        raise InvalidInput("job id must be a str")
+    if not job_id.startswith(JOB_BRAND):
+        raise KindError(f"job id must start with {JOB_BRAND!r}")
+    if len(job_id) > MAX_NAME_BYTES:
+        raise InvalidInput(f"job id longer than {MAX_NAME_BYTES} characters")
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("job id must be valid unicode text") from None
+    return job_id
+
+
+class QueueKeys:
+    """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
+
+    __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
+                 "completed", "failed", "marker", "counter", "repeat", "events")
+
+    def __init__(self, name: str):
+        self.name = check_queue_name(name)
+        self.base = f"emq:{{{name}}}:"
+        b = self.base
+        self.meta = b + "meta"            # hash: keyspace version, paused flag
+        self.pending = b + "pending"      # zset: priority * 2**32 + arrival counter
+        self.delayed = b + "delayed"      # zset: (run_at - EPOCH) * 4096 + 12-bit seq
+        self.active = b + "active"        # zset: lease deadline (server ms)
+        self.leases = b + "leases"        # hash: job id -> lease token
+        self.completed = b + "completed"  # zset: finish time (server ms)
+        self.failed = b + "failed"        # zset: finish time (server ms)
+        self.marker = b + "marker"        # zset: wake marker workers BZPOPMIN on
+        self.counter = b + "counter"      # string: INCR arrival counter
+        self.repeat = b + "repeat"        # zset: schedule name -> next run (server ms)
+        self.events = b + "events"        # stream: job events
+
+    def job(self, job_id: str) -> str:
+        """Hash holding one job's payload, options and outcome."""
+        return self.base + "job:" + job_id
+
+    def jobs(self, job_ids: Iterable[str]) -> List[str]:
+        """:meth:`job` for many ids."""
+        b = self.base + "job:"
+        return [b + j for j in job_ids]
+
+    def schedule(self, name: str) -> str:
+        """Hash holding one repeatable schedule's options."""
+        return self.base + "repeat:" + name
+
+    def glob(self) -> str:
+        """SCAN pattern matching every key of this queue (glob metacharacters escaped)."""
+        escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self.base)
+        return escaped + "*"
+
+
+def queue_of_key(key: str) -> str:
+    """The queue name inside an ``emq:{queue}:...`` key."""
+    start = key.index("{") + 1
+    return key[start:key.index("}", start)]

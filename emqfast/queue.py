@@ -1,0 +1,284 @@
+"""The producer/inspection facade of one queue."""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import redis
+
+from . import backend, codec, ids
+from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
+from .backoff import DEFAULT_BACKOFF, Backoff
+from .connection import resolve
+from .errors import InvalidInput, JobNotFound, RangeError
+from .job import Job, JobRef
+from .keys import QueueKeys, check_job_id
+from .scripts import load, map_error, run_pipeline
+from .version import KEYSPACE_VERSION
+
+_ENQUEUE = load("enqueue")
+_DUE = load("due")
+_PROMOTE = load("promote")
+_REAP = load("reap")
+_CANCEL = load("cancel")
+_PAUSE = load("pause")
+_TRIM = load("trim")
+_RETRY = load("retry")
+
+MAX_ATTEMPTS = 1_000_000
+ENQUEUE_CHUNK = 10_000
+
+
+def check_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]``, else :class:`RangeError` / :class:`InvalidInput`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise RangeError(f"{name}={value} outside [{lo}, {hi}]")
+    return value
+
+
+class Queue:
+    """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
+
+    ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
+    """
+
+    def __init__(self, name: str, conn: Any = None, *, attempts: int = 3,
+                 backoff: Backoff = DEFAULT_BACKOFF,
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES):
+        self.keys = QueueKeys(name)
+        self.name = name
+        self.redis: redis.Redis = resolve(conn)
+        self.default_attempts = check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
+        if not isinstance(backoff, Backoff):
+            raise InvalidInput("backoff must be an emqfast.Backoff")
+        self.default_backoff = backoff
+        self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 0, 512 << 20)
+        self._batcher: Any = None
+        self._schedules: Any = None
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # --- enqueue -------------------------------------------------------------
+    def _options(self, priority: int, attempts: Optional[int],
+                 backoff: Optional[Backoff]) -> bytes:
+        check_int(priority, "priority", 0, PRIORITY_MAX)
+        attempts = self.default_attempts if attempts is None else \
+            check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
+        backoff = self.default_backoff if backoff is None else backoff
+        if not isinstance(backoff, Backoff):
+            raise InvalidInput("backoff must be an emqfast.Backoff")
+        return json.dumps({"a": attempts, "p": priority, "b": backoff.to_json()},
+                          separators=(",", ":")).encode()
+
+    @staticmethod
+    def _when(delay_ms: Optional[int], run_at_ms: Optional[int]) -> Tuple[bytes, int]:
+        if delay_ms is not None and run_at_ms is not None:
+            raise InvalidInput("give delay_ms or run_at_ms, not both")
+        if run_at_ms is not None:
+            return b"at", check_int(run_at_ms, "run_at_ms", 0, MAX_RUN_AT_MS)
+        if delay_ms is not None:
+            return b"in", check_int(delay_ms, "delay_ms", 0, MAX_OFFSET_MS)
+        return b"now", 0
+
+    def _fixed_keys(self) -> List[str]:
+        k = self.keys
+        return [k.pending, k.delayed, k.marker, k.meta, k.counter]
+
+    def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
+                attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
+                delay_ms: Optional[int] = None, run_at_ms: Optional[int] = None) -> JobRef:
+        """Add one job. ``payload`` is bytes or JSON-serialisable.
+
+        Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
+        enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
+        """
+        data, enc = codec.encode(payload, self.max_payload_bytes)
+        opts = self._options(priority, attempts, backoff)
+        mode, value = self._when(delay_ms, run_at_ms)
+        job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        reply = _ENQUEUE(self.redis, [self.keys.job(job_id), *self._fixed_keys()],
+                         [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
+        if reply == 0:
+            return JobRef(job_id, "duplicate")
+        return JobRef(job_id, "pending" if mode == b"now" else "scheduled")
+
+    def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
+        """Add a job that becomes pending at ``run_at_ms`` (epoch ms, compared with the server clock)."""
+        return self.enqueue(payload, run_at_ms=run_at_ms, **opts)
+
+    def enqueue_in(self, payload: Any, delay_ms: int, **opts: Any) -> JobRef:
+        """Add a job that becomes pending ``delay_ms`` from now, measured on the Redis server clock."""
+        return self.enqueue(payload, delay_ms=delay_ms, **opts)
+
+    def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
+                     priority: int = 0, attempts: Optional[int] = None,
+                     backoff: Optional[Backoff] = None, delay_ms: Optional[int] = None,
+                     run_at_ms: Optional[int] = None) -> List[JobRef]:
+        """Add many jobs with shared options, pipelined (thousands per round trip).
+
+        Every payload and id is validated before anything is sent, so bad input
+        writes nothing. Under the C backend the batch is framed and sent by hiredis.
+        """
+        encoded = [codec.encode(p, self.max_payload_bytes) for p in payloads]
+        opts = self._options(priority, attempts, backoff)
+        mode, value = self._when(delay_ms, run_at_ms)
+        if job_ids is None:
+            job_ids = ids.new_ids(len(encoded))
+        else:
+            job_ids = [check_job_id(j) for j in job_ids]
+            if len(job_ids) != len(encoded):
+                raise InvalidInput("job_ids and payloads differ in length")
+        fixed = self._fixed_keys()
+        tail = [opts, str(priority).encode(), mode, str(value).encode(), KEYSPACE_VERSION.encode()]
+        job_key = self.keys.job
+        flat: List[Any] = []
+        for job_id, (data, enc) in zip(job_ids, encoded):
+            flat += (job_key(job_id), *fixed, job_id, data, enc, *tail)
+        argc = 6 + 8
+        batcher = self._wire()
+        replies: List[Any] = []
+        step = ENQUEUE_CHUNK * argc
+        for start in range(0, len(flat), step):
+            replies += batcher.evalsha_flat(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6, argc,
+                                            flat[start:start + step])
+        status = "pending" if mode == b"now" else "scheduled"
+        refs = []
+        for job_id, reply in zip(job_ids, replies):
+            if isinstance(reply, Exception):
+                raise map_error(reply)
+            refs.append(JobRef(job_id, status if reply == 1 else "duplicate"))
+        return refs
+
+    def _wire(self) -> Any:
+        """The live backend's Batcher for this queue's connection (C when possible)."""
+        want = backend.current()
+        if self._batcher is None or self._batcher[0] != want:
+            self._batcher = (want, backend.batcher_for(self.redis))
+        return self._batcher[1]
+
+    # --- moves on the server clock ------------------------------------------
+    def promote(self, limit: int = 1000) -> int:
+        """Release due delayed jobs to pending (server clock); returns how many moved."""
+        check_int(limit, "limit", 1, 1_000_000)
+        k = self.keys
+        reply = _DUE(self.redis, [k.delayed], [limit, 1])
+        due = [i.decode() for i in reply[1:]]
+        if not due:
+            return 0
+        return int(_PROMOTE(self.redis, [k.delayed, k.pending, k.marker, *k.jobs(due)], due))
+
+    def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
+        """Return jobs with expired leases to pending; ``(requeued, failed_as_stalled)``."""
+        check_int(max_stalled, "max_stalled", 0, 1_000_000)
+        check_int(limit, "limit", 1, 1_000_000)
+        k = self.keys
+        reply = _DUE(self.redis, [k.active], [limit, 0])
+        expired = [i.decode() for i in reply[1:]]
+        if not expired:
+            return 0, 0
+        requeued, failed = _REAP(
+            self.redis, [k.active, k.leases, k.pending, k.failed, k.marker, *k.jobs(expired)],
+            [max_stalled, *expired])
+        return int(requeued), int(failed)
+
+    def server_time_ms(self) -> int:
+        """The Redis server's clock, epoch ms (the clock every schedule is measured on)."""
+        sec, usec = self.redis.time()
+        return sec * 1000 + usec // 1000
+
+    # --- inspection and control ---------------------------------------------
+    def get(self, job_id: str) -> Optional[Job]:
+        """The job's state and data, or None if it does not exist (or was trimmed)."""
+        check_job_id(job_id)
+        h = self.redis.hgetall(self.keys.job(job_id))
+        return Job.from_hash(self.name, job_id, h) if h else None
+
+    def counts(self) -> Dict[str, int]:
+        """Number of jobs per state."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        for key in (k.delayed, k.pending, k.active, k.completed, k.failed):
+            pipe.zcard(key)
+        s, p, a, c, f = pipe.execute()
+        return {"scheduled": s, "pending": p, "active": a, "completed": c, "failed": f}
+
+    def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:
+        """Ids in one state, in the order they will run (or finished, newest first)."""
+        key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
+               "active": self.keys.active, "completed": self.keys.completed,
+               "failed": self.keys.failed}.get(state)
+        if key is None:
+            raise InvalidInput(f"unknown state {state!r}")
+        if state in ("completed", "failed"):
+            raw = self.redis.zrevrange(key, start, stop)
+        else:
+            raw = self.redis.zrange(key, start, stop)
+        return [i.decode() for i in raw]
+
+    def next_due_ms(self) -> Optional[int]:
+        """Run-at (epoch ms) of the earliest delayed job, or None."""
+        head = self.redis.zrange(self.keys.delayed, 0, 0, withscores=True)
+        return backend.impl().unpack_delayed(int(head[0][1]))[0] if head else None
+
+    def cancel(self, job_id: str) -> bool:
+        """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
+        check_job_id(job_id)
+        k = self.keys
+        return bool(_CANCEL(self.redis, [k.job(job_id), k.pending, k.delayed], [job_id]))
+
+    def retry(self, job_id: str) -> None:
+        """Send a failed job back to pending with a fresh set of attempts."""
+        check_job_id(job_id)
+        k = self.keys
+        _RETRY(self.redis, [k.job(job_id), k.failed, k.pending, k.marker], [job_id])
+
+    def pause(self) -> None:
+        """Stop workers from claiming jobs (enqueues still succeed)."""
+        _PAUSE(self.redis, [self.keys.meta, self.keys.marker], [1, KEYSPACE_VERSION])
+
+    def resume(self) -> None:
+        """Let workers claim again (wakes a blocked worker)."""
+        _PAUSE(self.redis, [self.keys.meta, self.keys.marker], [0, KEYSPACE_VERSION])
+
+    def is_paused(self) -> bool:
+        """True while the queue is paused."""
+        return self.redis.hget(self.keys.meta, "paused") == b"1"
+
+    def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
+             max_age_ms: Optional[int] = None) -> int:
+        """Retention: delete the oldest finished jobs beyond the counts (and older than the age)."""
+        k = self.keys
+        removed = 0
+        now = self.server_time_ms() if max_age_ms is not None else None
+        for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
+            check_int(keep, "keep", 0, 1 << 40)
+            victims = {i.decode() for i in self.redis.zrange(key, 0, -(keep + 1))}
+            if now is not None:
+                victims.update(i.decode() for i in
+                               self.redis.zrangebyscore(key, "-inf", now - max_age_ms))
+            for chunk in _chunks(sorted(victims), 500):
+                removed += int(_TRIM(self.redis, [key, *k.jobs(chunk)], chunk))
+        return removed
+
+    def obliterate(self) -> int:
+        """Delete every key of this queue (jobs, schedules, meta). Returns keys deleted."""
+        n = 0
+        for batch in _chunks(list(self.redis.scan_iter(match=self.keys.glob(), count=1000)), 500):
+            n += self.redis.unlink(*batch)
+        return n
+
+    @property
+    def schedules(self) -> Any:
+        """Repeatable schedules of this queue (see :mod:`emqfast.schedules`)."""
+        if self._schedules is None:
+            from .schedules import Schedules
+            self._schedules = Schedules(self)
+        return self._schedules
+
+
+def _chunks(items: List[Any], size: int) -> Iterable[List[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

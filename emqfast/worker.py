@@ -1,0 +1,410 @@
+"""The Worker: claims jobs in batches under leases, runs the handler in a thread
+pool, acknowledges outcomes in pipelined batches, and keeps the queue healthy on
+its beat (lease extension, reaping, retention, schedule pumping).
+
+Threads: the caller's thread runs the claim loop; ``concurrency`` handler
+threads; one acker thread that writes outcomes. Only the lease holder can
+finish a job: every outcome carries the lease token the claim returned.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_mod
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import redis
+
+from . import codec
+from .errors import LeaseLost, PayloadError, Unrecoverable
+from .job import Job
+from .keys import QueueKeys
+from .queue import Queue, check_int
+from .scripts import load, run_pipeline
+from .version import KEYSPACE_VERSION
+
+log = logging.getLogger("emqfast.worker")
+
+_CLAIM = load("claim")
+_START = load("start")
+_COMPLETE = load("complete")
+_FAIL = load("fail")
+_EXTEND = load("extend")
+_RELEASE = load("release")
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did (counts since it was created)."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    lease_lost: int = 0
+    released: int = 0
+
+
+@dataclass
+class _Running:
+    job: Job
+    token: str
+    extended_at: float  # monotonic seconds of the last lease grant
+    lost: bool = False
+
+
+class Worker:
+    """Runs ``handler(job)`` for jobs of ``queue``.
+
+    ``concurrency`` handlers run at once; each claimed job holds its own lease of
+    ``lease_ms`` (extended while it runs); a job whose lease expires (worker
+    died or froze) goes back to pending and, after ``max_stalled`` such stalls,
+    fails as "stalled". Handler exceptions fail the attempt and retry with the
+    job's backoff; raise :class:`emqfast.Unrecoverable` to skip retries.
+    Return values are stored as the job's result (JSON).
+    """
+
+    def __init__(self, queue: Queue, handler: Handler, *, concurrency: int = 8,
+                 lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
+                 keep_completed: int = 1000, keep_failed: int = 10_000,
+                 max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
+                 name: Optional[str] = None):
+        if not isinstance(queue, Queue):
+            raise TypeError("Worker needs an emqfast.Queue")
+        if not callable(handler):
+            raise TypeError("handler must be callable")
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
+        self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
+        self.max_stalled = check_int(max_stalled, "max_stalled", 0, 1_000_000)
+        self.batch_size = check_int(batch_size or self.concurrency, "batch_size", 1, 10_000)
+        self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stats = WorkerStats()
+        self.beat_s = min(1.0, self.lease_ms / 4000.0)
+        self._keys: QueueKeys = queue.keys
+        self._redis = queue.redis
+        self._running: Dict[str, _Running] = {}
+        self._lock = threading.Condition()
+        self._acks: "queue_mod.SimpleQueue[Optional[tuple]]" = queue_mod.SimpleQueue()
+        self._pending_acks = 0
+        self._stop = threading.Event()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._acker: Optional[threading.Thread] = None
+        self._next_beat = 0.0
+        self._next_trim = 0.0
+        self._server_offset_ms = 0.0  # server clock - local monotonic, from claim replies
+        self.beat_hooks: List[Callable[[], Any]] = []
+
+    # --- public control -------------------------------------------------------
+    def run(self) -> WorkerStats:
+        """Process jobs until :meth:`stop` or SIGTERM/SIGINT (graceful: in-flight jobs
+        finish within ``shutdown_timeout_s`` or are released back to pending)."""
+        restore = self._install_signals()
+        try:
+            self._serve(until_idle=False, deadline=None, wait_scheduled=False)
+        finally:
+            restore()
+        return self.stats
+
+    def run_until_idle(self, timeout_s: Optional[float] = 60.0,
+                       wait_scheduled: bool = False) -> WorkerStats:
+        """Process jobs until nothing is pending, running or due (with
+        ``wait_scheduled``, until no delayed job is left either). Raises
+        ``TimeoutError`` if that takes longer than ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
+        return self.stats
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once in-flight jobs are finished or released."""
+        self._stop.set()
+        try:  # wake the claim loop if it is blocked on the marker
+            self._redis.zadd(self._keys.marker, {"0": 0})
+        except redis.RedisError:
+            pass
+
+    # --- the claim loop ---------------------------------------------------------
+    def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
+        self._stop.clear()
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
+        self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
+        self._acker.start()
+        retry_delay = 0.05
+        try:
+            while not self._stop.is_set():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"worker on {self.queue.name!r} not idle in time")
+                try:
+                    if self._step(until_idle, wait_scheduled):
+                        return
+                    retry_delay = 0.05
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    log.warning("emqfast worker %s: redis unavailable (%s); retrying in %.2fs",
+                                self.name, type(exc).__name__, retry_delay)
+                    self._stop.wait(retry_delay)
+                    retry_delay = min(retry_delay * 2, 5.0)
+        finally:
+            self._shutdown()
+
+    def _step(self, until_idle: bool, wait_scheduled: bool) -> bool:
+        """One turn of the loop; True when ``until_idle`` is satisfied."""
+        self._beat_if_due()
+        free = self._wait_for_slot()
+        if free == 0:
+            return False
+        k = self._keys
+        reply = _CLAIM(self._redis, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
+                                     k.counter],
+                       [min(free, self.batch_size), self.lease_ms, self.name, KEYSPACE_VERSION])
+        now, status, next_due = int(reply[0]), int(reply[1]), int(reply[2])
+        self._server_offset_ms = now - time.monotonic() * 1000
+        pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
+        if pairs:
+            self._start(pairs)
+            return False
+        if status == 1 and next_due != -1 and next_due <= now:
+            if self.queue.promote(limit=1000):
+                return False
+        if until_idle and status == 1 and self._idle() and \
+                (next_due == -1 or (not wait_scheduled and next_due > now)):
+            return True
+        wait_ms = self.beat_s * 1000
+        if status == 1 and next_due != -1:
+            wait_ms = min(wait_ms, max(next_due - now, 0))
+        self._block_on_marker(wait_ms)
+        return False
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._running and self._pending_acks == 0
+
+    def _wait_for_slot(self) -> int:
+        with self._lock:
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._lock.wait(self.beat_s)
+                free = self.concurrency - len(self._running)
+            return max(free, 0)
+
+    def _server_now_ms(self) -> float:
+        return time.monotonic() * 1000 + self._server_offset_ms
+
+    def _block_on_marker(self, wait_ms: float) -> None:
+        """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
+
+        A popped marker scored in the future (a delayed job's run-at) only
+        shortens the wait; one scored now or earlier ends it.
+        """
+        end = time.monotonic() + wait_ms / 1000
+        while not self._stop.is_set():
+            remaining = end - time.monotonic()
+            if remaining <= 0.0005:
+                return
+            popped = self._redis.bzpopmin(self._keys.marker, timeout=max(remaining, 0.001))
+            if popped is None:
+                return
+            score = float(popped[2])
+            ahead_ms = score - self._server_now_ms()
+            if ahead_ms <= 0:
+                return
+            end = min(end, time.monotonic() + ahead_ms / 1000)
+
+    # --- starting and running jobs ----------------------------------------------
+    def _start(self, pairs: List[Tuple[str, str]]) -> None:
+        k = self._keys
+        ids = [i for i, _ in pairs]
+        args = [x for pair in pairs for x in pair]
+        rows = _START(self._redis, [k.active, k.leases, *k.jobs(ids)], args)
+        now = time.monotonic()
+        for (job_id, token), row in zip(pairs, rows):
+            if not row:
+                continue
+            attempts, payload, enc, opts, created = row
+            job = Job.from_hash(self.queue.name, job_id, {
+                b"state": b"active", b"payload": payload, b"enc": enc, b"opts": opts,
+                b"attempts": attempts, b"created": created})
+            job._extend = self._extender(job_id, token)
+            with self._lock:
+                self._running[job_id] = _Running(job, token, now)
+            self.stats.claimed += 1
+            assert self._pool is not None
+            self._pool.submit(self._run_handler, job, token)
+
+    def _run_handler(self, job: Job, token: str) -> None:
+        try:
+            result = self.handler(job)
+            outcome: tuple = ("done", job, token, codec.encode_result(result))
+        except Unrecoverable as exc:
+            outcome = ("fail", job, token, exc, traceback.format_exc(), False)
+        except PayloadError as exc:
+            outcome = ("fail", job, token, exc, traceback.format_exc(), False)
+        except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+            outcome = ("fail", job, token, exc, traceback.format_exc(), True)
+        with self._lock:
+            self._pending_acks += 1
+        self._acks.put(outcome)
+
+    def _extender(self, job_id: str, token: str) -> Callable[[int], None]:
+        def extend(ms: int) -> None:
+            check_int(ms, "ms", 1, 1 << 40)
+            ok = _EXTEND(self._redis, [self._keys.active, self._keys.leases], [ms, job_id, token])
+            if not ok or not ok[0]:
+                raise LeaseLost(f"lease on {job_id} is no longer held")
+        return extend
+
+    # --- acknowledging outcomes ----------------------------------------------------
+    def _ack_loop(self) -> None:
+        while True:
+            first = self._acks.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < 1000:
+                try:
+                    item = self._acks.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if item is None:
+                    self._acks.put(None)  # finish this batch, then exit
+                    break
+                batch.append(item)
+            self._write_outcomes(batch)
+
+    def _write_outcomes(self, batch: List[tuple]) -> None:
+        k = self._keys
+        calls = []
+        retrying = []
+        for outcome in batch:
+            kind, job, token = outcome[0], outcome[1], outcome[2]
+            if kind == "done":
+                calls.append((_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed],
+                              [job.id, token, outcome[3]]))
+                retrying.append(None)
+            else:
+                exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
+                delay = -1
+                if may_retry and job.attempts < job.max_attempts and job.backoff is not None:
+                    delay = job.backoff.delay_ms(job.attempts)
+                elif may_retry and job.attempts < job.max_attempts:
+                    delay = 0
+                message = f"{type(exc).__name__}: {exc}"
+                calls.append((_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed,
+                                      k.pending, k.marker],
+                              [job.id, token, delay, message, tb]))
+                retrying.append(delay >= 0)
+        delay_s = 0.05
+        while True:  # an outcome is never dropped: retry until Redis takes it
+            try:
+                replies = run_pipeline(self._redis, calls)
+                break
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("emqfast worker %s: cannot write outcomes (%s); retrying",
+                            self.name, type(exc).__name__)
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+        for outcome, reply, retry in zip(batch, replies, retrying):
+            job = outcome[1]
+            if isinstance(reply, LeaseLost):
+                self.stats.lease_lost += 1
+                log.warning("emqfast: job %s finished after its lease was lost; outcome discarded",
+                            job.id)
+            elif isinstance(reply, Exception):
+                log.error("emqfast: writing outcome of %s failed: %s", job.id, reply)
+            elif retry is None:
+                self.stats.completed += 1
+            elif retry:
+                self.stats.retried += 1
+            else:
+                self.stats.failed += 1
+        with self._lock:
+            for outcome in batch:
+                self._running.pop(outcome[1].id, None)
+            self._pending_acks -= len(batch)
+            self._lock.notify_all()
+
+    # --- the beat -------------------------------------------------------------------
+    def _beat_if_due(self) -> None:
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.beat_s
+        self._extend_leases(now)
+        self.queue.reap(max_stalled=self.max_stalled)
+        if now >= self._next_trim:
+            self._next_trim = now + 5.0
+            self.queue.trim(keep_completed=self.keep_completed, keep_failed=self.keep_failed,
+                            max_age_ms=self.max_age_ms)
+        for hook in self.beat_hooks:
+            hook()
+
+    def _extend_leases(self, now: float) -> None:
+        """Renew leases that are a third used, so a long handler keeps its job."""
+        with self._lock:
+            due = [r for r in self._running.values()
+                   if not r.lost and now - r.extended_at > self.lease_ms / 3000.0]
+        if not due:
+            return
+        args: List[Any] = [self.lease_ms]
+        for r in due:
+            args += (r.job.id, r.token)
+        replies = _EXTEND(self._redis, [self._keys.active, self._keys.leases], args)
+        for r, ok in zip(due, replies):
+            if ok:
+                r.extended_at = now
+            else:
+                r.lost = True
+                log.warning("emqfast: lease on running job %s was lost", r.job.id)
+
+    # --- shutdown ------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        end = time.monotonic() + self.shutdown_timeout_s
+        with self._lock:
+            while self._running and time.monotonic() < end:
+                if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
+                    break
+                self._lock.wait(min(0.1, max(end - time.monotonic(), 0.001)))
+            leftover = list(self._running.items())
+        for job_id, r in leftover:  # handlers that did not finish in time
+            k = self._keys
+            try:
+                if _RELEASE(self._redis, [k.job(job_id), k.active, k.leases, k.pending, k.marker],
+                            [job_id, r.token]):
+                    self.stats.released += 1
+            except redis.RedisError as exc:
+                log.warning("emqfast: could not release %s (%s); the reaper will", job_id, exc)
+        self._acks.put(None)
+        if self._acker is not None:
+            self._acker.join(timeout=max(end - time.monotonic(), 1.0))
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            log.info("emqfast worker %s: signal %d, shutting down gracefully", self.name, signum)
+            self.stop()
+
+        for s in previous:
+            signal.signal(s, on_signal)
+
+        def restore() -> None:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        return restore

@@ -1,0 +1,66 @@
+-- enqueue.lua: admit one job, either pending now or parked on the delayed set.
+--
+-- KEYS[1] job hash       emq:{q}:job:<id>
+-- KEYS[2] pending zset   emq:{q}:pending
+-- KEYS[3] delayed zset   emq:{q}:delayed
+-- KEYS[4] marker zset    emq:{q}:marker
+-- KEYS[5] meta hash      emq:{q}:meta
+-- KEYS[6] counter        emq:{q}:counter
+-- ARGV[1] job id (must start with JOB)
+-- ARGV[2] payload bytes
+-- ARGV[3] payload encoding: 'j' JSON text, 'b' raw bytes
+-- ARGV[4] options (JSON object, opaque to Lua: attempts, backoff, ...)
+-- ARGV[5] priority, integer 0 .. 2^21-1
+-- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
+-- ARGV[7] run-at or delay in ms ('0' for mode 'now')
+-- ARGV[8] keyspace version of the caller
+-- Returns: 1 admitted, 0 duplicate id (idempotent no-op, nothing written)
+-- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
+--          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version
+--@include common
+
+local id = ARGV[1]
+if string.sub(id, 1, 3) ~= 'JOB' then
+  return redis.error_reply('EMQKIND job id must start with JOB')
+end
+local priority = tonumber(ARGV[5])
+if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
+  return redis.error_reply('EMQRANGE priority must be an integer in [0, 2097151]')
+end
+local mode = ARGV[6]
+local value = tonumber(ARGV[7])
+if not value or value % 1 ~= 0 or (mode ~= 'now' and mode ~= 'at' and mode ~= 'in') then
+  return redis.error_reply('EMQINPUT mode must be now/at/in with an integer ms value')
+end
+if value < 0 then
+  return redis.error_reply('EMQRANGE delay / run-at must not be negative')
+end
+
+-- Validate everything before the first write: bad input leaves Redis untouched.
+local now = emq_now()
+local run_at = now
+if mode == 'at' then run_at = value elseif mode == 'in' then run_at = now + value end
+if run_at - EMQ_EPOCH > EMQ_MAX_OFFSET then
+  return redis.error_reply('EMQRANGE run-at beyond the exact range of delayed scores')
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local err = emq_fence(KEYS[5], ARGV[8])
+if err then return redis.error_reply(err) end
+
+local seq = redis.call('INCR', KEYS[6])
+local ps = priority * 4294967296 + (seq % 4294967296)
+if run_at > now then
+  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'payload', ARGV[2], 'enc', ARGV[3],
+    'opts', ARGV[4], 'ps', emq_int(ps), 'created', emq_int(now), 'run_at', emq_int(run_at),
+    'attempts', '0')
+  redis.call('ZADD', KEYS[3], emq_pack_delayed(run_at, seq), id)
+  emq_wake_at(KEYS[4], run_at)
+else
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'payload', ARGV[2], 'enc', ARGV[3],
+    'opts', ARGV[4], 'ps', emq_int(ps), 'created', emq_int(now), 'attempts', '0')
+  redis.call('ZADD', KEYS[2], ps, id)
+  emq_wake(KEYS[4])
+end
+return 1

@@ -1,0 +1,49 @@
+-- fail.lua: record a failed attempt: re-park the job for a retry after the
+-- backoff delay (computed above the wire), or move it to the failed set.
+--
+-- KEYS[1] job hash       emq:{q}:job:<id>
+-- KEYS[2] active zset    emq:{q}:active
+-- KEYS[3] leases hash    emq:{q}:leases
+-- KEYS[4] failed zset    emq:{q}:failed (score = finish time, server ms)
+-- KEYS[5] delayed zset   emq:{q}:delayed
+-- KEYS[6] pending zset   emq:{q}:pending
+-- KEYS[7] marker zset    emq:{q}:marker
+-- ARGV[1] job id
+-- ARGV[2] lease token from claim.lua
+-- ARGV[3] retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
+-- ARGV[4] error message
+-- ARGV[5] traceback text
+-- Returns: 1 re-parked for a retry, 0 moved to the failed set
+-- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay
+--@include common
+
+local delay = tonumber(ARGV[3])
+if not delay or delay % 1 ~= 0 or delay < -1 then
+  return redis.error_reply('EMQINPUT retry delay must be an integer >= -1')
+end
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
+end
+local now = emq_now()
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if delay < 0 then
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[4], 'traceback', ARGV[5],
+    'finished', emq_int(now))
+  redis.call('ZADD', KEYS[4], now, ARGV[1])
+  return 0
+end
+local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')
+local run_at = now + delay
+if delay > 0 and run_at - EMQ_EPOCH <= EMQ_MAX_OFFSET then
+  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'error', ARGV[4], 'traceback', ARGV[5],
+    'run_at', emq_int(run_at))
+  redis.call('ZADD', KEYS[5], emq_pack_delayed(run_at, ps), ARGV[1])
+  emq_wake_at(KEYS[7], run_at)
+else
+  -- no delay: straight back to pending, at its original place in its tier
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'error', ARGV[4], 'traceback', ARGV[5])
+  redis.call('ZADD', KEYS[6], ps, ARGV[1])
+  emq_wake(KEYS[7])
+end
+return 1

@@ -1,0 +1,58 @@
+-- includes/common.lua: helpers shared by the scripts (inlined by emqfast/scripts.py
+-- where a script says "--@include common"). No keys are built here.
+
+-- Server clock in epoch ms: every "now" comes from here, never from the caller.
+local function emq_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Delayed scores: (run_at - EPOCH) * 4096 + 12-bit seq, exact below 2^53
+-- (the offset epoch keeps raw epoch-ms * 4096 from passing 2^53 in 2039).
+local EMQ_EPOCH = 1704067200000
+local EMQ_MAX_OFFSET = 2199023255551 -- 2^41 - 1
+
+local function emq_pack_delayed(run_at, seq)
+  local off = run_at - EMQ_EPOCH
+  if off < 0 then off = 0 end
+  return off * 4096 + (seq % 4096)
+end
+
+local function emq_unpack_delayed(score)
+  return EMQ_EPOCH + math.floor(tonumber(score) / 4096)
+end
+
+-- Highest delayed score due at `now` (every seq of that millisecond included).
+local function emq_due_bound(now)
+  return emq_pack_delayed(now, 4095)
+end
+
+-- Integer to string without Lua's %.14g rounding of large numbers.
+local function emq_int(n)
+  return string.format('%.0f', n)
+end
+
+-- The boot fence: the first write records the keyspace version; a client of
+-- another major version is refused instead of corrupting the queue.
+-- Returns an error string, or nil when the caller may proceed.
+local function emq_fence(meta, version)
+  local have = redis.call('HGET', meta, 'version')
+  if not have then
+    redis.call('HSET', meta, 'version', version)
+    return nil
+  end
+  if string.match(have, '^[^.]*') ~= string.match(version, '^[^.]*') then
+    return 'EMQVERSION queue keyspace is ' .. have .. ', this client speaks ' .. version
+  end
+  return nil
+end
+
+-- Wake one blocked worker now (score 0 = "work is ready").
+local function emq_wake(marker)
+  redis.call('ZADD', marker, 0, '0')
+end
+
+-- Wake a blocked worker at `run_at` unless an earlier wake-up is already set.
+local function emq_wake_at(marker, run_at)
+  redis.call('ZADD', marker, 'LT', run_at, '1')
+end

@@ -1,0 +1,33 @@
+-- promote.lua: release due delayed jobs to pending, on the server clock. Each
+-- job rejoins pending with its original score (priority tier + arrival counter),
+-- so released jobs run in mint order within their tier.
+--
+-- KEYS[1] delayed zset   emq:{q}:delayed
+-- KEYS[2] pending zset   emq:{q}:pending
+-- KEYS[3] marker zset    emq:{q}:marker
+-- KEYS[4..] job hashes   emq:{q}:job:<id>, one per ARGV id, same order
+-- ARGV[1..] job ids (from due.lua; re-checked here, so a stale list is harmless)
+-- Returns: number of jobs released
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts
+--@include common
+
+if #ARGV ~= #KEYS - 3 then
+  return redis.error_reply('EMQINPUT promote needs one job key per id')
+end
+local bound = emq_due_bound(emq_now())
+local moved = 0
+for i = 1, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score and tonumber(score) <= bound then
+    redis.call('ZREM', KEYS[1], id)
+    local ps = redis.call('HGET', KEYS[i + 3], 'ps')
+    if ps then
+      redis.call('ZADD', KEYS[2], ps, id)
+      redis.call('HSET', KEYS[i + 3], 'state', 'pending')
+      moved = moved + 1
+    end
+  end
+end
+if moved > 0 then emq_wake(KEYS[3]) end
+return moved

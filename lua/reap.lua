@@ -1,0 +1,49 @@
+-- reap.lua: return jobs whose lease expired (worker died or stalled) to pending,
+-- on the server clock; a job that stalled more than max_stalled times fails
+-- with reason "stalled". The stalled attempt is not counted against `attempts`.
+--
+-- KEYS[1] active zset    emq:{q}:active
+-- KEYS[2] leases hash    emq:{q}:leases
+-- KEYS[3] pending zset   emq:{q}:pending
+-- KEYS[4] failed zset    emq:{q}:failed
+-- KEYS[5] marker zset    emq:{q}:marker
+-- KEYS[6..] job hashes   emq:{q}:job:<id>, one per ARGV[2..] id, same order
+-- ARGV[1] max_stalled (>= 0)
+-- ARGV[2..] job ids (from due.lua on the active set; re-checked here)
+-- Returns: {requeued, failed}
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts or bad max_stalled
+--@include common
+
+local max_stalled = tonumber(ARGV[1])
+if not max_stalled or max_stalled < 0 or #ARGV - 1 ~= #KEYS - 5 then
+  return redis.error_reply('EMQINPUT reap needs max_stalled and one job key per id')
+end
+local now = emq_now()
+local requeued, failed = 0, 0
+for i = 2, #ARGV do
+  local id, key = ARGV[i], KEYS[i + 4]
+  local deadline = redis.call('ZSCORE', KEYS[1], id)
+  if deadline and tonumber(deadline) <= now then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+    if redis.call('EXISTS', key) == 1 then
+      if redis.call('HGET', key, 'state') == 'active' then
+        redis.call('HINCRBY', key, 'attempts', -1)  -- the stalled run did not finish
+      end
+      local stalls = redis.call('HINCRBY', key, 'stalls', 1)
+      if stalls > max_stalled then
+        redis.call('HSET', key, 'state', 'failed', 'error', 'stalled',
+          'traceback', 'job stalled more than ' .. ARGV[1] .. ' times (lease expired)',
+          'finished', emq_int(now))
+        redis.call('ZADD', KEYS[4], now, id)
+        failed = failed + 1
+      else
+        redis.call('HSET', key, 'state', 'pending')
+        redis.call('ZADD', KEYS[3], redis.call('HGET', key, 'ps'), id)
+        requeued = requeued + 1
+      end
+    end
+  end
+end
+if requeued > 0 then emq_wake(KEYS[5]) end
+return {requeued, failed}

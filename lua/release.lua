@@ -1,0 +1,28 @@
+-- release.lua: hand a claimed job back to pending untouched (graceful shutdown:
+-- the worker stops before the handler ran or finished). The attempt it had
+-- started is not counted.
+--
+-- KEYS[1] job hash       emq:{q}:job:<id>
+-- KEYS[2] active zset    emq:{q}:active
+-- KEYS[3] leases hash    emq:{q}:leases
+-- KEYS[4] pending zset   emq:{q}:pending
+-- KEYS[5] marker zset    emq:{q}:marker
+-- ARGV[1] job id
+-- ARGV[2] lease token from claim.lua
+-- Returns: 1 released, 0 the lease was no longer held (nothing changed)
+--@include common
+
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  return 0
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'state') == 'active' then
+    redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+  end
+  redis.call('HSET', KEYS[1], 'state', 'pending')
+  redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
+  emq_wake(KEYS[5])
+end
+return 1

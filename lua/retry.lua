@@ -1,0 +1,23 @@
+-- retry.lua: send a failed job back to pending with a fresh set of attempts
+-- (the CLI's `emqfast retry`).
+--
+-- KEYS[1] job hash       emq:{q}:job:<id>
+-- KEYS[2] failed zset    emq:{q}:failed
+-- KEYS[3] pending zset   emq:{q}:pending
+-- KEYS[4] marker zset    emq:{q}:marker
+-- ARGV[1] job id
+-- Returns: 1
+-- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set
+--@include common
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.error_reply('EMQNOJOB no job ' .. ARGV[1])
+end
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' is not failed')
+end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'attempts', '0', 'stalls', '0')
+redis.call('HDEL', KEYS[1], 'finished')
+redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
+emq_wake(KEYS[4])
+return 1

@@ -1,0 +1,36 @@
+-- start.lua: phase two of taking work: stamp each claimed job as running and
+-- return what the handler needs. A job whose lease is no longer ours (reaped
+-- and re-claimed in between) is skipped.
+--
+-- KEYS[1] active zset    emq:{q}:active
+-- KEYS[2] leases hash    emq:{q}:leases
+-- KEYS[3..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV order
+-- ARGV[1..] pairs: job id, lease token (same order as KEYS[3..])
+-- Returns: one entry per job: {attempts, payload, enc, opts, created} when the lease
+--          holds, or 0 when it was lost (or the job hash is gone)
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts
+--@include common
+
+if #ARGV ~= 2 * (#KEYS - 2) then
+  return redis.error_reply('EMQINPUT start needs one id/token pair per job key')
+end
+local now = emq_int(emq_now())
+local out = {}
+for i = 3, #KEYS do
+  local id, token = ARGV[2 * (i - 2) - 1], ARGV[2 * (i - 2)]
+  local key = KEYS[i]
+  if redis.call('HGET', KEYS[2], id) == token and redis.call('EXISTS', key) == 1 then
+    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+    redis.call('HSET', key, 'state', 'active', 'started', now, 'worker', token)
+    local f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created')
+    out[#out + 1] = {attempts, f[1], f[2], f[3], f[4]}
+  else
+    if redis.call('HGET', KEYS[2], id) == token then
+      -- a lease on a job whose hash vanished: drop the lease, nothing to run
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('ZREM', KEYS[1], id)
+    end
+    out[#out + 1] = 0
+  end
+end
+return out

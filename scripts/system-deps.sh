@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the system packages emqfast needs when they are missing:
+# redis-server (tests, demo, embedded default) and libhiredis-dev (the C core).
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+[ -f /usr/include/hiredis/hiredis.h ] || need+=(libhiredis-dev)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+[ ${#need[@]} -eq 0 ] && exit 0
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "need root (or sudo) to install: ${need[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "installing system packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,102 @@
+"""Test fixtures: a real redis-server per test session, never a fake.
+
+Set ``EMQ_REDIS_URL`` to run against an existing server instead.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+
+import pytest
+import redis
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis_server(extra_args=(), port=None, workdir=None):
+    """Start ``redis-server`` on a free loopback port; return (proc, port, workdir)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server not on PATH: run `make test`, which installs it")
+    port = port or _free_port()
+    workdir = workdir or tempfile.mkdtemp(prefix="emq-test-redis-")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, *extra_args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+    client.close()
+    return proc, port, workdir
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """URL of a real Redis for the whole session."""
+    url = os.environ.get("EMQ_REDIS_URL")
+    if url:
+        yield url
+        return
+    proc, port, workdir = start_redis_server()
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def r(redis_url):
+    """A plain redis-py client on the session server."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def qname():
+    """A queue name no other test uses."""
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(params=["python", "c"])
+def backend(request):
+    """Run the test under each backend; the C one must be built (CI builds it)."""
+    import emqfast
+    from emqfast import backend as backend_mod
+
+    previous = backend_mod.current()
+    if request.param == "c" and not backend_mod.native_available():
+        if os.environ.get("EMQ_REQUIRE_C") == "1":
+            pytest.fail("C backend required (EMQ_REQUIRE_C=1) but not built: "
+                        + backend_mod.native_error())
+        pytest.skip("C extension not built: " + backend_mod.native_error())
+    backend_mod.use(request.param)
+    yield request.param
+    backend_mod.use(previous)
+    assert emqfast.backend() == previous
+
+
+def dump_queue(client: redis.Redis, queue: str) -> dict:
+    """Byte-exact snapshot of every key of one queue (for "left Redis untouched")."""
+    out = {}
+    for key in sorted(client.scan_iter(match=f"emq:{{{queue}}}:*", count=1000)):
+        out[key] = client.dump(key)
+    return out
