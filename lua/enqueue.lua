@@ -18,6 +18,7 @@
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
 --          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version
 --@include common
+--@include admit
 
 local id = ARGV[1]
 if string.sub(id, 1, 3) ~= 'JOB' then
@@ -49,18 +50,6 @@ end
 local err = emq_fence(KEYS[5], ARGV[8])
 if err then return redis.error_reply(err) end
 
-local seq = redis.call('INCR', KEYS[6])
-local ps = priority * 4294967296 + (seq % 4294967296)
-if run_at > now then
-  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'payload', ARGV[2], 'enc', ARGV[3],
-    'opts', ARGV[4], 'ps', emq_int(ps), 'created', emq_int(now), 'run_at', emq_int(run_at),
-    'attempts', '0')
-  redis.call('ZADD', KEYS[3], emq_pack_delayed(run_at, seq), id)
-  emq_wake_at(KEYS[4], run_at)
-else
-  redis.call('HSET', KEYS[1], 'state', 'pending', 'payload', ARGV[2], 'enc', ARGV[3],
-    'opts', ARGV[4], 'ps', emq_int(ps), 'created', emq_int(now), 'attempts', '0')
-  redis.call('ZADD', KEYS[2], ps, id)
-  emq_wake(KEYS[4])
-end
+emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3], ARGV[4],
+  priority, run_at, now)
 return 1
