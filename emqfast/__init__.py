@@ -12,6 +12,7 @@ from .errors import (BackendUnavailable, ConnectionFailed, EmqError, InvalidInpu
                      JobStateError, KindError, LeaseLost, PayloadError, RangeError, Unrecoverable,
                      VersionMismatch)
 from .job import Job, JobRef
+from .leaderboard import Entry, Leaderboard
 from .queue import Queue
 from .version import KEYSPACE_VERSION, __version__
 from .worker import Worker, WorkerStats
@@ -23,8 +24,9 @@ def backend() -> str:
 
 
 __all__ = [
-    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "InvalidInput", "Job",
-    "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "LeaseLost",
+    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "InvalidInput", "Job",
+    "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
+    "LeaseLost",
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
     "WorkerStats", "__version__", "backend", "connect",
 ]

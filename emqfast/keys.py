@@ -85,6 +85,16 @@ class QueueKeys:
         return escaped + "*"
 
 
+def leaderboard_key(name: str) -> str:
+    """Sorted set of one leaderboard: ``emq:{lb:<name>}:board`` (names validated like queues)."""
+    return f"emq:{{lb:{check_queue_name(name)}}}:board"
+
+
+def queue_meta_glob() -> str:
+    """SCAN pattern matching every queue's meta hash (how tools discover queues)."""
+    return "emq:{*}:meta"
+
+
 def queue_of_key(key: str) -> str:
     """The queue name inside an ``emq:{queue}:...`` key."""
     start = key.index("{") + 1
