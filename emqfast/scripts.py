@@ -66,7 +66,10 @@ class Script:
 
     def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Append an EVALSHA to a pipeline; see :func:`run_pipeline` for NOSCRIPT handling."""
-        pipe.evalsha(self.sha, len(keys), *keys, *args)
+        # execute_command, not pipe.evalsha(): redis-py's ClusterPipeline blocks the
+        # evalsha() helper but routes a raw EVALSHA by its first key (all our keys share
+        # the queue's hash tag, so that is the right node).
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 def map_error(exc: Exception) -> Exception:

@@ -1,0 +1,163 @@
+"""A real 3-master Redis Cluster on loopback, for the cluster tests.
+
+``start_cluster()`` starts ``redis-server --cluster-enabled yes`` on free ports,
+joins them with ``redis-cli --cluster create`` and waits (with a deadline) until
+every node reports ``cluster_state:ok``. No fakes: it is the real thing, torn
+down by :meth:`Cluster.stop`.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List
+
+import redis
+
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _cluster_port(taken: List[int]) -> int:
+    """A free port whose cluster-bus twin (port + 10000) is free too (so port <= 55535)."""
+    while True:
+        port = random.randint(20000, 45000)
+        if port not in taken and port + 10000 not in taken and \
+                _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+@dataclass
+class Cluster:
+    """A running cluster: its nodes' ports, processes and scratch directory."""
+
+    ports: List[int]
+    procs: List[subprocess.Popen]
+    workdir: str
+    _slot_owner: Dict[int, int] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """The URL :func:`emqfast.connect` takes for this cluster."""
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def owner_port(self, slot: int) -> int:
+        """Port of the master serving ``slot`` (from ``CLUSTER SLOTS`` at start-up)."""
+        for (lo, hi), port in self._ranges():
+            if lo <= slot <= hi:
+                return port
+        raise KeyError(slot)
+
+    def _ranges(self):
+        with redis.Redis(port=self.ports[0]) as c:
+            for lo, hi, master, *_ in c.execute_command("CLUSTER SLOTS"):
+                yield (int(lo), int(hi)), int(master[1])
+
+    def stop(self) -> None:
+        """Terminate every node and delete the scratch directory."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _node_ok(port: int) -> bool:
+    try:
+        with redis.Redis(port=port, socket_timeout=2) as c:
+            info = c.execute_command("CLUSTER INFO")
+            if isinstance(info, bytes):
+                info = info.decode()
+            text = info if isinstance(info, str) else str(info)
+            return "cluster_state:ok" in text or (isinstance(info, dict)
+                                                  and info.get("cluster_state") == "ok")
+    except redis.RedisError:
+        return False
+
+
+def _pingable(port: int) -> bool:
+    try:
+        with redis.Redis(port=port, socket_timeout=1) as c:
+            return bool(c.ping())
+    except redis.RedisError:
+        return False
+
+
+def start_cluster(masters: int = 3, extra_args: Iterable[str] = (),
+                  timeout: float = 30.0) -> Cluster:
+    """Start and join ``masters`` cluster nodes; raise if the cluster is not ok in time."""
+    exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if exe is None or cli is None:
+        raise RuntimeError("redis-server / redis-cli not on PATH: run `make test`")
+    workdir = tempfile.mkdtemp(prefix="emq-test-cluster-")
+    ports: List[int] = []
+    for _ in range(masters):
+        ports.append(_cluster_port(ports))
+    procs: List[subprocess.Popen] = []
+    cluster = Cluster(ports, procs, workdir)
+    try:
+        for port in ports:
+            node_dir = Path(workdir) / str(port)
+            node_dir.mkdir()
+            procs.append(subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", str(node_dir / "nodes.conf"),
+                 "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no",
+                 "--dir", str(node_dir), *extra_args],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for port in ports:
+            _wait(lambda: _pingable(port), timeout, f"cluster node {port} to start")
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=timeout)
+        for port in ports:
+            _wait(lambda: _node_ok(port), timeout, f"cluster_state:ok on {port}")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def names_over_masters(cluster: Cluster, per_master: int, prefix: str) -> List[str]:
+    """Queue names whose ``{hash tag}`` slots fall ``per_master`` times on every master."""
+    from redis.crc import key_slot
+
+    want = {port: per_master for port in cluster.ports}
+    ranges = list(cluster._ranges())
+    names: List[str] = []
+    i = 0
+    while any(want.values()):
+        name = f"{prefix}-{i}"
+        i += 1
+        slot = key_slot(f"emq:{{{name}}}:meta".encode())
+        port = next(p for (lo, hi), p in ranges if lo <= slot <= hi)
+        if want[port]:
+            want[port] -= 1
+            names.append(name)
+    return names
