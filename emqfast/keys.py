@@ -44,6 +44,25 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def check_schedule_name(name: str) -> str:
+    """Validate a schedule name: non-empty text, no ``{``/``}``, at most 200 UTF-8 bytes.
+
+    The name is both the registry member and the suffix of its record key
+    (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("schedule name must be a non-empty str")
+    if "{" in name or "}" in name:
+        raise InvalidInput("schedule name must not contain '{' or '}' (they would break the hash tag)")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("schedule name must be valid unicode text") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"schedule name longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
 class QueueKeys:
     """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
 
