@@ -1,0 +1,270 @@
+"""The ``emqfast`` CLI, run as real subprocesses against a real Redis."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from emqfast import Backoff, Queue, Worker
+from emqfast.render import fmt_ms
+
+from conftest import dump_queue, start_redis_server
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli_env(**extra: str) -> dict:
+    """The environment for a CLI subprocess: this checkout importable, no inherited URL."""
+    env = {k: v for k, v in os.environ.items() if k != "EMQ_REDIS_URL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def emq(*args: str, env: dict | None = None, cwd: Path | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``python -m emqfast ARGS`` and capture its output."""
+    return subprocess.run([sys.executable, "-m", "emqfast", *args], env=env or cli_env(),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def cells(output: str, first: str) -> list:
+    """The cells of the table row whose first cell is ``first``."""
+    for line in output.splitlines():
+        parts = [p.strip() for p in line.split("│")]
+        if len(parts) > 2 and parts[1] == first:
+            return parts[1:-1]
+    raise AssertionError(f"no row {first!r} in:\n{output}")
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+def fail_flagged(job):
+    if job.payload.get("fail"):
+        raise RuntimeError(f"smtp said no to {job.payload['n']}")
+    return {"sent": job.payload["n"]}
+
+
+@pytest.fixture
+def populated(r, qname):
+    """A queue with 2 completed, 1 failed, 2 pending and 1 scheduled job."""
+    q = Queue(qname, r)
+    q.enqueue_many([{"n": 1}, {"n": 2}])
+    failing = q.enqueue({"n": 3, "fail": True}, attempts=1)
+    Worker(q, fail_flagged, concurrency=2).run_until_idle(timeout_s=30)
+    q.enqueue_many([{"n": 4}, {"n": 5}], priority=7)
+    q.enqueue_in({"n": 6}, 3_600_000)
+    return q, failing.id
+
+
+def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, qname):
+    q, _ = populated
+    out = emq("--url", redis_url, "stats", qname)
+    assert out.returncode == 0, out.stderr
+    row = cells(out.stdout, qname)
+    assert row[1:6] == ["1", "2", "0", "2", "1"]  # scheduled pending active completed failed
+    assert row[6] == "no"
+    assert fmt_ms(q.next_due_ms(), date=False) in row[7] and "in " in row[7]
+
+    everything = emq("stats", "--url", redis_url)  # --url after the command works too
+    assert everything.returncode == 0, everything.stderr
+    assert cells(everything.stdout, qname)[1:6] == ["1", "2", "0", "2", "1"]
+
+
+def test_stats_watch_refreshes_then_stops(redis_url, populated, qname):
+    out = emq("--url", redis_url, "stats", qname, "--watch", "--interval", "0.1", "--count", "3")
+    assert out.returncode == 0, out.stderr
+    assert cells(out.stdout, qname)[2] == "2"
+
+
+def test_jobs_lists_and_inspects_failed_jobs(redis_url, populated, qname):
+    q, failed_id = populated
+    listed = emq("--url", redis_url, "jobs", qname, "--state", "failed", "--json")
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert [j["id"] for j in data] == [failed_id]
+    assert data[0]["state"] == "failed" and data[0]["error"] == "RuntimeError: smtp said no to 3"
+
+    table = emq("--url", redis_url, "jobs", qname, "--state", "failed")
+    assert table.returncode == 0
+    row = cells(table.stdout, failed_id)
+    assert row[1] == "failed" and row[2] == "1/1" and "smtp said no to 3" in row[7]
+    assert "JOB" not in table.stdout.replace(failed_id, "")  # only the failed job is listed
+
+    detail = emq("--url", redis_url, "jobs", qname, failed_id)
+    assert detail.returncode == 0
+    assert "Traceback" in detail.stdout and "fail_flagged" in detail.stdout
+
+    everything = json.loads(emq("--url", redis_url, "jobs", qname, "--json").stdout)
+    assert sorted(j["state"] for j in everything) == \
+        ["completed", "completed", "failed", "pending", "pending", "scheduled"]
+
+
+def test_retry_and_cancel(redis_url, populated, qname, r):
+    q, failed_id = populated
+    out = emq("--url", redis_url, "retry", qname, failed_id)
+    assert out.returncode == 0, out.stderr
+    job = q.get(failed_id)
+    assert job.state == "pending" and job.attempts == 0
+    assert failed_id in q.job_ids("pending")
+
+    again = emq("--url", redis_url, "retry", qname, failed_id)
+    assert again.returncode == 1 and "JobStateError" in again.stderr
+
+    scheduled = q.job_ids("scheduled")[0]
+    out = emq("--url", redis_url, "cancel", qname, scheduled)
+    assert out.returncode == 0, out.stderr
+    assert q.get(scheduled) is None and q.counts()["scheduled"] == 0
+    again = emq("--url", redis_url, "cancel", qname, scheduled)
+    assert again.returncode == 1 and "cannot cancel" in again.stderr
+
+    before = dump_queue(r, qname)
+    bad = emq("--url", redis_url, "cancel", qname, "not-a-job-id")
+    assert bad.returncode == 1 and "KindError" in bad.stderr
+    bad = emq("--url", redis_url, "stats", "bad{name")
+    assert bad.returncode == 1 and "InvalidInput" in bad.stderr
+    assert dump_queue(r, qname) == before
+
+
+HANDLER = textwrap.dedent('''
+    import time
+
+    def handle(job):
+        if job.payload.get("slow"):
+            time.sleep(0.6)
+        return {"double": job.payload["n"] * 2}
+''')
+
+
+def test_worker_runs_an_importable_handler_and_stops_gracefully(redis_url, qname, tmp_path):
+    (tmp_path / "portal_handlers.py").write_text(HANDLER)
+    q = Queue(qname, redis_url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "emqfast", "--url", redis_url, "worker",
+         "portal_handlers:handle", "--queue", qname, "--concurrency", "2"],
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        refs = q.enqueue_many([{"n": i} for i in range(20)])
+        wait_for(lambda: q.counts()["completed"] == 20)
+        assert [q.get(ref.id).result for ref in refs] == [{"double": 2 * i} for i in range(20)]
+
+        slow = q.enqueue({"n": 21, "slow": True})
+        wait_for(lambda: q.get(slow.id).state == "active")
+        proc.send_signal(signal.SIGTERM)  # in flight: a graceful stop lets it finish
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert q.get(slow.id).state == "completed" and q.get(slow.id).result == {"double": 42}
+    assert "completed 21" in err
+
+
+def test_worker_rejects_a_handler_it_cannot_import(redis_url, qname, tmp_path):
+    out = emq("--url", redis_url, "worker", "no_such_module:handle", "--queue", qname,
+              cwd=tmp_path)
+    assert out.returncode == 2 and "cannot import 'no_such_module'" in out.stderr
+    (tmp_path / "mod_without.py").write_text("x = 1\n")
+    out = emq("--url", redis_url, "worker", "mod_without:handle", "--queue", qname, cwd=tmp_path)
+    assert out.returncode == 2 and "has no attribute 'handle'" in out.stderr
+
+
+def test_a_password_in_the_url_is_never_printed(qname, tmp_path):
+    password = "Sup3r-Secret-Pw-4711"
+    proc, port, workdir = start_redis_server()
+    try:
+        redis.Redis(port=port).config_set("requirepass", password)
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        q = Queue(qname, redis.Redis.from_url(url))
+        q.enqueue({"n": 1})
+        runs = [
+            emq("--url", url, "stats"),
+            emq("--url", url, "stats", qname),
+            emq("stats", qname, env=cli_env(EMQ_REDIS_URL=url)),
+            emq("--url", url, "jobs", qname),
+            emq("--url", url.replace(password, password + "-wrong"), "stats"),
+            emq("--url", url, "cancel", qname, "JOB-missing"),
+            emq("--url", f"redis://:{password}@127.0.0.1:1/0", "stats"),  # nothing listens
+        ]
+        for out in runs:
+            assert password not in out.stdout + out.stderr
+        assert runs[0].returncode == 0 and f"redis://:***@127.0.0.1:{port}/0" in runs[0].stdout
+        assert runs[2].returncode == 0 and "***" in runs[2].stdout
+        assert runs[4].returncode == 1 and "error" in runs[4].stderr
+        assert runs[6].returncode == 1 and "error" in runs[6].stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_main(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_bench_says_clearly_when_the_suite_is_absent():
+    # None in sys.modules makes the import fail exactly as an absent package would
+    out = _run_main("import sys; sys.modules['emqfast.bench'] = None; sys.modules['bench'] = None\n"
+                    "from emqfast.cli import main; main(['bench'])")
+    assert out.returncode == 2
+    assert "benchmark suite is not installed" in out.stderr
+
+
+def test_bench_calls_the_suite_entry_point_with_its_arguments():
+    out = _run_main("import sys, types\n"
+                    "m = types.ModuleType('emqfast.bench.run')\n"
+                    "m.main = lambda argv: print('BENCH', argv) or 3\n"
+                    "sys.modules['emqfast.bench.run'] = m\n"
+                    "from emqfast.cli import main; main(['bench', '--quick', '-n', '5'])")
+    assert out.returncode == 3, out.stderr
+    assert "BENCH ['--quick', '-n', '5']" in out.stdout
+
+
+def test_server_status_stop_wipe_on_the_embedded_redis(tmp_path):
+    state = tmp_path / "state"
+    env = cli_env(EMQ_STATE_DIR=str(state))
+    try:
+        out = emq("server", "status", env=env)
+        assert out.returncode == 0 and re.search(r"running\s*│\s*False", out.stdout), out.stdout
+        assert emq("stats", env=env).returncode == 0  # first use starts the embedded server
+        out = emq("server", "status", env=env)
+        assert re.search(r"running\s*│\s*True", out.stdout), out.stdout
+        assert str(state) in out.stdout
+        out = emq("server", "stop", env=env)
+        assert out.returncode == 0 and "stopped" in out.stdout
+        assert re.search(r"running\s*│\s*False", emq("server", "status", env=env).stdout)
+        assert state.exists()
+        out = emq("server", "wipe", env=env)
+        assert out.returncode == 0 and not state.exists()
+    finally:
+        emq("server", "wipe", env=env)
+
+
+def test_python_m_and_help():
+    out = emq("--help")
+    assert out.returncode == 0
+    for command in ("demo", "stats", "jobs", "retry", "cancel", "schedules", "worker", "bench",
+                    "server"):
+        assert re.search(rf"^\s+{command}\s", out.stdout, re.M), command
