@@ -71,14 +71,29 @@ def impl() -> ModuleType:
 use(os.environ.get("EMQFAST_BACKEND", "auto"))
 
 
+_refusals_logged: set = set()
+
+
 def batcher_for(client):
     """A pipelining Batcher for ``client``: the hiredis one under the C backend, when the
-    connection is one it can speak (TCP or unix socket, no TLS, no cluster), else redis-py's."""
+    connection is one it can speak (TCP or unix socket, no TLS, no cluster), else redis-py's.
+
+    Redis Cluster falls back on purpose: a queue lives in one slot, so its batch
+    goes to one node either way, and redis-py's ClusterPipeline already groups
+    commands per node (one round trip each), keeps the ``CLUSTER SLOTS`` map and
+    follows MOVED/ASK while slots move. Each distinct reason is logged once.
+    """
     from . import _pure_wire
 
     if _current == "c":
         try:
             return _native.Batcher.from_redis(client)  # type: ignore[union-attr]
         except BackendUnavailable as exc:
-            log.info("emqfast: C batcher unavailable for this connection (%s); using redis-py", exc)
+            from .connection import redact
+
+            reason = redact(str(exc))  # a C-side message may echo the URL
+            if reason not in _refusals_logged:
+                _refusals_logged.add(reason)
+                log.info("emqfast: C batcher unavailable for this connection (%s); "
+                         "using redis-py", reason)
     return _pure_wire.Batcher.from_redis(client)

@@ -161,3 +161,38 @@ def names_over_masters(cluster: Cluster, per_master: int, prefix: str) -> List[s
             want[port] -= 1
             names.append(name)
     return names
+
+
+def node_id(port: int) -> str:
+    """The cluster node id of the server on ``port``."""
+    with redis.Redis(port=port) as c:
+        return c.execute_command("CLUSTER MYID").decode()
+
+
+def migrate_slot(cluster: Cluster, slot: int, dst_port: int, timeout: float = 30.0) -> int:
+    """Move ``slot`` with its keys from one master to another (what ``redis-cli
+    --cluster reshard`` does): IMPORTING/MIGRATING, MIGRATE the keys, then SETSLOT NODE
+    on both. Clients holding the old slot map get MOVED (or ASK mid-move). Returns
+    the number of keys moved."""
+    src_port = cluster.owner_port(slot)
+    src_id, dst_id = node_id(src_port), node_id(dst_port)
+    moved = 0
+    with redis.Redis(port=src_port) as src, redis.Redis(port=dst_port) as dst:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        deadline = time.monotonic() + timeout
+        while True:
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+            if not keys:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slot {slot} did not drain in time")
+            src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+        for c in (dst, src):
+            c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    for port in cluster.ports:  # the third master learns now rather than by gossip
+        if port not in (src_port, dst_port):
+            with redis.Redis(port=port) as c:
+                c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    return moved

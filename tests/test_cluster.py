@@ -1,0 +1,301 @@
+"""The engine's contract on a real 3-master Redis Cluster.
+
+The module starts its own cluster (tests/cluster_util.py), so ``make test`` and
+``.ci/run`` need nothing extra. Each test picks queue names whose hash-tag slots
+land on every master, runs public operations through ``emqfast.connect(
+"redis+cluster://...")`` and checks results; any CROSSSLOT (or other routing
+error) would raise and fail the test. Keys are also checked to live on the
+master that owns their queue's slot.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+import emqfast
+from emqfast import Backoff, Queue, Worker
+from emqfast.keys import QueueKeys
+from emqfast.scripts import load
+from emqfast.version import KEYSPACE_VERSION
+
+from cluster_util import migrate_slot, names_over_masters, start_cluster
+
+pytestmark = pytest.mark.cluster
+
+# the package attribute `emqfast.backend` is the backend() function, not the module
+backend_mod = importlib.import_module("emqfast.backend")
+
+_CLAIM = load("claim")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_cluster(3)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def conn(cluster):
+    client = emqfast.connect(cluster.url)
+    assert isinstance(client, redis.RedisCluster)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def names(cluster, qname):
+    """Three queue names of this test, one per master."""
+    return names_over_masters(cluster, 1, qname)
+
+
+def slot_of(name: str) -> int:
+    return key_slot(QueueKeys(name).meta.encode())
+
+
+def keys_on_node(port: int, name: str) -> set:
+    with redis.Redis(port=port) as c:
+        return set(c.scan_iter(match=QueueKeys(name).glob(), count=1000))
+
+
+def assert_keys_on_owner(cluster, name: str) -> int:
+    """Every key of the queue is on the master owning its slot, none elsewhere; returns count."""
+    owner = cluster.owner_port(slot_of(name))
+    found = 0
+    for port in cluster.ports:
+        keys = keys_on_node(port, name)
+        if port == owner:
+            found = len(keys)
+        else:
+            assert not keys, f"keys of {name} on non-owner {port}: {keys}"
+    return found
+
+
+def claim(conn, q: Queue, n: int = 10, lease_ms: int = 30_000, worker: str = "w"):
+    """Run claim.lua directly (a worker that then dies / never acks)."""
+    k = q.keys
+    reply = _CLAIM(conn, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter],
+                   [n, lease_ms, worker, KEYSPACE_VERSION])
+    return int(reply[1]), [reply[i].decode() for i in range(3, len(reply), 2)]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+# --- the fixture itself ---------------------------------------------------------------
+
+def test_cluster_has_three_masters_and_names_cover_them(cluster, conn):
+    info = conn.cluster_info()
+    assert info["cluster_state"] == "ok"
+    names = names_over_masters(cluster, 3, "cover")
+    owners = [cluster.owner_port(slot_of(n)) for n in names]
+    assert len(names) == 9 and sorted(set(owners)) == sorted(cluster.ports)
+    assert all(owners.count(p) == 3 for p in cluster.ports)
+
+
+def test_every_key_of_a_queue_shares_one_slot(names):
+    for name in names:
+        k = QueueKeys(name)
+        keys = [getattr(k, a) for a in QueueKeys.__slots__ if a not in ("name", "base")]
+        keys += [k.job("JOB1"), k.schedule("nightly")]
+        assert {key_slot(key.encode()) for key in keys} == {slot_of(name)}
+
+
+# --- contract behaviours, each on three queues (one per master) ----------------------
+
+def test_enqueue_get_duplicate_and_payload_round_trip(cluster, conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        a = q.enqueue({"n": 1, "s": "é"})
+        b = q.enqueue(b"\x00\xffraw", job_id="JOB-fixed")
+        assert (a.status, b.status) == ("pending", "pending")
+        assert q.enqueue(b"other", job_id="JOB-fixed").duplicate
+        assert q.get(a.id).payload == {"n": 1, "s": "é"}
+        assert q.get("JOB-fixed").payload == b"\x00\xffraw"
+        assert q.get("JOB-absent") is None
+        assert q.counts()["pending"] == 2
+        assert assert_keys_on_owner(cluster, name) >= 5
+
+
+def test_priority_order_holds_on_every_master(conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        prios = [5, 0, 3, 0, 5, 1, 2]
+        refs = [q.enqueue(i, priority=p) for i, p in enumerate(prios)]
+        expected = [refs[i].id for i in sorted(range(len(prios)), key=lambda i: (prios[i], i))]
+        assert q.job_ids("pending") == expected
+        seen = []
+        Worker(q, lambda job: seen.append(job.id), concurrency=1).run_until_idle(20)
+        assert seen == expected
+
+
+def test_delay_and_promote_on_the_server_clock(conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        ref = q.enqueue_in("later", delay_ms=800)
+        assert ref.status == "scheduled"
+        run_at = q.get(ref.id).run_at_ms
+        moved = q.promote()
+        if q.server_time_ms() < run_at:  # promote ran before run_at: it must not release
+            assert moved == 0 and q.get(ref.id).state == "scheduled"
+        wait_for(lambda: q.promote() or q.get(ref.id).state == "pending", 10, "promotion")
+        assert q.get(ref.id).state == "pending"
+        assert q.server_time_ms() >= run_at
+        assert q.job_ids("pending") == [ref.id]
+
+
+def test_worker_completes_fails_retries_and_records_results(conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        flaky = q.enqueue({"flaky": True}, attempts=3, backoff=Backoff.fixed(10))
+        doomed = q.enqueue({"doomed": True}, attempts=2, backoff=Backoff.fixed(10))
+        fine = q.enqueue({"x": 2})
+
+        def handler(job):
+            if job.payload.get("doomed") or (job.payload.get("flaky") and job.attempts == 1):
+                raise RuntimeError(f"attempt {job.attempts}")
+            return {"ok": job.attempts}
+
+        stats = Worker(q, handler, concurrency=4, lease_ms=5000).run_until_idle(
+            30, wait_scheduled=True)
+        assert (stats.completed, stats.failed, stats.retried) == (2, 1, 2)
+        assert q.get(flaky.id).result == {"ok": 2} and q.get(flaky.id).attempts == 2
+        assert q.get(fine.id).result == {"ok": 1}
+        d = q.get(doomed.id)
+        assert d.state == "failed" and d.attempts == 2 and "attempt 2" in d.error
+        assert q.counts() == {"scheduled": 0, "pending": 0, "active": 0, "completed": 2,
+                              "failed": 1}
+        q.retry(doomed.id)  # back to pending with fresh attempts
+        assert q.get(doomed.id).state == "pending" and q.counts()["failed"] == 0
+
+
+def test_reap_returns_a_dead_workers_job(conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        ref = q.enqueue("x")
+        status, claimed = claim(conn, q, lease_ms=100)
+        assert (status, claimed) == (1, [ref.id])
+        assert q.counts()["active"] == 1
+        wait_for(lambda: q.reap() == (1, 0), 10, "reap")
+        job = q.get(ref.id)
+        assert job.state == "pending" and job.stalls == 1
+        assert q.job_ids("pending") == [ref.id]
+
+
+def test_cancel_pause_resume(conn, names):
+    for name in names:
+        q = Queue(name, conn)
+        now_job, later_job = q.enqueue("a"), q.enqueue_in("b", delay_ms=60_000)
+        assert q.cancel(now_job.id) and q.cancel(later_job.id)
+        assert not q.cancel(now_job.id)
+        assert q.get(now_job.id) is None and q.get(later_job.id) is None
+        ref = q.enqueue("c")
+        q.pause()
+        assert q.is_paused()
+        assert claim(conn, q) == (0, [])
+        q.resume()
+        assert not q.is_paused()
+        assert claim(conn, q) == (1, [ref.id])
+
+
+def test_nine_queues_bulk_enqueue_and_drain(cluster, conn):
+    names = names_over_masters(cluster, 3, f"bulk-{time.monotonic_ns()}")
+    n = 300
+    for name in names:
+        q = Queue(name, conn)
+        refs = q.enqueue_many([{"i": i, "q": name} for i in range(n)], priority=1)
+        assert len(refs) == n and all(r.status == "pending" for r in refs)
+    for name in names:
+        q = Queue(name, conn)
+        seen = []
+        Worker(q, lambda job: seen.append(job.payload["i"]) or job.payload["q"],
+               concurrency=8, keep_completed=10_000).run_until_idle(60)
+        assert sorted(seen) == list(range(n))
+        assert q.counts()["completed"] == n
+        assert q.trim(keep_completed=100) == n - 100
+        assert_keys_on_owner(cluster, name)
+        assert q.obliterate() > 0
+        assert q.counts() == dict.fromkeys(
+            ("scheduled", "pending", "active", "completed", "failed"), 0)
+        assert assert_keys_on_owner(cluster, name) == 0
+
+
+def test_scripts_reload_after_every_node_flushes_its_cache(cluster, conn, names):
+    for port in cluster.ports:
+        with redis.Redis(port=port) as c:
+            c.script_flush()
+    for name in names:
+        q = Queue(name, conn)
+        q.enqueue("one")
+        for port in cluster.ports:  # NOSCRIPT path again, this time for the pipelined batch
+            with redis.Redis(port=port) as c:
+                c.script_flush()
+        q.enqueue_many(["two", "three"])
+        stats = Worker(q, lambda job: job.payload).run_until_idle(20)
+        assert stats.completed == 3
+
+
+def test_queue_keeps_working_while_its_slot_moves_to_another_master(cluster, conn, qname):
+    """Resharding: the client's cached slot map goes stale; MOVED is followed."""
+    q = Queue(qname, conn)
+    first = q.enqueue_many(list(range(50)))
+    slot = slot_of(qname)
+    src = cluster.owner_port(slot)
+    dst = next(p for p in cluster.ports if p != src)
+    assert migrate_slot(cluster, slot, dst) >= 50
+    assert cluster.owner_port(slot) == dst
+    second = q.enqueue_many(list(range(50, 100)))  # pipelined batch meets MOVED
+    third = q.enqueue(100)                          # single script call meets MOVED
+    seen = []
+    Worker(q, lambda job: seen.append(job.payload)).run_until_idle(30)
+    assert sorted(seen) == list(range(101))
+    assert {r.id for r in first + second + [third]} == set(q.job_ids("completed", 0, -1))
+    assert keys_on_node(src, qname) == set()
+
+
+def test_leaderboard_on_cluster(cluster, conn, names):
+    lb_mod = pytest.importorskip("emqfast.leaderboard")
+    for name in names:
+        board = lb_mod.Leaderboard(conn, name)
+        board.set_many({"ada": 97, "linus": 88, "grace": 97})
+        board.incr("linus", 10)
+        assert [(e.member, e.score) for e in board.top(3)] == [
+            ("linus", 98.0), ("ada", 97.0), ("grace", 97.0)]
+        assert board.rank("grace") == 3
+        assert [e.member for e in board.around("ada", 1)] == ["linus", "ada", "grace"]
+        board.clear()
+        assert board.size() == 0
+
+
+def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names, backend,
+                                                                   caplog):
+    """The C Batcher refuses cluster connections (by design, see backend.batcher_for);
+    enqueue_many then runs through redis-py's ClusterPipeline and the reason is logged."""
+    from emqfast import _pure_wire
+    from emqfast.errors import BackendUnavailable
+
+    if backend == "c":
+        with pytest.raises(BackendUnavailable):
+            backend_mod._native.Batcher.from_redis(conn)
+    caplog.set_level(logging.INFO, logger="emqfast")
+    backend_mod._refusals_logged.clear()
+    for name in names:
+        q = Queue(name, conn)
+        refs = q.enqueue_many([b"a", b"b", b"c"])
+        assert isinstance(q._wire(), _pure_wire.Batcher)
+        assert [q.get(r.id).payload for r in refs] == [b"a", b"b", b"c"]
+    logged = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
+    assert len(logged) == (1 if backend == "c" else 0)
