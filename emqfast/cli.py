@@ -38,7 +38,7 @@ from .errors import EmqError, InvalidInput
 from .job import STATES, Job
 from .keys import queue_meta_glob, queue_of_key
 from .queue import Queue
-from .render import (counts_table, fmt_ms, fmt_relative, job_detail_table, job_dict,
+from .render import (counts_table, fmt_delta, fmt_ms, fmt_relative, job_detail_table, job_dict,
                      jobs_table)
 
 def _console(stderr: bool = False) -> Console:
@@ -172,7 +172,8 @@ def demo(quiet: bool) -> None:
     """Play the Portal LMS notifications scenario (about 10 s; time is compressed)."""
     from .demo import run_demo
 
-    ok = run_demo(_state().conn(), console=console, quiet=quiet)
+    state = _state()
+    ok = run_demo(state.conn(), console=console, quiet=quiet, where=state.where())
     sys.exit(0 if ok else 1)
 
 
@@ -280,38 +281,17 @@ def cancel(queue: str, job_id: str) -> None:
 
 def schedule_rows(q: Queue) -> List[Dict[str, Any]]:
     """One dict per schedule: name, cadence, tz, next run (epoch ms and in its zone)."""
-    try:
-        listed = q.schedules.list()
-    except ImportError:  # schedules module absent: show the raw registry (UTC)
-        listed = None
-    rows = []
-    if listed is None:
-        for name, score in q.redis.zrange(q.keys.repeat, 0, -1, withscores=True):
-            rows.append({"name": name.decode("utf-8", "replace"), "cadence": "?", "tz": "UTC",
-                         "next_ms": int(score), "next_local": fmt_ms(int(score))})
-        return rows
-    for sched in listed:
-        rows.append(_schedule_row(sched))
-    return rows
+    return [_schedule_row(sched) for sched in q.schedules.list()]
 
 
 def _schedule_row(sched: Any) -> Dict[str, Any]:
     from zoneinfo import ZoneInfo
 
-    def get(name: str, default: Any = None) -> Any:
-        return sched.get(name, default) if isinstance(sched, dict) else \
-            getattr(sched, name, default)
-
-    tz_name = get("tz") or "UTC"
-    next_ms = get("next_run_ms")
-    cron, every = get("cron"), get("every_ms")
-    cadence = f"cron {cron}" if cron else (f"every {every} ms" if every else "?")
-    try:
-        zone: Any = ZoneInfo(tz_name)
-    except Exception:  # an unknown zone is shown, not fatal
-        zone = None
-    return {"name": get("name"), "cadence": cadence, "tz": tz_name, "next_ms": next_ms,
-            "next_local": fmt_ms(next_ms, zone) if next_ms is not None else "-"}
+    tz_name = sched.tz or "UTC"
+    cadence = f"cron {sched.cron}" if sched.cron else f"every {fmt_delta(sched.every_ms)}"
+    next_ms = sched.next_run_ms
+    return {"name": sched.name, "cadence": cadence, "tz": tz_name, "next_ms": next_ms,
+            "next_local": fmt_ms(next_ms, ZoneInfo(tz_name)) if next_ms is not None else "-"}
 
 
 def schedules_table(q: Queue, now_ms: int) -> Table:
@@ -387,7 +367,6 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     q = state.queue(queue_name)
     w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
                shutdown_timeout_s=shutdown_timeout)
-    _attach_schedule_pump(q, w)
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
                       f"({state.where()}), handler {handler}, concurrency {concurrency}, "
                       f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully")
@@ -395,16 +374,6 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
                       f"released {stats_.released}")
-
-
-def _attach_schedule_pump(q: Queue, w: Any) -> None:
-    """Let the worker's beat mint due schedule occurrences (when schedules exist)."""
-    try:
-        pump = q.schedules.pump
-    except ImportError:
-        return
-    if pump not in w.beat_hooks:
-        w.beat_hooks.append(pump)
 
 
 def load_bench() -> Optional[Callable[[List[str]], Any]]:

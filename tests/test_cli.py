@@ -268,3 +268,30 @@ def test_python_m_and_help():
     for command in ("demo", "stats", "jobs", "retry", "cancel", "schedules", "worker", "bench",
                     "server"):
         assert re.search(rf"^\s+{command}\s", out.stdout, re.M), command
+
+
+def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
+    from zoneinfo import ZoneInfo
+
+    q = Queue(qname, redis_url)
+    q.schedules.upsert("weekly-digest", cron="0 9 * * 1", tz="Europe/Paris",
+                       payload={"kind": "digest"})
+    q.schedules.upsert("tokyo-report", cron="30 18 * * *", tz="Asia/Tokyo", payload={})
+    q.schedules.upsert("heartbeat", every_ms=60_000, payload={})
+    out = emq("--url", redis_url, "schedules", qname)
+    assert out.returncode == 0, out.stderr
+    for name, zone, wall in (("weekly-digest", "Europe/Paris", "09:00:00.000"),
+                             ("tokyo-report", "Asia/Tokyo", "18:30:00.000")):
+        row = cells(out.stdout, name)
+        assert row[2] == zone
+        next_ms = q.schedules.get(name).next_run_ms
+        assert row[3] == fmt_ms(next_ms, ZoneInfo(zone)) and wall in row[3]
+    assert cells(out.stdout, "weekly-digest")[1] == "cron 0 9 * * 1"
+    assert cells(out.stdout, "heartbeat")[1] == "every 1 min"
+
+    stats = emq("--url", redis_url, "stats", qname)
+    assert cells(stats.stdout, qname)[8] == "3"
+    assert cells(stats.stdout, "tokyo-report")[2] == "Asia/Tokyo"
+
+    empty = emq("--url", redis_url, "schedules", qname + "-none")
+    assert empty.returncode == 0 and "no schedules" in empty.stdout
