@@ -7,11 +7,15 @@
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] result (JSON text)
--- Returns: 1
+-- Returns: 1 (also when this very token already completed the job: a re-sent ack)
 -- Errors:  EMQLEASE the lease expired and the job was reaped, re-claimed or already ended
 --@include common
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
+  -- own completion: tokens are unique, so this is the same outcome, not a takeover.
+  local f = redis.call('HMGET', KEYS[1], 'state', 'worker')
+  if f[1] == 'completed' and f[2] == ARGV[2] then return 1 end
   return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
 end
 local now = emq_now()

@@ -1,0 +1,317 @@
+"""Faults against real redis-servers: workers SIGKILLed mid-run, Redis killed and
+restarted under load, a worker frozen past its lease, schedule pumps killed.
+
+Every test runs under one global deadline and waits on conditions (polled with
+deadlines), never on bare sleeps. The counts each test observed are printed
+(``pytest -s -m faults`` shows them).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import pytest
+import redis
+
+import emqfast
+from emqfast import Queue, Worker
+
+from conftest import start_redis_server
+
+pytestmark = pytest.mark.faults
+
+HERE = Path(__file__).resolve().parent
+PROCS = str(HERE / "fault_procs.py")
+
+
+class Deadline:
+    """One global time budget per test; ``check()`` fails the test when it is spent."""
+
+    def __init__(self, seconds: float, what: str):
+        self.end = time.monotonic() + seconds
+        self.what = what
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise AssertionError(f"{self.what}: global deadline passed")
+
+    def wait(self, cond: Callable[[], Any], what: str, interval: float = 0.01) -> Any:
+        """Poll ``cond`` until truthy (returned); fail when the global deadline passes."""
+        while True:
+            value = cond()
+            if value:
+                return value
+            if time.monotonic() > self.end:
+                raise AssertionError(f"{self.what}: timed out waiting for {what}")
+            time.sleep(interval)
+
+
+def spawn(mode: str, *args: Any) -> subprocess.Popen:
+    """Start a tests/fault_procs.py process (stderr to a scratch file, stdout piped)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, PROCS, mode, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=err, env=env)
+    proc.err_file = err  # type: ignore[attr-defined]
+    return proc
+
+
+def stats_of(proc: subprocess.Popen, timeout: float) -> Dict[str, int]:
+    """The WorkerStats JSON line a fault process prints when it stops."""
+    out, _ = proc.communicate(timeout=timeout)
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        proc.err_file.seek(0)  # type: ignore[attr-defined]
+        raise AssertionError(f"fault process exited {proc.returncode}: "
+                             f"{proc.err_file.read().decode()[-3000:]}")  # type: ignore
+    return json.loads(lines[-1])
+
+
+def owner(token: bytes) -> str:
+    """Worker name inside a lease token ``<worker>:<n>``."""
+    return token.decode().rsplit(":", 1)[0]
+
+
+def report(name: str, **counts: Any) -> None:
+    print(f"\n[fault counts] {name}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+# --- 1. workers SIGKILLed mid-job --------------------------------------------------------
+
+def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, r, qname):
+    n_jobs, lease_ms, kill_every, live = 10_000, 1000, 700, 3
+    clock = Deadline(180, "SIGKILL run")
+    q = Queue(qname, r)
+    ids = [ref.id for ref in q.enqueue_many(list(range(n_jobs)))]
+    counts_key = f"test:{{{qname}}}:execs"
+    names = (f"kw{i}" for i in itertools.count())
+    workers: Dict[str, subprocess.Popen] = {}
+
+    def start_one() -> None:
+        name = next(names)
+        workers[name] = spawn("count-worker", redis_url, qname, name, lease_ms, counts_key)
+
+    held: Counter = Counter()  # job id -> times a killed worker held its lease at death
+    kills = kills_holding = 0
+    last_kill_at = 0
+    try:
+        for _ in range(live):
+            start_one()
+        while True:
+            clock.check()
+            done = r.zcard(q.keys.completed)
+            if done >= n_jobs:
+                break
+            if done - last_kill_at >= kill_every:
+                holders = Counter(owner(t) for t in r.hvals(q.keys.leases))
+                victim = next((w for w in workers if holders[w]), None)
+                if victim is not None:  # kill a worker while it holds jobs
+                    proc = workers.pop(victim)
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(10)
+                    # what it held when it died (its leases expire in lease_ms; the
+                    # reaper cannot have taken them back yet)
+                    dead = [j.decode() for j, t in r.hgetall(q.keys.leases).items()
+                            if owner(t) == victim]
+                    held.update(dead)
+                    kills += 1
+                    kills_holding += bool(dead)
+                    last_kill_at = done
+                    start_one()
+            time.sleep(0.01)
+        final_stats = []
+        for proc in workers.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers.values():
+            final_stats.append(stats_of(proc, timeout=max(clock.left(), 10)))
+        workers.clear()
+    finally:
+        for proc in workers.values():
+            proc.kill()
+            proc.wait(10)
+
+    counts = q.counts()
+    completed = set(q.job_ids("completed"))
+    execs = {k.decode(): int(v) for k, v in r.hgetall(counts_key).items()}
+    reruns = {j: c - 1 for j, c in execs.items() if c > 1}
+    lost = n_jobs - len(completed & set(ids))
+    report("worker SIGKILL", jobs=n_jobs, kills=kills, kills_while_holding=kills_holding,
+           held_at_death=sum(held.values()), reruns=sum(reruns.values()), lost=lost)
+    assert lost == 0 and completed == set(ids)
+    assert counts == {"scheduled": 0, "pending": 0, "active": 0, "completed": n_jobs,
+                      "failed": 0}
+    assert set(execs) == set(ids)  # every job ran at least once
+    # a job re-runs only if a worker died holding it, at most once per such death
+    assert all(reruns[j] <= held[j] for j in reruns), \
+        {j: (reruns[j], held[j]) for j in reruns if reruns[j] > held[j]}
+    assert sum(reruns.values()) <= sum(held.values())
+    assert kills >= 8 and kills_holding >= 1
+    assert r.hlen(q.keys.leases) == 0
+
+
+# --- 2. Redis killed and restarted under load -------------------------------------------
+
+def test_redis_restart_keeps_every_acknowledged_enqueue(qname):
+    clock = Deadline(150, "Redis restart run")
+    aof = ["--appendonly", "yes", "--appendfsync", "always"]
+    proc, port, workdir = start_redis_server(aof)
+    url = f"redis://127.0.0.1:{port}/0"
+    conn = emqfast.connect(url, socket_timeout=5)
+    q = Queue(qname, conn, attempts=100)
+    acked: List[str] = []
+    retries = Counter()
+    stop = threading.Event()
+    errors: List[BaseException] = []
+
+    def producer(tag: str) -> None:
+        try:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                job_id, backoff = f"JOB-{tag}-{i}", 0.01
+                while True:  # an enqueue that raised did not return success: try again
+                    try:
+                        q.enqueue({"i": i}, job_id=job_id)  # same id: a retry is idempotent
+                        acked.append(job_id)
+                        break
+                    except (redis.ConnectionError, redis.TimeoutError,
+                            emqfast.ConnectionFailed):
+                        retries[tag] += 1
+                        if clock.left() < 0:
+                            raise
+                        time.sleep(backoff)
+                        backoff = min(backoff * 2, 0.5)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    worker = Worker(q, lambda job: job.payload["i"], concurrency=8, lease_ms=3000,
+                    keep_completed=10**9, max_stalled=1000)
+    threads = [threading.Thread(target=producer, args=(t,), daemon=True) for t in "ab"]
+    threads.append(threading.Thread(target=worker.run, daemon=True))
+    for t in threads:
+        t.start()
+
+    def done() -> int:
+        with redis.Redis(port=port, socket_timeout=5) as c:
+            return c.zcard(q.keys.completed)
+
+    restarts = 0
+    try:
+        for _ in range(3):
+            enq0, done0 = len(acked), done()
+            clock.wait(lambda: len(acked) >= enq0 + 300 and done() >= done0 + 100,
+                       "producers and worker to make progress")
+            proc.send_signal(signal.SIGKILL)  # harsher than SHUTDOWN: no final flush
+            proc.wait(10)
+            before_kill = list(acked)
+            proc, _, _ = start_redis_server(aof, port=port, workdir=workdir)
+            restarts += 1
+            with redis.Redis(port=port) as c:  # every enqueue that had returned survived
+                pipe = c.pipeline(transaction=False)
+                for job_id in before_kill:
+                    pipe.exists(q.keys.job(job_id))
+                missing = [j for j, e in zip(before_kill, pipe.execute()) if not e]
+            assert not missing, f"{len(missing)} acknowledged enqueues lost: {missing[:5]}"
+        enq0, done0 = len(acked), done()  # everyone reconnected and carries on
+        clock.wait(lambda: len(acked) >= enq0 + 300 and done() >= done0 + 100,
+                   "progress after the last restart")
+        stop.set()
+        for t in threads[:2]:
+            t.join(max(clock.left(), 1))
+        assert not errors, errors
+        clock.wait(lambda: done() >= len(set(acked)), "the worker to drain every job")
+        worker.stop()
+        threads[2].join(max(clock.left(), 1))
+        with redis.Redis(port=port) as c:
+            job_keys = set(c.scan_iter(match=q.keys.glob()[:-1] + "job:*", count=1000))
+            completed = {j.decode() for j in c.zrange(q.keys.completed, 0, -1)}
+    finally:
+        stop.set()
+        worker.stop()
+        proc.terminate()
+        proc.wait(10)
+        conn.close()
+    # exactly the acknowledged jobs exist (a retried enqueue is a duplicate, not a copy)
+    assert job_keys == {q.keys.job(j).encode() for j in acked}
+    assert completed == set(acked) and len(acked) == len(set(acked))
+    report("redis restart", jobs=len(acked), restarts=restarts,
+           producer_retries=sum(retries.values()), completed=len(completed),
+           worker_lease_lost=worker.stats.lease_lost, lost=len(set(acked) - completed))
+
+
+# --- 3. a frozen worker loses its lease ----------------------------------------------------
+
+def test_frozen_worker_cannot_complete_a_job_the_reaper_gave_away(redis_url, r, qname):
+    clock = Deadline(60, "lease-lost run")
+    q = Queue(qname, r)
+    ref = q.enqueue({"x": 1})
+    log_key, go_key = f"test:{{{qname}}}:log", f"test:{{{qname}}}:go"
+    a = spawn("stall-worker", redis_url, qname, "A", 400, log_key, go_key)
+    b = Worker(q, lambda job: {"by": "B"}, lease_ms=5000, name="B", max_stalled=5)
+    bt = threading.Thread(target=b.run, daemon=True)
+    try:
+        clock.wait(lambda: r.lrange(log_key, 0, -1) == [b"started:A:1"], "A to start the job")
+        a.send_signal(signal.SIGSTOP)
+        bt.start()  # B's beat reaps A's expired lease, re-claims and finishes the job
+        clock.wait(lambda: (q.get(ref.id).state == "completed"), "B to finish the job")
+        job = q.get(ref.id)
+        assert job.result == {"by": "B"} and b.stats.completed == 1
+        r.set(go_key, 1)
+        a.send_signal(signal.SIGCONT)
+        a_stats = stats_of(a, timeout=max(clock.left(), 1))
+    finally:
+        a.send_signal(signal.SIGCONT)
+        if a.poll() is None:
+            a.kill()
+            a.wait(10)
+        b.stop()
+        bt.join(10) if bt.is_alive() else None
+    log = [x.decode() for x in r.lrange(log_key, 0, -1)]
+    assert log == ["started:A:1", "extend:LeaseLost"]  # the handler got the typed error
+    assert a_stats["lease_lost"] == 1 and a_stats["completed"] == 0  # its result discarded
+    job = q.get(ref.id)
+    assert job.state == "completed" and job.result == {"by": "B"}
+    assert job.stalls == 1 and job.attempts == 1  # the stalled run is not counted
+    assert q.counts()["completed"] == 1 and r.hlen(q.keys.leases) == 0
+    report("lease lost", jobs=1, freezes=1, reaps=job.stalls,
+           rejected_completions=a_stats["lease_lost"], lost=0)
+
+
+def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
+    """A completion re-sent after its reply was lost (connection drop, restart) finds its
+    own outcome and succeeds; any other token still meets LeaseLost."""
+    from emqfast.scripts import load
+    from emqfast.version import KEYSPACE_VERSION
+
+    q = Queue(qname, r)
+    ref = q.enqueue("x")
+    k = q.keys
+    reply = load("claim")(r, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
+                              k.counter], [1, 10_000, "w", KEYSPACE_VERSION])
+    job_id, token = reply[3].decode(), reply[4].decode()
+    assert job_id == ref.id
+    load("start")(r, [k.active, k.leases, k.job(job_id)], [job_id, token])
+    complete = load("complete")
+    keys = [k.job(job_id), k.active, k.leases, k.completed]
+    assert complete(r, keys, [job_id, token, b'"first"']) == 1
+    finished = q.get(job_id).finished_ms
+    assert complete(r, keys, [job_id, token, b'"again"']) == 1  # the re-sent ack
+    job = q.get(job_id)
+    assert (job.result, job.finished_ms) == ("first", finished)  # nothing rewritten
+    with pytest.raises(emqfast.LeaseLost):
+        complete(r, keys, [job_id, "w:999", b'"thief"'])
+    assert q.counts()["completed"] == 1
