@@ -34,7 +34,7 @@ from rich.table import Table
 
 from . import embedded
 from .connection import connect, redact
-from .errors import EmqError, InvalidInput
+from .errors import EmqError
 from .job import STATES, Job
 from .keys import queue_meta_glob, queue_of_key
 from .queue import Queue
@@ -169,7 +169,7 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
 @url_option
 @click.option("--quiet", is_flag=True, help="Only the check-list at the end.")
 def demo(quiet: bool) -> None:
-    """Play the Portal LMS notifications scenario (about 10 s; time is compressed)."""
+    """Play the Portal LMS notifications scenario (a few seconds: time is compressed)."""
     from .demo import run_demo
 
     state = _state()

@@ -19,12 +19,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
-from zoneinfo import ZoneInfo
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
-from rich.table import Table
 from rich.text import Text
 
 from .backoff import Backoff
@@ -32,7 +30,7 @@ from .errors import Unrecoverable
 from .job import Job
 from .leaderboard import Leaderboard
 from .queue import Queue
-from .render import fmt_delta, fmt_ms
+from .render import fmt_delta
 from .worker import Worker
 
 QUEUE = "portal-notifications"
@@ -132,7 +130,7 @@ class PortalHandler:
 
     def _send(self, job: Job, payload: dict) -> dict:
         if job.attempts <= SEND_FAILURES:
-            raise TransientSendError("421 mail provider busy, try again later")
+            raise TransientSendError("421 provider busy, try later")
         return {"to": payload["learner"], "delivered_on_attempt": job.attempts}
 
     def _digest(self, job: Job, payload: dict) -> dict:
@@ -141,8 +139,11 @@ class PortalHandler:
 
 
 def _summary(result: Any) -> str:
+    """One line for the report about what a handler returned."""
     if isinstance(result, dict) and "top" in result:
         return "top: " + ", ".join(f"{m} {s:g} %" for m, s in result["top"])
+    if isinstance(result, dict) and "to" in result:
+        return f"to {result['to']}"
     return ""
 
 
@@ -303,7 +304,7 @@ class Check:
     detail: str
 
 
-def _retry_delays(sc: Scenario) -> List[Tuple[Run, Optional[int], Optional[int]]]:
+def retry_delays(sc: Scenario) -> List[Tuple[Run, Optional[int], Optional[int]]]:
     """Per send attempt: (run, measured retry delay after it, due time of the next attempt).
 
     The delay is ``next due - this attempt's failure`` on the server clock: the
@@ -359,7 +360,7 @@ def checks(sc: Scenario) -> List[Check]:
                      f"{bulk_done}/{BULK_MAILS} bulk mails delivered"))
 
     send = sc.jobs.get(sc.send_id)
-    delays = [d for _, d, _ in _retry_delays(sc) if d is not None]
+    delays = [d for _, d, _ in retry_delays(sc) if d is not None]
     growing = len(delays) == SEND_FAILURES and all(a < b for a, b in zip(delays, delays[1:]))
     in_band = all(d >= band(i)[0] for i, d in enumerate(delays, start=1))
     on_time = all(r.due_ms is not None and r.started_ms >= r.due_ms for r in tl.of("send")[1:])
@@ -383,176 +384,6 @@ def checks(sc: Scenario) -> List[Check]:
     return out
 
 
-# --- the report ------------------------------------------------------------------------
-def _t(sc: Scenario, ms: Optional[int]) -> str:
-    """Server time of day plus offset from the start of the demo."""
-    if ms is None:
-        return "-"
-    return f"{fmt_ms(ms, date=False)}  +{(ms - sc.t0_ms) / 1000:.3f} s"
-
-
-def _label(run: Run) -> str:
-    return {"reminder": "lesson reminder (LSN-7)", "bulk": "bulk mail",
-            "reset": "password-reset email", "send": "digest e-mail (flaky provider)",
-            "digest": "weekly digest (demo cadence)"}.get(run.kind, run.kind)
-
-
-def timeline_table(sc: Scenario) -> Table:
-    """What ran, in order, when (server clock); consecutive bulk mails are folded."""
-    table = Table(title="What ran, in order — one worker, concurrency 1; server clock (UTC) and "
-                        "time since the start", title_justify="left")
-    for name, justify in (("#", "right"), ("started", "left"), ("job", "left"),
-                          ("attempt", "right"), ("outcome", "left"), ("detail", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    runs = list(sc.timeline.runs)
-    i = 0
-    while i < len(runs):
-        run = runs[i]
-        if run.kind == "bulk":
-            j = i
-            while j + 1 < len(runs) and runs[j + 1].kind == "bulk":
-                j += 1
-            if j > i:
-                ok = all(r.outcome == "completed" for r in runs[i:j + 1])
-                table.add_row(f"{run.seq}–{runs[j].seq}", _t(sc, run.started_ms),
-                              f"bulk mail ×{j - i + 1}", "1",
-                              Text("completed" if ok else "mixed", "green" if ok else "yellow"),
-                              f"priority {BULK_PRIORITY}")
-                i = j + 1
-                continue
-        style = {"completed": "green", "failed": "red"}.get(run.outcome, "yellow")
-        table.add_row(str(run.seq), _t(sc, run.started_ms), _label(run), str(run.attempt),
-                      Text(run.outcome, style), run.detail)
-        i += 1
-    return table
-
-
-def _heading(text: str, note: str = "") -> Text:
-    out = Text(text, style="bold")
-    if note:
-        out.append("  " + note, style="dim")
-    return out
-
-
-def reminder_section(sc: Scenario) -> Group:
-    """Part 1: enqueued, due and ran, on the server clock."""
-    job = sc.jobs.get(sc.reminder_id)
-    runs = sc.timeline.of("reminder")
-    table = Table(show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("enqueued", _t(sc, job.created_ms if job else None))
-    table.add_row("due (run at)", _t(sc, job.run_at_ms if job else None))
-    table.add_row("ran", _t(sc, runs[0].started_ms if runs else None))
-    if job and runs and job.created_ms:
-        table.add_row("waited", f"{runs[0].started_ms - job.created_ms} ms "
-                                f"(asked for {DAY_MS} ms)")
-    return Group(_heading("1 · Lesson reminder — a one-shot delayed job",
-                          f"enqueue_in(payload, {DAY_MS}): 'tomorrow' compressed to "
-                          f"{fmt_delta(DAY_MS)}"), table)
-
-
-def schedule_section(sc: Scenario) -> Any:
-    """Part 2: registry size across boots, and the schedules with next runs in Paris time."""
-    sf = sc.schedules
-    if not sf.available:
-        return Text(f"2 · Weekly digest — {sf.error}", style="red")
-    boots = Table()
-    boots.add_column("boot", justify="right")
-    boots.add_column("registry entries", justify="right")
-    boots.add_column("'weekly-digest' entries", justify="right")
-    for i, (n, weekly) in enumerate(sf.after_boot, start=1):
-        boots.add_row(str(i), str(n), str(weekly))
-    listed = Table()
-    for name in ("name", "cadence", "time zone", "next run (schedule's zone)"):
-        listed.add_column(name)
-    for s in sf.listed:
-        tz = s.get("tz") or "UTC"
-        cadence = f"cron {s['cron']}" if s.get("cron") else f"every {fmt_delta(s.get('every_ms'))}"
-        nxt = s.get("next_ms")
-        listed.add_row(s["name"], cadence, tz,
-                       fmt_ms(nxt, ZoneInfo(tz)) + (f" ({_weekday(nxt, tz)})" if nxt else ""))
-    note = Text(f"The weekly cron cannot fire during a demo, so the same digest also runs every "
-                f"{fmt_delta(DIGEST_EVERY_MS)} (compressed time); that cadence is removed at the "
-                "end.", style="dim")
-    return Group(_heading("2 · Weekly digest — a cron schedule upserted at every boot",
-                          f"schedules.upsert('weekly-digest', cron={WEEKLY_CRON!r}, "
-                          f"tz={DIGEST_TZ!r}) on each of {BOOTS} boots"),
-                 boots, Text("the registry afterwards (next runs in each schedule's zone):"),
-                 listed, note)
-
-
-def _weekday(ms: int, tz: str) -> str:
-    import datetime as dt
-    return dt.datetime.fromtimestamp(ms / 1000, ZoneInfo(tz)).strftime("%A")
-
-
-def priority_section(sc: Scenario) -> Text:
-    """Part 3: enqueue order vs run order."""
-    order = [r for r in sc.timeline.runs if r.kind in ("reset", "bulk")]
-    pos = next((i for i, r in enumerate(order, start=1) if r.kind == "reset"), None)
-    bulk_first = next((r for r in order if r.kind == "bulk"), None)
-    text = _heading("3 · Password reset — a priority job overtakes the backlog\n")
-    text.append(f"   enqueued last, after {BULK_MAILS} bulk mails (priority {BULK_PRIORITY}), "
-                f"with priority {RESET_PRIORITY} (lower runs first)\n")
-    reset = next((r for r in order if r.kind == "reset"), None)
-    text.append(f"   ran #{pos if pos else '?'} of {len(order)} at "
-                f"{_t(sc, reset.started_ms if reset else None)}; first bulk mail at "
-                f"{_t(sc, bulk_first.started_ms if bulk_first else None)}")
-    return text
-
-
-def retry_section(sc: Scenario) -> Group:
-    """Part 4: every attempt of the flaky send with its backoff delay."""
-    b = SEND_BACKOFF
-    table = Table()
-    for name in ("attempt", "started", "outcome", "retry delay after it", "backoff band"):
-        table.add_column(name)
-    for run, delay, _due in _retry_delays(sc):
-        lo, hi = band(run.attempt)
-        style = "green" if run.outcome == "completed" else "red"
-        table.add_row(str(run.attempt), _t(sc, run.started_ms),
-                      Text(run.outcome + ("" if run.outcome == "completed" else
-                                          f" ({run.detail.split(': ', 1)[-1]})"), style),
-                      fmt_delta(delay) if delay is not None else "-",
-                      f"{lo}–{hi} ms" if run.outcome != "completed" else "-")
-    return Group(_heading("4 · Failed send — retried with exponential backoff + jitter",
-                          f"base {b.base_ms} ms, ×2 per attempt, ±{b.band:.0%}; the provider "
-                          f"refuses the first {SEND_FAILURES} tries"), table)
-
-
-def ranking_section(sc: Scenario) -> Group:
-    """Part 5: the board and what the digest carried."""
-    table = Table()
-    table.add_column("rank", justify="right")
-    table.add_column("learner")
-    table.add_column("progress", justify="right")
-    for e in sc.board.top(len(LEARNERS)):
-        table.add_row(str(e.rank), e.member, f"{e.score:g} %",
-                      style="bold" if e.rank <= TOP_N else "")
-    digests = [r for r in sc.timeline.of("digest") if r.outcome == "completed"]
-    carried = Text(f"   {LESSON_DONE[0]} finished a lesson: +{LESSON_DONE[1]} % (incr). ")
-    if digests:
-        carried.append(f"The digest at {_t(sc, digests[0].started_ms)} carried the top {TOP_N}: "
-                       + ", ".join(f"{m} ({s:g} %)" for m, s in digests[0].result["top"]))
-    else:
-        carried.append("No digest ran.", style="red")
-    return Group(_heading("5 · Ranking — the leaderboard the digest carries",
-                          f"Leaderboard {BOARD!r}: progress %, ties ranked by name"),
-                 table, carried)
-
-
-def checklist(results: List[Check]) -> Table:
-    """✓/✗ per expectation."""
-    table = Table(title="Expectations", title_justify="left", show_header=False)
-    table.add_column(width=2)
-    table.add_column()
-    table.add_column(style="dim")
-    for c in results:
-        table.add_row(Text("✓", "bold green") if c.ok else Text("✗", "bold red"), c.label, c.detail)
-    return table
-
-
 def run_demo(conn: Any, console: Optional[Console] = None, quiet: bool = False,
              where: str = "") -> bool:
     """Play the scenario and print the report; True when every expectation held."""
@@ -567,16 +398,17 @@ def run_demo(conn: Any, console: Optional[Console] = None, quiet: bool = False,
                        f"{fmt_delta(DAY_MS)}, the weekly digest also runs every "
                        f"{fmt_delta(DIGEST_EVERY_MS)}. All times are the Redis server's clock.",
                        "italic"))))
+    from . import demo_report as report
+
     sc = setup(conn)
     play(sc, console, show_progress=not quiet)
     results = checks(sc)
     if not quiet:
-        for part in (timeline_table(sc), reminder_section(sc), schedule_section(sc),
-                     priority_section(sc), retry_section(sc), ranking_section(sc)):
+        for part in report.sections(sc):
             console.print()
             console.print(part)
     console.print()
-    console.print(checklist(results))
+    console.print(report.checklist(results))
     ok = all(c.ok for c in results)
     console.print(Text("All expectations held." if ok else "Some expectations did not hold.",
                        style="bold green" if ok else "bold red"))

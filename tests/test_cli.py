@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from emqfast import Backoff, Queue, Worker
+from emqfast import Queue, Worker
 from emqfast.render import fmt_ms
 
 from conftest import dump_queue, start_redis_server
