@@ -2,13 +2,15 @@
 
     python tests/fault_procs.py count-worker URL QUEUE NAME LEASE_MS COUNTS_KEY
     python tests/fault_procs.py stall-worker URL QUEUE NAME LEASE_MS LOG_KEY GO_KEY
+    python tests/fault_procs.py pump URL QUEUE
 
 ``count-worker`` runs an ordinary :class:`emqfast.Worker` whose handler counts
 each execution of a job in a hash (``HINCRBY COUNTS_KEY <id> 1``), so the test
 can tell a re-run from a first run. ``stall-worker`` runs a job that waits for
 ``GO_KEY`` (the test freezes the process meanwhile), then tries to extend its
 lease and records what happened in ``LOG_KEY``. Both print their WorkerStats
-as one JSON line when they stop (SIGTERM: graceful).
+as one JSON line when they stop (SIGTERM: graceful). ``pump`` runs the queue's
+schedule pump in a tight loop until killed.
 """
 from __future__ import annotations
 
@@ -64,10 +66,17 @@ def stall_worker(url: str, queue: str, name: str, lease_ms: str, log_key: str,
     print(json.dumps(asdict(w.run_until_idle(timeout_s=120))), flush=True)
 
 
+def pump(url: str, queue: str) -> None:
+    q = Queue(queue, emqfast.connect(url))
+    while True:  # the test SIGKILLs us, mid-pass or between passes
+        q.schedules.pump()
+        time.sleep(0.005)  # the pump's own cadence, a few ms between passes
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     try:
-        {"count-worker": count_worker, "stall-worker": stall_worker}[mode](*args)
+        {"count-worker": count_worker, "stall-worker": stall_worker, "pump": pump}[mode](*args)
     except redis.RedisError as exc:  # pragma: no cover - surfaced through the test
         print(json.dumps({"error": repr(exc)}), flush=True)
         raise

@@ -315,3 +315,79 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
     with pytest.raises(emqfast.LeaseLost):
         complete(r, keys, [job_id, "w:999", b'"thief"'])
     assert q.counts()["completed"] == 1
+
+
+# --- 4. schedule pumps killed and restarted -----------------------------------------------
+
+def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url, r, qname):
+    """Three pump processes race; the test SIGKILLs one at a time and, twice, all of
+    them for several slots (catch_up must then mint the missed ones). Every minted job
+    is cancelled as soon as it appears, so a second mint of an occurrence would create
+    its job again and be seen: each occurrence must be cancelled exactly once."""
+    schedules = pytest.importorskip("emqfast.schedules")
+    clock = Deadline(90, "pump run")
+    every, n_slots = 100, 40
+    q = Queue(qname, r)
+    start = q.server_time_ms() + 300
+    q.schedules.upsert("tick", every_ms=every, start_at_ms=start, missed="catch_up",
+                       payload={"tick": True})
+    pumps: List[subprocess.Popen] = []
+    cancelled: Counter = Counter()
+    kills = outages = events = 0
+
+    def sweep_jobs() -> None:
+        for job_id in q.job_ids("pending") + q.job_ids("scheduled"):
+            if q.cancel(job_id):
+                cancelled[job_id] += 1
+
+    def last_occurrence() -> int:
+        s = q.schedules.get("tick")
+        return -1 if s.last_occurrence_ms is None else s.last_occurrence_ms
+
+    def slot_index() -> int:
+        return (last_occurrence() - start) // every
+
+    try:
+        pumps += [spawn("pump", redis_url, qname) for _ in range(3)]
+        next_event = 3
+        while slot_index() < n_slots:
+            clock.check()
+            sweep_jobs()
+            i = slot_index()
+            if i >= next_event:
+                next_event = i + 4
+                events += 1
+                if events in (2, 5):  # every pump down for 3+ slots
+                    for p in pumps:
+                        p.kill()
+                        p.wait(10)
+                    kills += len(pumps)
+                    outages += 1
+                    stalled_at = last_occurrence()
+                    clock.wait(lambda: q.server_time_ms() > stalled_at + 3.5 * every,
+                               "three slots to pass with no pump")
+                    assert last_occurrence() == stalled_at  # nobody minted meanwhile
+                    pumps = [spawn("pump", redis_url, qname) for _ in range(3)]
+                else:  # one pump dies, a fresh one takes its place
+                    victim = pumps.pop(kills % len(pumps))
+                    victim.kill()
+                    victim.wait(10)
+                    kills += 1
+                    pumps.append(spawn("pump", redis_url, qname))
+            time.sleep(0.005)
+    finally:
+        for p in pumps:
+            p.kill()
+            p.wait(10)
+    sweep_jobs()
+    last = last_occurrence()
+    expected = {schedules.occurrence_job_id("tick", occ)
+                for occ in range(start, last + 1, every)}
+    twice = {j: c for j, c in cancelled.items() if c > 1}
+    report("schedule pumps", occurrences=len(expected), pump_kills=kills,
+           full_outages=outages, minted=sum(cancelled.values()),
+           duplicates=sum(c - 1 for c in cancelled.values()), missing=len(expected - set(cancelled)))
+    assert not twice, twice
+    assert set(cancelled) == expected  # every slot from start to the last: no gap, no extra
+    assert len(expected) >= n_slots and outages == 2 and kills >= 10
+    assert q.counts() == dict.fromkeys(("scheduled", "pending", "active", "completed", "failed"), 0)
