@@ -299,3 +299,22 @@ def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names,
         assert [q.get(r.id).payload for r in refs] == [b"a", b"b", b"c"]
     logged = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
     assert len(logged) == (1 if backend == "c" else 0)
+
+
+def test_schedules_on_cluster(conn, names):
+    schedules = pytest.importorskip("emqfast.schedules")
+    for name in names:
+        q = Queue(name, conn)
+        start = q.server_time_ms() - 250  # three slots already due: catch_up mints them
+        q.schedules.upsert("tick", every_ms=100, start_at_ms=start, missed="catch_up",
+                           payload={"t": 1})
+        q.schedules.upsert_many([{"name": "daily", "cron": "0 9 * * *", "tz": "Europe/Paris"}])
+        assert q.schedules.pump() >= 3
+        got = q.schedules.get("tick")
+        minted = set(q.job_ids("pending"))
+        occs = range(start, got.last_occurrence_ms + 1, 100)
+        assert minted == {schedules.occurrence_job_id("tick", o) for o in occs}
+        assert [s.name for s in q.schedules.list()] == ["tick", "daily"]
+        assert q.schedules.remove("daily") and not q.schedules.remove("daily")
+        stats = Worker(q, lambda job: job.payload).run_until_idle(20)
+        assert stats.completed >= len(minted)
