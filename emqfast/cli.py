@@ -10,8 +10,8 @@
     emqfast server status|stop|wipe            the embedded Redis
 
 Redis: ``--url`` (before or after the command), else ``EMQ_REDIS_URL``, else the
-embedded server. A password in the URL is never printed: every message that
-leaves this module goes through :func:`scrub`.
+embedded server. A password in the URL is never printed: URLs are shown through
+:func:`emqfast.connection.redact`, and every error message through :func:`scrub`.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from .keys import queue_meta_glob, queue_of_key
 from .queue import Queue
 from .render import (counts_table, fmt_delta, fmt_ms, fmt_relative, job_detail_table, job_dict,
                      jobs_table)
+from .version import __version__
 
 def _console(stderr: bool = False) -> Console:
     # piped output (scripts, tests) gets room for the tables instead of rich's 80 columns
@@ -156,8 +157,7 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 @click.option("--url", envvar=URL_ENV, metavar="URL",
               help="Redis URL (redis://, rediss://, unix://, redis+cluster://). "
                    "Default: $EMQ_REDIS_URL, else the embedded server.")
-@click.version_option(package_name=None, message="emqfast %(version)s",
-                      version=__import__("emqfast").__version__)
+@click.version_option(__version__, message="emqfast %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, url: Optional[str]) -> None:
     """emqfast: a Redis job queue whose hot path is C."""
@@ -437,8 +437,7 @@ def server_stop() -> None:
 
 
 @server.command("wipe")
-@click.option("--yes", is_flag=True, hidden=True, help="Accepted for scripts; wipe never asks.")
-def server_wipe(yes: bool) -> None:
+def server_wipe() -> None:
     """Stop the embedded server and delete its data."""
     directory = embedded.state_dir()
     embedded.wipe()
