@@ -21,16 +21,13 @@ _HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)(\.\.)?\]", re.M)
 
 
 def lua_dir() -> Path:
-    """Directory holding the ``.lua`` files (package data, or the source tree)."""
-    try:
-        from importlib.resources import files
-
-        path = Path(str(files("emqfast.lua")))
-        if (path / "enqueue.lua").exists():
-            return path
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "lua"
+    """Directory holding the ``.lua`` files: ``emqfast/lua`` in an installed wheel,
+    the repository's top-level ``lua/`` in a source tree or editable install."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "lua", here.parent / "lua"):
+        if (candidate / "enqueue.lua").exists():
+            return candidate
+    raise FileNotFoundError(f"emqfast's Lua scripts are missing (looked in {here / 'lua'})")
 
 
 class Script:
