@@ -33,7 +33,7 @@ extern "C" {
 #define EMQ_ECONNECT 4 /* could not connect, authenticate or select the db */
 #define EMQ_EUNSENT 5  /* connection failed before any byte of the batch left */
 #define EMQ_EIO 6      /* connection failed after sending: outcome unknown */
-#define EMQ_EINVAL 7   /* malformed call (e.g. argument counts do not add up) */
+#define EMQ_EINVAL 7   /* malformed call: a command with no arguments */
 
 /* Score layout (mirrors _pure.py). */
 #define EMQ_EPOCH_MS 1704067200000
@@ -140,6 +140,19 @@ int emq_command_batch(emq_conn *c, size_t ncmds, size_t argc, const size_t *argc
 void emq_replies_free(emq_replies *r);
 
 /* CDEF-END */
+
+#ifdef EMQ_INTERNAL
+/* Shared by conn.c and pipeline.c only; hiredis never leaks into the cdef. */
+#include <hiredis/hiredis.h>
+
+struct emq_conn {
+    redisContext *ctx; /* NULL while closed */
+    char err[256];     /* last error, NUL-terminated, never holds credentials */
+};
+
+/* Record "<what>: <cause>" from the context (or errno) and close it. */
+void emq_conn_fail(emq_conn *c, const char *what, int saved_errno);
+#endif
 
 #ifdef __cplusplus
 }
