@@ -168,7 +168,8 @@ class Queue:
         due = [i.decode() for i in reply[1:]]
         if not due:
             return 0
-        return int(_PROMOTE(self.redis, [k.delayed, k.pending, k.marker, *k.jobs(due)], due))
+        return int(_PROMOTE(self.redis, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(due)],
+                            [KEYSPACE_VERSION, *due]))
 
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
         """Return jobs with expired leases to pending; ``(requeued, failed_as_stalled)``."""
@@ -180,8 +181,9 @@ class Queue:
         if not expired:
             return 0, 0
         requeued, failed = _REAP(
-            self.redis, [k.active, k.leases, k.pending, k.failed, k.marker, *k.jobs(expired)],
-            [max_stalled, *expired])
+            self.redis,
+            [k.active, k.leases, k.pending, k.failed, k.marker, k.meta, *k.jobs(expired)],
+            [max_stalled, KEYSPACE_VERSION, *expired])
         return int(requeued), int(failed)
 
     def server_time_ms(self) -> int:
@@ -227,13 +229,15 @@ class Queue:
         """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
         check_job_id(job_id)
         k = self.keys
-        return bool(_CANCEL(self.redis, [k.job(job_id), k.pending, k.delayed], [job_id]))
+        return bool(_CANCEL(self.redis, [k.job(job_id), k.pending, k.delayed, k.meta],
+                            [job_id, KEYSPACE_VERSION]))
 
     def retry(self, job_id: str) -> None:
         """Send a failed job back to pending with a fresh set of attempts."""
         check_job_id(job_id)
         k = self.keys
-        _RETRY(self.redis, [k.job(job_id), k.failed, k.pending, k.marker], [job_id])
+        _RETRY(self.redis, [k.job(job_id), k.failed, k.pending, k.marker, k.meta],
+               [job_id, KEYSPACE_VERSION])
 
     def pause(self) -> None:
         """Stop workers from claiming jobs (enqueues still succeed)."""
@@ -260,7 +264,8 @@ class Queue:
                 victims.update(i.decode() for i in
                                self.redis.zrangebyscore(key, "-inf", now - max_age_ms))
             for chunk in _chunks(sorted(victims), 500):
-                removed += int(_TRIM(self.redis, [key, *k.jobs(chunk)], chunk))
+                removed += int(_TRIM(self.redis, [key, k.meta, *k.jobs(chunk)],
+                                     [KEYSPACE_VERSION, *chunk]))
         return removed
 
     def obliterate(self) -> int:

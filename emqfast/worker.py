@@ -226,8 +226,8 @@ class Worker:
     def _start(self, pairs: List[Tuple[str, str]]) -> None:
         k = self._keys
         ids = [i for i, _ in pairs]
-        args = [x for pair in pairs for x in pair]
-        rows = _START(self._redis, [k.active, k.leases, *k.jobs(ids)], args)
+        args = [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]]
+        rows = _START(self._redis, [k.active, k.leases, k.meta, *k.jobs(ids)], args)
         now = time.monotonic()
         for (job_id, token), row in zip(pairs, rows):
             if not row:
@@ -260,7 +260,8 @@ class Worker:
     def _extender(self, job_id: str, token: str) -> Callable[[int], None]:
         def extend(ms: int) -> None:
             check_int(ms, "ms", 1, 1 << 40)
-            ok = _EXTEND(self._redis, [self._keys.active, self._keys.leases], [ms, job_id, token])
+            ok = _EXTEND(self._redis, [self._keys.active, self._keys.leases, self._keys.meta],
+                         [ms, KEYSPACE_VERSION, job_id, token])
             if not ok or not ok[0]:
                 raise LeaseLost(f"lease on {job_id} is no longer held")
         return extend
@@ -290,8 +291,8 @@ class Worker:
         for outcome in batch:
             kind, job, token = outcome[0], outcome[1], outcome[2]
             if kind == "done":
-                calls.append((_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed],
-                              [job.id, token, outcome[3]]))
+                calls.append((_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta],
+                              [job.id, token, outcome[3], KEYSPACE_VERSION]))
                 retrying.append(None)
             else:
                 exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
@@ -302,8 +303,8 @@ class Worker:
                     delay = 0
                 message = f"{type(exc).__name__}: {exc}"
                 calls.append((_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed,
-                                      k.pending, k.marker],
-                              [job.id, token, delay, message, tb]))
+                                      k.pending, k.marker, k.meta],
+                              [job.id, token, delay, message, tb, KEYSPACE_VERSION]))
                 retrying.append(delay >= 0)
         delay_s = 0.05
         while True:  # an outcome is never dropped: retry until Redis takes it
@@ -357,10 +358,11 @@ class Worker:
                    if not r.lost and now - r.extended_at > self.lease_ms / 3000.0]
         if not due:
             return
-        args: List[Any] = [self.lease_ms]
+        args: List[Any] = [self.lease_ms, KEYSPACE_VERSION]
         for r in due:
             args += (r.job.id, r.token)
-        replies = _EXTEND(self._redis, [self._keys.active, self._keys.leases], args)
+        replies = _EXTEND(self._redis, [self._keys.active, self._keys.leases, self._keys.meta],
+                          args)
         for r, ok in zip(due, replies):
             if ok:
                 r.extended_at = now
@@ -381,8 +383,9 @@ class Worker:
         for job_id, r in leftover:  # handlers that did not finish in time
             k = self._keys
             try:
-                if _RELEASE(self._redis, [k.job(job_id), k.active, k.leases, k.pending, k.marker],
-                            [job_id, r.token]):
+                if _RELEASE(self._redis,
+                            [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
+                            [job_id, r.token, KEYSPACE_VERSION]):
                     self.stats.released += 1
             except redis.RedisError as exc:
                 log.warning("emqfast: could not release %s (%s); the reaper will", job_id, exc)

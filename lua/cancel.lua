@@ -4,11 +4,21 @@
 -- KEYS[1] job hash       emq:{q}:job:<id>
 -- KEYS[2] pending zset   emq:{q}:pending
 -- KEYS[3] delayed zset   emq:{q}:delayed
+-- KEYS[4] meta hash      emq:{q}:meta
 -- ARGV[1] job id
--- Returns: 1 cancelled (job deleted), 0 not cancellable (unknown, active or finished)
+-- ARGV[2] keyspace version of the caller
+-- Returns: 1 cancelled (job deleted), 0 not cancellable (unknown, active or finished;
+--          nothing written)
+-- Errors:  EMQVERSION keyspace of another major version
+--@include common
 
-if redis.call('ZREM', KEYS[2], ARGV[1]) + redis.call('ZREM', KEYS[3], ARGV[1]) > 0 then
-  redis.call('DEL', KEYS[1])
-  return 1
+-- read first: a call that cancels nothing must not write (not even the fence's stamp)
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+  return 0
 end
-return 0
+local err = emq_fence(KEYS[4], ARGV[2])
+if err then return redis.error_reply(err) end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[1])
+return 1

@@ -4,11 +4,14 @@
 -- KEYS[2] active zset     emq:{q}:active
 -- KEYS[3] leases hash     emq:{q}:leases
 -- KEYS[4] completed zset  emq:{q}:completed (score = finish time, server ms)
+-- KEYS[5] meta hash       emq:{q}:meta
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] result (JSON text)
+-- ARGV[4] keyspace version of the caller
 -- Returns: 1 (also when this very token already completed the job: a re-sent ack)
--- Errors:  EMQLEASE the lease expired and the job was reaped, re-claimed or already ended
+-- Errors:  EMQLEASE the lease expired and the job was reaped, re-claimed or already ended;
+--          EMQVERSION keyspace of another major version
 --@include common
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
@@ -18,6 +21,8 @@ if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   if f[1] == 'completed' and f[2] == ARGV[2] then return 1 end
   return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
 end
+local err = emq_fence(KEYS[5], ARGV[4])
+if err then return redis.error_reply(err) end
 local now = emq_now()
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -8,13 +8,16 @@
 -- KEYS[5] delayed zset   emq:{q}:delayed
 -- KEYS[6] pending zset   emq:{q}:pending
 -- KEYS[7] marker zset    emq:{q}:marker
+-- KEYS[8] meta hash      emq:{q}:meta
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
 -- ARGV[4] error message
 -- ARGV[5] traceback text
+-- ARGV[6] keyspace version of the caller
 -- Returns: 1 re-parked for a retry, 0 moved to the failed set
--- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay
+-- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
+--          EMQVERSION keyspace of another major version
 --@include common
 
 local delay = tonumber(ARGV[3])
@@ -24,6 +27,8 @@ end
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
 end
+local err = emq_fence(KEYS[8], ARGV[6])
+if err then return redis.error_reply(err) end
 local now = emq_now()
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -7,20 +7,25 @@
 -- KEYS[3] pending zset   emq:{q}:pending
 -- KEYS[4] failed zset    emq:{q}:failed
 -- KEYS[5] marker zset    emq:{q}:marker
--- KEYS[6..] job hashes   emq:{q}:job:<id>, one per ARGV[2..] id, same order
+-- KEYS[6] meta hash      emq:{q}:meta
+-- KEYS[7..] job hashes   emq:{q}:job:<id>, one per ARGV[3..] id, same order
 -- ARGV[1] max_stalled (>= 0)
--- ARGV[2..] job ids (from due.lua on the active set; re-checked here)
+-- ARGV[2] keyspace version of the caller
+-- ARGV[3..] job ids (from due.lua on the active set; re-checked here)
 -- Returns: {requeued, failed}
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts or bad max_stalled
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts or bad max_stalled;
+--          EMQVERSION keyspace of another major version
 --@include common
 
 local max_stalled = tonumber(ARGV[1])
-if not max_stalled or max_stalled < 0 or #ARGV - 1 ~= #KEYS - 5 then
+if not max_stalled or max_stalled < 0 or #ARGV < 2 or #ARGV - 2 ~= #KEYS - 6 then
   return redis.error_reply('EMQINPUT reap needs max_stalled and one job key per id')
 end
+local err = emq_fence(KEYS[6], ARGV[2])
+if err then return redis.error_reply(err) end
 local now = emq_now()
 local requeued, failed = 0, 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id, key = ARGV[i], KEYS[i + 4]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= now then

@@ -7,14 +7,19 @@
 -- KEYS[3] leases hash    emq:{q}:leases
 -- KEYS[4] pending zset   emq:{q}:pending
 -- KEYS[5] marker zset    emq:{q}:marker
+-- KEYS[6] meta hash      emq:{q}:meta
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
+-- ARGV[3] keyspace version of the caller
 -- Returns: 1 released, 0 the lease was no longer held (nothing changed)
+-- Errors:  EMQVERSION keyspace of another major version
 --@include common
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   return 0
 end
+local err = emq_fence(KEYS[6], ARGV[3])
+if err then return redis.error_reply(err) end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then

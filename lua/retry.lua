@@ -5,17 +5,23 @@
 -- KEYS[2] failed zset    emq:{q}:failed
 -- KEYS[3] pending zset   emq:{q}:pending
 -- KEYS[4] marker zset    emq:{q}:marker
+-- KEYS[5] meta hash      emq:{q}:meta
 -- ARGV[1] job id
+-- ARGV[2] keyspace version of the caller
 -- Returns: 1
--- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set
+-- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set;
+--          EMQVERSION keyspace of another major version
 --@include common
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return redis.error_reply('EMQNOJOB no job ' .. ARGV[1])
 end
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' is not failed')
 end
+local err = emq_fence(KEYS[5], ARGV[2])
+if err then return redis.error_reply(err) end
+redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'pending', 'attempts', '0', 'stalls', '0')
 redis.call('HDEL', KEYS[1], 'finished')
 redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])

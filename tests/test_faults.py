@@ -304,16 +304,17 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
                               k.counter], [1, 10_000, "w", KEYSPACE_VERSION])
     job_id, token = reply[3].decode(), reply[4].decode()
     assert job_id == ref.id
-    load("start")(r, [k.active, k.leases, k.job(job_id)], [job_id, token])
+    load("start")(r, [k.active, k.leases, k.meta, k.job(job_id)],
+                  [KEYSPACE_VERSION, job_id, token])
     complete = load("complete")
-    keys = [k.job(job_id), k.active, k.leases, k.completed]
-    assert complete(r, keys, [job_id, token, b'"first"']) == 1
+    keys = [k.job(job_id), k.active, k.leases, k.completed, k.meta]
+    assert complete(r, keys, [job_id, token, b'"first"', KEYSPACE_VERSION]) == 1
     finished = q.get(job_id).finished_ms
-    assert complete(r, keys, [job_id, token, b'"again"']) == 1  # the re-sent ack
+    assert complete(r, keys, [job_id, token, b'"again"', KEYSPACE_VERSION]) == 1  # re-sent ack
     job = q.get(job_id)
     assert (job.result, job.finished_ms) == ("first", finished)  # nothing rewritten
     with pytest.raises(emqfast.LeaseLost):
-        complete(r, keys, [job_id, "w:999", b'"thief"'])
+        complete(r, keys, [job_id, "w:999", b'"thief"', KEYSPACE_VERSION])
     assert q.counts()["completed"] == 1
 
 

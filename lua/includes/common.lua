@@ -36,6 +36,11 @@ end
 -- another major version is refused instead of corrupting the queue.
 -- Returns an error string, or nil when the caller may proceed.
 local function emq_fence(meta, version)
+  -- a call site still using an older KEYS/ARGV layout would hand us a job id or a
+  -- number here: refuse before anything is written rather than stamp a wrong key
+  if type(version) ~= 'string' or not string.match(version, '^[%w_%-]+:%d') then
+    return 'EMQINPUT expected a keyspace version (e.g. emqfast:1.0), got ' .. tostring(version)
+  end
   local have = redis.call('HGET', meta, 'version')
   if not have then
     redis.call('HSET', meta, 'version', version)
