@@ -22,7 +22,7 @@ local deadline = emq_now() + lease
 local out = {}
 for i = 3, #ARGV, 2 do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
-    redis.call('ZADD', KEYS[1], 'XX', deadline, ARGV[i])
+    redis.call('ZADD', KEYS[1], 'XX', 'GT', deadline, ARGV[i])
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
