@@ -79,8 +79,11 @@ def qname():
 @pytest.fixture(params=["python", "c"])
 def backend(request):
     """Run the test under each backend; the C one must be built (CI builds it)."""
+    import importlib
+
     import emqfast
-    from emqfast import backend as backend_mod
+    # not `from emqfast import backend`: that name is the public backend() function
+    backend_mod = importlib.import_module("emqfast.backend")
 
     previous = backend_mod.current()
     if request.param == "c" and not backend_mod.native_available():
