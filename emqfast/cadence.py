@@ -27,6 +27,7 @@ tests/test_cadence.py):
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import List, Optional, Union
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -54,6 +55,22 @@ def zone(tz: str) -> ZoneInfo:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidInput(f"unknown time zone {tz!r}") from None
+
+
+@lru_cache(maxsize=1024)
+def _parse(expr: str) -> bool:
+    """Validate a (normalized) cron expression; True when it fires every hour.
+
+    croniter.is_valid rejects bad syntax; expanding the fields tells an every-hour
+    cron from an appointment. Cached: parsing dominates the cost of an upsert.
+    """
+    if not croniter.is_valid(expr):
+        raise InvalidInput(f"invalid cron expression {expr!r}")
+    try:
+        fields = croniter(expr).expanded
+    except (CroniterError, ValueError, KeyError) as exc:
+        raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
+    return fields[1] == ["*"]
 
 
 class Interval:
@@ -97,15 +114,7 @@ class Cron:
         self.expr = normalize_cron(expr)
         self.tz = tz
         self.zone = zone(tz)
-        # croniter.is_valid rejects syntax; constructing also expands the fields,
-        # which tells an every-hour cron from an appointment.
-        if not croniter.is_valid(self.expr):
-            raise InvalidInput(f"invalid cron expression {expr!r}")
-        try:
-            fields = croniter(self.expr).expanded
-        except (CroniterError, ValueError, KeyError) as exc:
-            raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
-        self.every_hour = fields[1] == ["*"]
+        self.every_hour = _parse(self.expr)
 
     def __repr__(self) -> str:
         return f"Cron({self.expr!r}, tz={self.tz!r})"
@@ -135,6 +144,16 @@ class Cron:
                 return sec * 1000
         return None
 
+    def fires_after(self, ms: int) -> bool:
+        """True when the cron has a slot after ``ms``.
+
+        Without a year field a cron that fires once fires every few years at
+        most, so the answer does not depend on ``ms`` and is cached.
+        """
+        if len(self.expr.split()) < 7 and not self.expr.startswith("@"):
+            return _fires_at_all(self.expr, self.tz)
+        return self.next_after(ms) is not None
+
     def latest(self, lo: int, hi: int, n: int) -> List[int]:
         """Up to ``n`` most recent slots in ``[lo, hi]``, oldest first.
 
@@ -160,6 +179,13 @@ class Cron:
         out.reverse()
         return out
 
+
+@lru_cache(maxsize=1024)
+def _fires_at_all(expr: str, tz: str) -> bool:
+    return Cron(expr, tz).next_after(_CHECK_FROM_MS) is not None
+
+
+_CHECK_FROM_MS = 1_704_067_200_000  # 2024-01-01: any instant works for year-less crons
 
 Cadence = Union[Interval, Cron]
 

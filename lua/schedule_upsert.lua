@@ -1,0 +1,90 @@
+-- schedule_upsert.lua: register or update one repeatable schedule, by name, in
+-- two phases so the caller never needs its own clock. 'keep' rewrites the options
+-- when the stored cadence has the same signature (the boot case: one round trip,
+-- timing untouched); otherwise it writes nothing and replies with the server's
+-- now, the last minted occurrence and the generation, from which the caller
+-- computes the next run and calls again with 'set'. 'set' rewrites the record and
+-- the single registry entry and bumps the generation, so a pump holding a view of
+-- the old cadence can no longer mint under it.
+--
+-- KEYS[1] repeat zset    emq:{q}:repeat          (name -> next run, epoch ms)
+-- KEYS[2] record hash    emq:{q}:repeat:<name>
+-- KEYS[3] meta hash      emq:{q}:meta
+-- KEYS[4] marker zset    emq:{q}:marker
+-- KEYS[5] counter        emq:{q}:counter         (generations are drawn from it)
+-- ARGV[1] schedule name
+-- ARGV[2] cadence signature (opaque; equal signature = same timing)
+-- ARGV[3] mode: 'keep' or 'set'
+-- ARGV[4] 'set': the generation the caller's plan was based on ('' = no record)
+-- ARGV[5] 'set': next run, epoch ms (must be after the last minted occurrence)
+-- ARGV[6] 'set': interval anchor, epoch ms ('' for cron cadences)
+-- ARGV[7] keyspace version of the caller
+-- ARGV[8..] option field, value pairs (kind, cron, tz, every, start, missed, limit,
+--           payload, enc, opts, prio, name); written in both modes
+-- Returns: {status, next_run_ms (-1 none), generation ('' none), last_ms (-1 none), now_ms,
+--           anchor ('' none), last_job ('' none)}
+--          status 2 = cadence set (new or changed); 1 = options updated, timing kept;
+--          0 = nothing written: call again with 'set' (or again, if the plan went stale)
+-- Errors:  EMQINPUT malformed mode, numbers or option pairs; EMQRANGE next run out of range;
+--          EMQVERSION keyspace of another major version
+--@include common
+--@include schedule
+
+local name, sig, mode = ARGV[1], ARGV[2], ARGV[3]
+if name == '' or sig == '' or (mode ~= 'keep' and mode ~= 'set') then
+  return redis.error_reply('EMQINPUT upsert needs a name, a signature and mode keep/set')
+end
+if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 then
+  return redis.error_reply('EMQINPUT upsert options must be field/value pairs')
+end
+-- Fields this script owns: the caller may not smuggle them in with the options.
+local reserved = {sig = true, gen = true, anchor = true, last = true, last_job = true}
+for i = 8, #ARGV, 2 do
+  if reserved[ARGV[i]] then
+    return redis.error_reply('EMQINPUT option field ' .. ARGV[i] .. ' is reserved')
+  end
+end
+local nxt, anchor = nil, nil
+if mode == 'set' then
+  nxt = tonumber(ARGV[5])
+  anchor = ARGV[6]
+  if not nxt or nxt % 1 ~= 0 or (anchor ~= '' and not tonumber(anchor)) then
+    return redis.error_reply('EMQINPUT upsert set needs an integer next run and anchor')
+  end
+  if nxt < 0 or nxt - EMQ_EPOCH > EMQ_MAX_OFFSET then
+    return redis.error_reply('EMQRANGE next run beyond the exact range of scores')
+  end
+end
+
+local now = emq_now()
+local cur = redis.call('HMGET', KEYS[2], 'sig', 'gen', 'last', 'anchor', 'last_job')
+local gen = cur[2] or ''
+local last = tonumber(cur[3] or '-1')
+local function reply(status, next_run, generation, anch)
+  return {status, next_run, generation, emq_int(last), now, anch or cur[4] or '', cur[5] or ''}
+end
+local function current_next()
+  local s = redis.call('ZSCORE', KEYS[1], name)
+  if not s or s == 'inf' then return -1 end
+  return emq_int(tonumber(s))
+end
+
+if mode == 'keep' then
+  if cur[1] ~= sig then return reply(0, -1, gen) end
+  local err = emq_fence(KEYS[3], ARGV[7])
+  if err then return redis.error_reply(err) end
+  redis.call('HSET', KEYS[2], unpack(ARGV, 8))
+  return reply(1, current_next(), gen)
+end
+
+-- 'set': the caller planned against generation ARGV[4]; a concurrent upsert or
+-- a mint past the planned next run makes the plan stale (reply 0, no write).
+if gen ~= ARGV[4] or (last >= 0 and nxt <= last) then return reply(0, -1, gen) end
+local err = emq_fence(KEYS[3], ARGV[7])
+if err then return redis.error_reply(err) end
+local newgen = emq_int(redis.call('INCR', KEYS[5]))
+redis.call('HSET', KEYS[2], unpack(ARGV, 8))
+redis.call('HSET', KEYS[2], 'sig', sig, 'gen', newgen, 'anchor', anchor)
+redis.call('ZADD', KEYS[1], nxt, name)
+emq_wake_for_run(KEYS[4], nxt, now)
+return reply(2, emq_int(nxt), newgen, anchor)
