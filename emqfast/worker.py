@@ -42,6 +42,9 @@ _RELEASE = load("release")
 
 Handler = Callable[[Job], Any]
 
+# Redis checks blocking-command timeouts on its serverCron tick (default hz 10).
+_TIMEOUT_TICK_S = 0.1
+
 
 @dataclass
 class WorkerStats:
@@ -106,6 +109,9 @@ class Worker:
         self._next_beat = 0.0
         self._next_trim = 0.0
         self._server_offset_ms = 0.0  # server clock - local monotonic, from claim replies
+        # server ms of the earliest schedule run (from the last pump, or a marker
+        # popped since); None = nothing known, pump on the beat only
+        self._next_schedule_ms: Optional[float] = None
         self.beat_hooks: List[Callable[[], Any]] = []
 
     # --- public control -------------------------------------------------------
@@ -162,6 +168,8 @@ class Worker:
     def _step(self, until_idle: bool, wait_scheduled: bool) -> bool:
         """One turn of the loop; True when ``until_idle`` is satisfied."""
         self._beat_if_due()
+        if self._next_schedule_ms is not None and self._server_now_ms() >= self._next_schedule_ms:
+            self._pump_schedules()
         free = self._wait_for_slot()
         if free == 0:
             return False
@@ -184,7 +192,9 @@ class Worker:
         wait_ms = self.beat_s * 1000
         if status == 1 and next_due != -1:
             wait_ms = min(wait_ms, max(next_due - now, 0))
-        self._block_on_marker(wait_ms)
+        if self._next_schedule_ms is not None:
+            wait_ms = min(wait_ms, max(self._next_schedule_ms - now, 0))
+        self._block_on_marker(wait_ms, timed=wait_ms < self.beat_s * 1000)
         return False
 
     def _idle(self) -> bool:
@@ -202,25 +212,38 @@ class Worker:
     def _server_now_ms(self) -> float:
         return time.monotonic() * 1000 + self._server_offset_ms
 
-    def _block_on_marker(self, wait_ms: float) -> None:
+    def _block_on_marker(self, wait_ms: float, timed: bool = False) -> None:
         """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
 
         A popped marker scored in the future (a delayed job's run-at) only
-        shortens the wait; one scored now or earlier ends it.
+        shortens the wait; one scored now or earlier ends it. ``timed``: the end
+        is a run-at (not just the beat), so it is kept to the millisecond.
         """
         end = time.monotonic() + wait_ms / 1000
         while not self._stop.is_set():
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
                 return
-            popped = self._redis.bzpopmin(self._keys.marker, timeout=max(remaining, 0.001))
+            if timed and remaining <= _TIMEOUT_TICK_S:
+                # Redis fires a blocking timeout on its serverCron tick (hz 10: up to
+                # 100 ms late), so the last tick before a run-at is slept locally.
+                self._stop.wait(remaining)
+                return
+            timeout = remaining - _TIMEOUT_TICK_S if timed else remaining
+            popped = self._redis.bzpopmin(self._keys.marker, timeout=max(timeout, 0.001))
             if popped is None:
+                if timed:
+                    continue  # now within the last tick
                 return
             score = float(popped[2])
             ahead_ms = score - self._server_now_ms()
             if ahead_ms <= 0:
                 return
+            # it may be a schedule's next run (upserted or minted elsewhere): pump then
+            if self._next_schedule_ms is None or score < self._next_schedule_ms:
+                self._next_schedule_ms = score
             end = min(end, time.monotonic() + ahead_ms / 1000)
+            timed = True
 
     # --- starting and running jobs ----------------------------------------------
     def _start(self, pairs: List[Tuple[str, str]]) -> None:
@@ -348,8 +371,19 @@ class Worker:
             self._next_trim = now + 5.0
             self.queue.trim(keep_completed=self.keep_completed, keep_failed=self.keep_failed,
                             max_age_ms=self.max_age_ms)
+        self._pump_schedules()
         for hook in self.beat_hooks:
             hook()
+
+    def _pump_schedules(self) -> None:
+        """Mint due schedule occurrences; remember when the next one is due."""
+        sweep = self.queue.schedules.sweep()
+        if sweep.more:  # more were due than one pass takes: come back at once
+            self._next_schedule_ms = sweep.now_ms
+        elif sweep.next_run_ms is not None and sweep.next_run_ms > sweep.now_ms:
+            self._next_schedule_ms = sweep.next_run_ms
+        else:  # none, or a head that cannot be minted (logged): leave it to the beat
+            self._next_schedule_ms = None
 
     def _extend_leases(self, now: float) -> None:
         """Renew leases that are a third used, so a long handler keeps its job."""
