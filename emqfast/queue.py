@@ -26,6 +26,8 @@ _TRIM = load("trim")
 _RETRY = load("retry")
 
 MAX_ATTEMPTS = 1_000_000
+# enqueue.lua's reply -> JobRef.status (0 = the id already existed)
+_ADMITTED = {1: "pending", 2: "scheduled"}
 ENQUEUE_CHUNK = 10_000
 
 
@@ -101,9 +103,7 @@ class Queue:
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
         reply = _ENQUEUE(self.redis, [self.keys.job(job_id), *self._fixed_keys()],
                          [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
-        if reply == 0:
-            return JobRef(job_id, "duplicate")
-        return JobRef(job_id, "pending" if mode == b"now" else "scheduled")
+        return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
 
     def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (epoch ms, compared with the server clock)."""
@@ -144,12 +144,11 @@ class Queue:
         for start in range(0, len(flat), step):
             replies += batcher.evalsha_flat(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6, argc,
                                             flat[start:start + step])
-        status = "pending" if mode == b"now" else "scheduled"
         refs = []
         for job_id, reply in zip(job_ids, replies):
             if isinstance(reply, Exception):
                 raise map_error(reply)
-            refs.append(JobRef(job_id, status if reply == 1 else "duplicate"))
+            refs.append(JobRef(job_id, _ADMITTED.get(int(reply), "duplicate")))
         return refs
 
     def _wire(self) -> Any:

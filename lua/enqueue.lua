@@ -14,7 +14,8 @@
 -- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')
 -- ARGV[8] keyspace version of the caller
--- Returns: 1 admitted, 0 duplicate id (idempotent no-op, nothing written)
+-- Returns: 1 admitted as pending (due now or already past), 2 admitted as scheduled
+--          (parked on the delayed set), 0 duplicate id (idempotent no-op, nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
 --          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version
 --@include common
@@ -50,6 +51,9 @@ end
 local err = emq_fence(KEYS[5], ARGV[8])
 if err then return redis.error_reply(err) end
 
-emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3], ARGV[4],
-  priority, run_at, now)
+-- the caller's mode does not say where the job went ('at' in the past is pending)
+if emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3], ARGV[4],
+    priority, run_at, now) == 'scheduled' then
+  return 2
+end
 return 1
