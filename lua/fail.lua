@@ -39,11 +39,13 @@ if delay < 0 then
   return 0
 end
 local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')
-local run_at = now + delay
-if delay > 0 and run_at - EMQ_EPOCH <= EMQ_MAX_OFFSET then
+if delay > 0 then
+  -- a delay past the representable range waits as long as we can say, it does not
+  -- turn into an immediate retry
+  local run_at = math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
   redis.call('HSET', KEYS[1], 'state', 'scheduled', 'error', ARGV[4], 'traceback', ARGV[5],
     'run_at', emq_int(run_at))
-  redis.call('ZADD', KEYS[5], emq_pack_delayed(run_at, ps), ARGV[1])
+  redis.call('ZADD', KEYS[5], emq_delayed_score(KEYS[5], run_at), ARGV[1])
   emq_wake_at(KEYS[7], run_at)
 else
   -- no delay: straight back to pending, at its original place in its tier

@@ -12,7 +12,7 @@ local function emq_admit(job_key, pending, delayed, marker, counter,
     redis.call('HSET', job_key, 'state', 'scheduled', 'payload', payload, 'enc', enc,
       'opts', opts, 'ps', emq_int(ps), 'created', emq_int(now), 'run_at', emq_int(run_at),
       'attempts', '0')
-    redis.call('ZADD', delayed, emq_pack_delayed(run_at, seq), id)
+    redis.call('ZADD', delayed, emq_delayed_score(delayed, run_at), id)
     emq_wake_at(marker, run_at)
     return 'scheduled'
   end

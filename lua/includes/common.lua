@@ -22,6 +22,19 @@ local function emq_unpack_delayed(score)
   return EMQ_EPOCH + math.floor(tonumber(score) / 4096)
 end
 
+-- Score for a new member of the delayed set due at `run_at`: the next free 12-bit slot
+-- of that millisecond, so jobs due in the same ms keep their arrival order. (The arrival
+-- counter mod 4096 would wrap in the middle of a same-ms burst and reorder it.) Past
+-- 4096 members in one ms the slot saturates at 4095 and equal scores fall back to
+-- member order, which for minted ids is mint order.
+local function emq_delayed_score(delayed, run_at)
+  local first = emq_pack_delayed(run_at, 0)
+  local last = redis.call('ZREVRANGEBYSCORE', delayed, first + 4095, first, 'WITHSCORES',
+    'LIMIT', 0, 1)
+  if not last[2] then return first end
+  return first + math.min(tonumber(last[2]) - first + 1, 4095)
+end
+
 -- Highest delayed score due at `now` (every seq of that millisecond included).
 local function emq_due_bound(now)
   return emq_pack_delayed(now, 4095)
