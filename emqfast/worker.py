@@ -194,6 +194,13 @@ class Worker:
             wait_ms = min(wait_ms, max(next_due - now, 0))
         if self._next_schedule_ms is not None:
             wait_ms = min(wait_ms, max(self._next_schedule_ms - now, 0))
+        if until_idle and status == 1:
+            with self._lock:
+                if self._running or self._pending_acks:
+                    # draining: what ends this wait is our own outcomes being written
+                    # (the acker notifies), not the marker, which would hold us a beat
+                    self._lock.wait(wait_ms / 1000)
+                    return False
         self._block_on_marker(wait_ms, timed=wait_ms < self.beat_s * 1000)
         return False
 
