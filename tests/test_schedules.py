@@ -571,6 +571,22 @@ def test_bad_input_is_refused_by_the_scripts_too(r, qname):
     assert dump_queue(r, qname) == snapshot
 
 
+def test_schedule_scripts_are_fenced_against_another_keyspace_major(r, qname):
+    """A queue written by another major version: upsert, pump and remove refuse
+    (VersionMismatch) and write nothing."""
+    q = Queue(qname, r)
+    q.schedules.upsert("due", every_ms=60_000, start_at_ms=now_ms(q) - 10)
+    r.hset(q.keys.meta, "version", "emqfast:9.0")
+    snapshot = dump_queue(r, qname)
+    for call in (lambda: q.schedules.upsert("new", every_ms=1_000),
+                 lambda: q.schedules.upsert("due", every_ms=60_000, start_at_ms=5),
+                 lambda: q.schedules.pump(),
+                 lambda: q.schedules.remove("due")):
+        with pytest.raises(emqfast.VersionMismatch):
+            call()
+    assert dump_queue(r, qname) == snapshot
+
+
 # --- inspection, removal, exhaustion -----------------------------------------------------
 def test_get_list_remove(r, qname):
     q = Queue(qname, r)
