@@ -210,9 +210,11 @@ class Queue:
         """Ids in one state, in the order they will run (or finished, newest first)."""
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
                "active": self.keys.active, "completed": self.keys.completed,
-               "failed": self.keys.failed}.get(state)
+               "failed": self.keys.failed}.get(state) if isinstance(state, str) else None
         if key is None:
             raise InvalidInput(f"unknown state {state!r}")
+        check_int(start, "start", -(1 << 63), (1 << 63) - 1)  # Redis takes signed 64-bit
+        check_int(stop, "stop", -(1 << 63), (1 << 63) - 1)
         if state in ("completed", "failed"):
             raw = self.redis.zrevrange(key, start, stop)
         else:
@@ -254,10 +256,14 @@ class Queue:
              max_age_ms: Optional[int] = None) -> int:
         """Retention: delete the oldest finished jobs beyond the counts (and older than the age)."""
         k = self.keys
+        # validate everything first: a bad keep_failed must not leave completed trimmed
+        check_int(keep_completed, "keep_completed", 0, 1 << 40)
+        check_int(keep_failed, "keep_failed", 0, 1 << 40)
+        if max_age_ms is not None:
+            check_int(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
         removed = 0
         now = self.server_time_ms() if max_age_ms is not None else None
         for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
-            check_int(keep, "keep", 0, 1 << 40)
             victims = {i.decode() for i in self.redis.zrange(key, 0, -(keep + 1))}
             if now is not None:
                 victims.update(i.decode() for i in

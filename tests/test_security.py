@@ -1,0 +1,341 @@
+"""Security: payloads are never unpickled, a Redis ACL user limited to ``emq:*`` keys
+runs everything, passwords never reach logs or exception messages, and TLS
+(``rediss://``) works through the redis-py path (the C Batcher refuses it).
+
+Each test starts its own private redis-server (ACL, requirepass or TLS)."""
+from __future__ import annotations
+
+import ast
+import importlib
+import logging
+import pickle
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import redis
+
+import emqfast
+from emqfast import ConnectionFailed, Queue, Worker
+
+from conftest import _free_port, start_redis_server
+
+backend_mod = importlib.import_module("emqfast.backend")
+PACKAGE = Path(emqfast.__file__).resolve().parent
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def server_factory():
+    """Start private redis-servers with extra arguments; all stopped at teardown."""
+    procs = []
+
+    def start(*args, port=None, workdir=None):
+        proc, port, workdir = start_redis_server(list(args), port=port, workdir=workdir)
+        procs.append((proc, workdir))
+        return proc, port, workdir
+
+    yield start
+    for proc, workdir in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- payloads are never unpickled -------------------------------------------------------
+
+class _Exploit:
+    """Unpickling this calls ``open(path, 'w')``: a file appearing proves code ran."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickle_payload_comes_back_as_bytes_and_nothing_executes(r, qname, tmp_path):
+    canary = tmp_path / "pwned"
+    evil = pickle.dumps(_Exploit(str(canary)), protocol=4)
+    assert evil.startswith(b"\x80\x04")
+    q = Queue(qname, r)
+    ref = q.enqueue(evil)
+    q.enqueue_many([evil, evil])
+    assert q.get(ref.id).payload == evil
+    seen = []
+    Worker(q, lambda job: seen.append(job.payload)).run_until_idle(20)
+    assert seen == [evil] * 3 and all(isinstance(p, bytes) for p in seen)
+    # a job hash whose encoding tag was tampered with is still not unpickled
+    r.hset(q.keys.job(ref.id), mapping={"enc": "p"})
+    with pytest.raises(Exception):
+        q.get(ref.id)
+    assert not canary.exists()
+
+
+def test_no_module_of_the_package_can_unpickle():
+    banned = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "jsonpickle", "marshal",
+              "shelve"}
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[0]]
+            offenders += [f"{path.name}: {n}" for n in names if n in banned]
+    assert offenders == []
+
+
+# --- a Redis ACL user restricted to emq:* keys --------------------------------------------
+
+# The least-privilege command set emqfast needs (documented in README "Security").
+# Found by starting from -@all and adding what ACL LOG reported denied while the
+# scenario below ran; commands inside the Lua scripts are checked by Redis too.
+MINIMAL_ACL = (
+    "-@all +evalsha +script|load "                      # the atomic moves
+    "+time +exists +del +incr +incrby "                 # used inside the scripts
+    "+hget +hset +hdel +hmget +hgetall +hincrby "
+    "+zadd +zrem +zscore +zcard +zrange +zrevrange +zrangebyscore +zrevrangebyscore "
+    "+zpopmin +bzpopmin "                               # workers block on the wake marker
+    "+scan +unlink "                                    # Queue.obliterate
+    "+zincrby +zrank +watch +multi +exec +unwatch"      # Leaderboard
+).split()
+BROAD_ACL = "+@all -@dangerous".split()
+
+
+def exercise_everything(url: str) -> None:
+    """Every public operation, under both backends, as the restricted user."""
+    conn = emqfast.connect(url)
+    q = Queue("acl-q", conn)
+    previous = backend_mod.current()
+    try:
+        for name in ("python", "c") if backend_mod.native_available() else ("python",):
+            backend_mod.use(name)
+            q.enqueue({"a": 1})
+            q.enqueue_in(b"later", 50)
+            q.enqueue_many([1, 2, 3])
+    finally:
+        backend_mod.use(previous)
+    gone = q.enqueue("cancel me")
+    assert q.cancel(gone.id)
+    q.counts(), q.job_ids("pending"), q.job_ids("completed"), q.next_due_ms()
+    q.pause()
+    assert q.is_paused()
+    q.resume()
+    if importlib.util.find_spec("emqfast.schedules"):
+        q.schedules.upsert("tick", every_ms=100, payload={"tick": 1})
+        q.schedules.pump(), q.schedules.list(), q.schedules.get("tick")
+
+    def handler(job):
+        if job.payload == 2 and job.attempts == 1:
+            raise RuntimeError("retry me")
+        return "ok"
+
+    Worker(q, handler, lease_ms=1000, concurrency=2).run_until_idle(30, wait_scheduled=True)
+    doomed = q.enqueue("doomed", attempts=1)
+    Worker(q, lambda job: 1 / 0, lease_ms=1000).run_until_idle(30)
+    assert q.get(doomed.id).state == "failed"
+    q.retry(doomed.id)
+    w = Worker(q, lambda job: "ok", lease_ms=1000)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()  # run(): blocks on the wake marker (BZPOPMIN) between jobs
+    wait_for(lambda: q.get(doomed.id).state == "completed", 20, "the retried job")
+    w.stop()
+    t.join(20)
+    q.trim(keep_completed=0, max_age_ms=0)
+    q.promote(), q.reap()
+    if importlib.util.find_spec("emqfast.leaderboard"):
+        from emqfast.leaderboard import Leaderboard
+
+        board = Leaderboard(conn, "acl-board")
+        board.set_many({"ada": 3, "bob": 2})
+        board.incr("bob", 5)
+        assert [e.member for e in board.around("ada", 1)] == ["bob", "ada"]
+        assert board.rank("ada") == 2 and len(board.top(5)) == 2
+        board.clear()
+    if importlib.util.find_spec("emqfast.schedules"):
+        assert q.schedules.remove("tick")
+    assert q.obliterate() > 0
+    conn.close()
+
+
+@pytest.mark.parametrize("rules", [BROAD_ACL, MINIMAL_ACL], ids=["broad", "minimal"])
+def test_acl_user_restricted_to_emq_keys_runs_everything(server_factory, rules):
+    _, port, _ = server_factory("--user", "emquser", "on", ">emq-pw", "~emq:*",
+                                "resetchannels", *rules)
+    admin = redis.Redis(port=port)
+    try:
+        exercise_everything(f"redis://emquser:emq-pw@127.0.0.1:{port}/0")
+    except redis.RedisError as exc:  # name what the ACL refused, for the next engineer
+        denied = [(e.get("object"), e.get("context")) for e in admin.acl_log()]
+        raise AssertionError(f"{exc!r}; ACL LOG denied: {denied}") from None
+    assert admin.acl_log() == []  # nothing was refused along the way
+    # ...and the user really is restricted: no other keys, nothing dangerous
+    user = redis.Redis.from_url(f"redis://emquser:emq-pw@127.0.0.1:{port}/0")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.set("not-emq", 1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.flushall()
+    with pytest.raises(redis.ResponseError):  # a script touching a key outside emq:*
+        user.eval("return redis.call('GET', KEYS[1])", 1, "other:key")
+    assert admin.keys("*") == []
+
+
+# --- passwords never reach logs or exception messages ---------------------------------
+
+SECRET = "s3cr3t-Pw-7f1c"
+
+
+def all_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)) + repr(exc) + str(exc)
+
+
+def test_password_never_in_connect_errors_or_logs(caplog, backend):
+    caplog.set_level(logging.DEBUG)
+    dead = _free_port()
+    url = f"redis://user:{SECRET}@127.0.0.1:{dead}/0"
+    conn = emqfast.connect(url)
+    assert SECRET not in repr(conn)
+    q = Queue("nobody", conn)
+    for call in (lambda: q.enqueue("x"), lambda: q.enqueue_many(["x", "y"]), q.counts):
+        with pytest.raises((redis.ConnectionError, ConnectionFailed)) as info:
+            call()
+        assert SECRET not in all_text(info.value)
+    for bad in (f"redis://user:{SECRET}@127.0.0.1:notaport/0",
+                f"redis+cluster://user:{SECRET}@127.0.0.1:notaport",
+                f"rediss://user:{SECRET}@[::1/0", f"nope://user:{SECRET}@host/0"):
+        with pytest.raises(ConnectionFailed) as info:
+            emqfast.connect(bad)
+        assert SECRET not in all_text(info.value) and "***" in str(info.value)
+    assert SECRET not in caplog.text
+    assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_wrong_password_error_does_not_echo_it(server_factory):
+    _, port, _ = server_factory("--user", "emquser", "on", ">the-real-one", "~*", "+@all")
+    q = Queue("auth", emqfast.connect(f"redis://emquser:{SECRET}@127.0.0.1:{port}/0"))
+    with pytest.raises(redis.AuthenticationError) as info:
+        q.enqueue("x")
+    assert SECRET not in all_text(info.value) and "the-real-one" not in all_text(info.value)
+
+
+def test_worker_reconnect_warnings_do_not_leak_the_password(server_factory, caplog, qname):
+    caplog.set_level(logging.DEBUG)
+    auth = ("--user", "emquser", "on", f">{SECRET}", "~emq:*", "+@all")
+    proc, port, workdir = server_factory(*auth, "--appendonly", "yes", "--appendfsync", "always")
+    url = f"redis://emquser:{SECRET}@127.0.0.1:{port}/0"
+    q = Queue(qname, emqfast.connect(url, socket_timeout=2))
+    first = q.enqueue("before")
+    w = Worker(q, lambda job: job.payload, lease_ms=1000)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: w.stats.completed == 1, 20, "the first job")
+        proc.kill()
+        proc.wait(10)
+        wait_for(lambda: any("redis unavailable" in r.getMessage() for r in caplog.records),
+                 20, "the worker's reconnect warning")
+        server_factory(*auth, "--appendonly", "yes", "--appendfsync", "always",
+                       port=port, workdir=workdir)
+        second = q.enqueue("after")  # the worker reconnects by itself and carries on
+        wait_for(lambda: w.stats.completed == 2, 30, "the job enqueued after the restart")
+    finally:
+        w.stop()
+        t.join(20)
+    assert q.get(first.id).state == q.get(second.id).state == "completed"
+    assert SECRET not in caplog.text
+    for record in caplog.records:
+        assert SECRET not in record.getMessage()
+        if record.exc_info:
+            assert SECRET not in "".join(traceback.format_exception(*record.exc_info))
+
+
+# --- TLS through the redis-py path ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tls_server():
+    """A TLS-only redis-server (``--port 0``) with a throwaway CA, or skip without TLS."""
+    exe, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if not exe or not openssl:
+        pytest.skip("needs redis-server and openssl")
+    d = Path(tempfile.mkdtemp(prefix="emq-test-tls-"))
+
+    def ssl(*args):
+        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=emqfast test CA")
+    ssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(d), "--tls-cert-file", str(d / "server.crt"),
+         "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.crt"),
+         "--tls-auth-clients", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(d / "ca.crt"))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                shutil.rmtree(d, ignore_errors=True)
+                pytest.skip(f"redis-server has no TLS support here: {err[-300:]}")
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("TLS redis-server did not start")
+            time.sleep(0.05)
+    client.close()
+    yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={d / 'ca.crt'}"
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_tls_enqueue_and_worker_through_redis_py(tls_server, qname, backend, caplog):
+    caplog.set_level(logging.INFO, logger="emqfast")
+    backend_mod._refusals_logged.clear()
+    conn = emqfast.connect(tls_server)
+    assert issubclass(conn.connection_pool.connection_class, redis.SSLConnection)
+    if backend == "c":  # hiredis here speaks plain TCP only: the C Batcher must say so
+        with pytest.raises(emqfast.BackendUnavailable):
+            backend_mod._native.Batcher.from_redis(conn)
+    q = Queue(qname, conn)
+    one = q.enqueue({"n": 0})
+    many = q.enqueue_many([{"n": i} for i in range(1, 201)])  # falls back to redis-py
+    assert [q.get(ref.id).payload for ref in many[:3]] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    seen = []
+    stats = Worker(q, lambda job: seen.append(job.payload["n"]) or "ok").run_until_idle(30)
+    assert stats.completed == 201 and sorted(seen) == list(range(201))
+    assert q.get(one.id).result == "ok"
+    refusals = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
+    assert len(refusals) == (1 if backend == "c" else 0)
+    # a plain-text client cannot talk to the TLS-only server: the traffic really is TLS
+    plain = redis.Redis(port=conn.connection_pool.connection_kwargs["port"], socket_timeout=0.5)
+    with pytest.raises(redis.RedisError):
+        plain.ping()
+    conn.close()
