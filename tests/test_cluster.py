@@ -10,6 +10,7 @@ master that owns their queue's slot.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import time
 
@@ -318,3 +319,25 @@ def test_schedules_on_cluster(conn, names):
         assert q.schedules.remove("daily") and not q.schedules.remove("daily")
         stats = Worker(q, lambda job: job.payload).run_until_idle(20)
         assert stats.completed >= len(minted)
+
+
+def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
+    """bulk.promote_many pipelines due/promote for many queues at once; on a cluster the
+    calls of queues on different masters travel in one ClusterPipeline (a round trip
+    per node) because the C Batcher refuses cluster connections."""
+    if importlib.util.find_spec("emqfast.bulk") is None:
+        pytest.skip("emqfast.bulk not present")
+    from emqfast.bulk import promote_many
+
+    names = names_over_masters(cluster, 3, f"promote-{time.monotonic_ns()}")
+    queues = [Queue(n, conn) for n in names]
+    refs = {q.name: [r.id for r in q.enqueue_many(list(range(4)), delay_ms=200)]
+            for q in queues}
+    run_at = max(q.get(refs[q.name][-1]).run_at_ms for q in queues)
+    wait_for(lambda: queues[0].server_time_ms() > run_at, 10, "the jobs to fall due")
+    moved = promote_many(conn, queues)
+    assert moved == {n: 4 for n in names}
+    for q in queues:
+        assert q.job_ids("pending") == refs[q.name]
+        assert q.counts()["scheduled"] == 0
+    assert promote_many(conn, names) == {n: 0 for n in names}  # nothing left to move
