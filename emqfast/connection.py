@@ -9,12 +9,32 @@ import redis
 
 from .errors import ConnectionFailed, InvalidInput
 
-_PASSWORD_IN_URL = re.compile(r"(?<=://)([^:@/]*):([^@/]*)@")
+# userinfo runs to the LAST '@' before the query: a password containing '@' or '/'
+# (unencoded, as people do write them) is then masked whole, not just its first part
+_USERINFO_IN_URL = re.compile(r"(?<=://)([^:@/?#\s]*):([^?#\s]*)@")
+# redis-py also takes the password as a query parameter (?password=...)
+_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#\s]*", re.I)
 
 
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    return _PASSWORD_IN_URL.sub(lambda m: f"{m.group(1)}:***@", url)
+    url = _USERINFO_IN_URL.sub(lambda m: f"{m.group(1)}:***@", url)
+    return _PASSWORD_IN_QUERY.sub(lambda m: f"{m.group(1)}***", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` (e.g. redis-py's parse error) without any copy of a secret from ``url``.
+
+    A password with an unencoded '/' or '@' is split differently by urlparse: redis-py
+    may then quote a piece of it as the port or host, so the pieces are masked too.
+    """
+    secrets = [m.group(2) for m in _USERINFO_IN_URL.finditer(url)]
+    secrets += [m.group(0).split("=", 1)[1] for m in _PASSWORD_IN_QUERY.finditer(url)]
+    pieces = {p for s in secrets for p in [s, *re.split(r"[/@:]", s)] if len(p) >= 3}
+    text = redact(text)
+    for piece in sorted(pieces, key=len, reverse=True):
+        text = text.replace(piece, "***")
+    return text
 
 
 def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
@@ -42,7 +62,7 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     except (ValueError, redis.RedisError) as exc:
         # redis-py's messages may echo the URL: never let a password out
         raise ConnectionFailed(f"cannot connect to {redact(url)}: "
-                               f"{redact(str(exc))}") from None
+                               f"{_scrub(str(exc), url)}") from None
     return client
 
 
