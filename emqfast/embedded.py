@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Optional
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .errors import ConnectionFailed
 
@@ -109,7 +111,10 @@ def stop() -> bool:
     """Stop the embedded server (its data stays on disk). False if it was not running."""
     if not is_running():
         return False
-    client = redis.Redis(unix_socket_path=str(socket_path()))
+    # no retries: the server closing the connection is the success case, and redis-py's
+    # default retry policy would spend seconds backing off and reconnecting to a socket
+    # that is gone
+    client = redis.Redis(unix_socket_path=str(socket_path()), retry=Retry(NoBackoff(), 0))
     try:
         client.shutdown(nosave=False)
     except redis.ConnectionError:
