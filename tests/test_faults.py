@@ -59,10 +59,13 @@ class Deadline:
             time.sleep(interval)
 
 
-def spawn(mode: str, *args: Any) -> subprocess.Popen:
-    """Start a tests/fault_procs.py process (stderr to a scratch file, stdout piped)."""
+def spawn(mode: str, *args: Any, backend: str = "") -> subprocess.Popen:
+    """Start a tests/fault_procs.py process (stderr to a scratch file, stdout piped),
+    on ``backend`` ('c' / 'python'; default: the environment's choice)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    if backend:
+        env["EMQFAST_BACKEND"] = backend
     err = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, PROCS, mode, *map(str, args)],
                             stdout=subprocess.PIPE, stderr=err, env=env)
@@ -92,7 +95,8 @@ def report(name: str, **counts: Any) -> None:
 
 # --- 1. workers SIGKILLed mid-job --------------------------------------------------------
 
-def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, r, qname):
+def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, r, qname,
+                                                                      backend):
     n_jobs, lease_ms, kill_every, live = 10_000, 1000, 700, 3
     clock = Deadline(180, "SIGKILL run")
     q = Queue(qname, r)
@@ -103,7 +107,8 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, 
 
     def start_one() -> None:
         name = next(names)
-        workers[name] = spawn("count-worker", redis_url, qname, name, lease_ms, counts_key)
+        workers[name] = spawn("count-worker", redis_url, qname, name, lease_ms, counts_key,
+                              backend=backend)
 
     held: Counter = Counter()  # job id -> times a killed worker held its lease at death
     kills = kills_holding = 0
@@ -149,7 +154,7 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, 
     execs = {k.decode(): int(v) for k, v in r.hgetall(counts_key).items()}
     reruns = {j: c - 1 for j, c in execs.items() if c > 1}
     lost = n_jobs - len(completed & set(ids))
-    report("worker SIGKILL", jobs=n_jobs, kills=kills, kills_while_holding=kills_holding,
+    report(f"worker SIGKILL [{backend}]", jobs=n_jobs, kills=kills, kills_while_holding=kills_holding,
            held_at_death=sum(held.values()), reruns=sum(reruns.values()), lost=lost)
     assert lost == 0 and completed == set(ids)
     assert counts == {"scheduled": 0, "pending": 0, "active": 0, "completed": n_jobs,
@@ -165,7 +170,7 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, 
 
 # --- 2. Redis killed and restarted under load -------------------------------------------
 
-def test_redis_restart_keeps_every_acknowledged_enqueue(qname):
+def test_redis_restart_keeps_every_acknowledged_enqueue(qname, backend):
     clock = Deadline(150, "Redis restart run")
     aof = ["--appendonly", "yes", "--appendfsync", "always"]
     proc, port, workdir = start_redis_server(aof)
@@ -248,7 +253,7 @@ def test_redis_restart_keeps_every_acknowledged_enqueue(qname):
     # exactly the acknowledged jobs exist (a retried enqueue is a duplicate, not a copy)
     assert job_keys == {q.keys.job(j).encode() for j in acked}
     assert completed == set(acked) and len(acked) == len(set(acked))
-    report("redis restart", jobs=len(acked), restarts=restarts,
+    report(f"redis restart [{backend}]", jobs=len(acked), restarts=restarts,
            producer_retries=sum(retries.values()), completed=len(completed),
            worker_lease_lost=worker.stats.lease_lost, lost=len(set(acked) - completed))
 
