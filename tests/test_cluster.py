@@ -341,3 +341,23 @@ def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
         assert q.job_ids("pending") == refs[q.name]
         assert q.counts()["scheduled"] == 0
     assert promote_many(conn, names) == {n: 0 for n in names}  # nothing left to move
+
+
+def test_cli_stats_and_jobs_on_cluster(cluster, conn):
+    """The CLI discovers queues on every master (SCAN fans out) and reads them."""
+    if importlib.util.find_spec("emqfast.cli") is None:
+        pytest.skip("emqfast.cli not present")
+    from click.testing import CliRunner
+
+    from emqfast import cli
+
+    names = names_over_masters(cluster, 1, f"cli-{time.monotonic_ns()}")
+    refs = {n: Queue(n, conn).enqueue({"q": n}) for n in names}
+    assert set(names) <= set(cli.discover_queues(conn))
+    runner = CliRunner()
+    out = runner.invoke(cli.cli, ["--url", cluster.url, "stats"])
+    assert out.exit_code == 0, out.output
+    assert all(n in out.output for n in names)
+    for n, ref in refs.items():
+        out = runner.invoke(cli.cli, ["--url", cluster.url, "jobs", n, "--json"])
+        assert out.exit_code == 0 and ref.id in out.output, out.output
