@@ -7,6 +7,7 @@ set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS test makes its own CA
 [ -f /usr/include/hiredis/hiredis.h ] || need+=(libhiredis-dev)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 [ ${#need[@]} -eq 0 ] && exit 0
