@@ -284,7 +284,8 @@ def test_frozen_worker_cannot_complete_a_job_the_reaper_gave_away(redis_url, r, 
             a.kill()
             a.wait(10)
         b.stop()
-        bt.join(10) if bt.is_alive() else None
+        if bt.is_alive():
+            bt.join(10)
     log = [x.decode() for x in r.lrange(log_key, 0, -1)]
     assert log == ["started:A:1", "extend:LeaseLost"]  # the handler got the typed error
     assert a_stats["lease_lost"] == 1 and a_stats["completed"] == 0  # its result discarded
