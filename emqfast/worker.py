@@ -17,19 +17,23 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
-from . import codec
-from .errors import LeaseLost, PayloadError, Unrecoverable
+from . import backend, codec
+from .dispatch import JobRows, Prefetch
+from .errors import ConnectionFailed, LeaseLost, PayloadError, Unrecoverable
 from .job import Job
 from .keys import QueueKeys
 from .queue import Queue, check_int
 from .scripts import load, run_pipeline
 from .version import KEYSPACE_VERSION
+from .wake import MarkerWaiter
+from .wire import run_calls
 
 log = logging.getLogger("emqfast.worker")
 
@@ -42,8 +46,9 @@ _RELEASE = load("release")
 
 Handler = Callable[[Job], Any]
 
-# Redis checks blocking-command timeouts on its serverCron tick (default hz 10).
-_TIMEOUT_TICK_S = 0.1
+DEFAULT_BATCH = 256    # most jobs claimed per round trip, unless batch_size says otherwise
+_ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many at a time...
+_ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
 @dataclass
@@ -75,10 +80,17 @@ class Worker:
     fails as "stalled". Handler exceptions fail the attempt and retry with the
     job's backoff; raise :class:`emqfast.Unrecoverable` to skip retries.
     Return values are stored as the job's result (JSON).
+
+    Jobs are claimed up to ``batch_size`` per round trip. ``prefetch`` jobs may
+    wait (claimed, each with its own lease) beyond the ``concurrency`` running
+    ones: ``None`` sizes it from measured handler times so a waiting job starts
+    within ~2 ms (none for slow handlers, whole batches for fast ones); ``0``
+    turns it off.
     """
 
     def __init__(self, queue: Queue, handler: Handler, *, concurrency: int = 8,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
+                 prefetch: Optional[int] = None,
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None):
@@ -91,7 +103,15 @@ class Worker:
         self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
         self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
         self.max_stalled = check_int(max_stalled, "max_stalled", 0, 1_000_000)
-        self.batch_size = check_int(batch_size or self.concurrency, "batch_size", 1, 10_000)
+        self.batch_size = check_int(batch_size or max(self.concurrency, DEFAULT_BATCH),
+                                    "batch_size", 1, 10_000)
+        self.prefetch = None if prefetch is None else check_int(prefetch, "prefetch", 0, 100_000)
+        self._holding = Prefetch(self.concurrency, self.prefetch)
+        self._rows = JobRows(queue.name)
+        self._ready: "deque[Tuple[Job, str]]" = deque()  # claimed, waiting for a handler thread
+        self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
+        self._waiter: Optional[MarkerWaiter] = None
+        self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
         self.shutdown_timeout_s = shutdown_timeout_s
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -170,6 +190,10 @@ class Worker:
         self._beat_if_due()
         if self._next_schedule_ms is not None and self._server_now_ms() >= self._next_schedule_ms:
             self._pump_schedules()
+        if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
+            # woken at a delayed job's run-at: promote before claiming (saves a round trip)
+            self._due_hint = None
+            self.queue.promote(limit=1000)
         free = self._wait_for_slot()
         if free == 0:
             return False
@@ -192,6 +216,7 @@ class Worker:
         wait_ms = self.beat_s * 1000
         if status == 1 and next_due != -1:
             wait_ms = min(wait_ms, max(next_due - now, 0))
+            self._due_hint = next_due
         if self._next_schedule_ms is not None:
             wait_ms = min(wait_ms, max(self._next_schedule_ms - now, 0))
         if until_idle and status == 1:
@@ -201,7 +226,7 @@ class Worker:
                     # (the acker notifies), not the marker, which would hold us a beat
                     self._lock.wait(wait_ms / 1000)
                     return False
-        self._block_on_marker(wait_ms, timed=wait_ms < self.beat_s * 1000)
+        self._block_on_marker(wait_ms)
         return False
 
     def _idle(self) -> bool:
@@ -209,40 +234,37 @@ class Worker:
             return not self._running and self._pending_acks == 0
 
     def _wait_for_slot(self) -> int:
+        """Jobs this worker may claim now: its capacity minus the jobs it holds."""
         with self._lock:
-            free = self.concurrency - len(self._running)
+            free = self._holding.capacity() - len(self._running)
             if free <= 0:
                 self._lock.wait(self.beat_s)
-                free = self.concurrency - len(self._running)
+                free = self._holding.capacity() - len(self._running)
             return max(free, 0)
 
     def _server_now_ms(self) -> float:
         return time.monotonic() * 1000 + self._server_offset_ms
 
-    def _block_on_marker(self, wait_ms: float, timed: bool = False) -> None:
+    def _block_on_marker(self, wait_ms: float) -> None:
         """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
 
         A popped marker scored in the future (a delayed job's run-at) only
-        shortens the wait; one scored now or earlier ends it. ``timed``: the end
-        is a run-at (not just the beat), so it is kept to the millisecond.
+        shortens the wait; one scored now or earlier ends it. The end is kept
+        to the millisecond by :class:`MarkerWaiter` (Redis fires blocking
+        timeouts on its hz tick, up to 100 ms late) while new work still wakes
+        the worker at once: no polling, no deaf last tick.
         """
         end = time.monotonic() + wait_ms / 1000
+        if self._waiter is None:
+            self._waiter = MarkerWaiter(self._redis)
         while not self._stop.is_set():
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
                 return
-            if timed and remaining <= _TIMEOUT_TICK_S:
-                # Redis fires a blocking timeout on its serverCron tick (hz 10: up to
-                # 100 ms late), so the last tick before a run-at is slept locally.
-                self._stop.wait(remaining)
-                return
-            timeout = remaining - _TIMEOUT_TICK_S if timed else remaining
-            popped = self._redis.bzpopmin(self._keys.marker, timeout=max(timeout, 0.001))
+            popped = self._waiter.wait(self._keys.marker, remaining)
             if popped is None:
-                if timed:
-                    continue  # now within the last tick
                 return
-            score = float(popped[2])
+            score = popped[1]
             ahead_ms = score - self._server_now_ms()
             if ahead_ms <= 0:
                 return
@@ -250,7 +272,6 @@ class Worker:
             if self._next_schedule_ms is None or score < self._next_schedule_ms:
                 self._next_schedule_ms = score
             end = min(end, time.monotonic() + ahead_ms / 1000)
-            timed = True
 
     # --- starting and running jobs ----------------------------------------------
     def _start(self, pairs: List[Tuple[str, str]]) -> None:
@@ -259,33 +280,73 @@ class Worker:
         args = [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]]
         rows = _START(self._redis, [k.active, k.leases, k.meta, *k.jobs(ids)], args)
         now = time.monotonic()
+        started = []
         for (job_id, token), row in zip(pairs, rows):
             if not row:
                 continue
-            attempts, payload, enc, opts, created = row
-            job = Job.from_hash(self.queue.name, job_id, {
-                b"state": b"active", b"payload": payload, b"enc": enc, b"opts": opts,
-                b"attempts": attempts, b"created": created})
+            job = self._rows.job(job_id, row)
             job._extend = self._extender(job_id, token)
-            with self._lock:
-                self._running[job_id] = _Running(job, token, now)
-            self.stats.claimed += 1
-            assert self._pool is not None
-            self._pool.submit(self._run_handler, job, token)
+            started.append((job, token))
+        if not started:
+            return
+        with self._lock:
+            for job, token in started:
+                self._running[job.id] = _Running(job, token, now)
+            self._ready.extend(started)
+            # Handler tasks take jobs from _ready until it is empty; start only the
+            # missing ones, so at most `concurrency` handlers ever run at once.
+            spawn = min(self.concurrency - self._drainers, len(self._ready))
+            self._drainers += spawn
+        self.stats.claimed += len(started)
+        assert self._pool is not None
+        for _ in range(spawn):
+            self._pool.submit(self._drain_ready)
 
-    def _run_handler(self, job: Job, token: str) -> None:
+    def _drain_ready(self) -> None:
+        """One handler slot: run waiting jobs one after another until none is left."""
+        done: List[tuple] = []
+        flush_at = 0.0
+        ready, clock = self._ready, time.perf_counter
+        while True:
+            try:
+                job, token = ready.popleft()
+            except IndexError:
+                self._hand_over(done)
+                done = []
+                with self._lock:  # decided under the lock _start spawns under: no job strands
+                    if ready:
+                        continue
+                    self._drainers -= 1
+                    return
+            started = clock()
+            done.append(self._run_one(job, token))
+            ended = clock()
+            self._holding.observe(ended - started)
+            if len(done) == 1:
+                flush_at = ended + _ACK_FLUSH_S
+            if len(done) >= _ACK_FLUSH or ended >= flush_at:
+                self._hand_over(done)
+                done = []
+
+    def _run_one(self, job: Job, token: str) -> tuple:
+        """Run the handler; the outcome the acker writes."""
         try:
             result = self.handler(job)
-            outcome: tuple = ("done", job, token, codec.encode_result(result))
+            return ("done", job, token, b"null" if result is None else codec.encode_result(result))
         except Unrecoverable as exc:
-            outcome = ("fail", job, token, exc, traceback.format_exc(), False)
+            return ("fail", job, token, exc, traceback.format_exc(), False)
         except PayloadError as exc:
-            outcome = ("fail", job, token, exc, traceback.format_exc(), False)
+            return ("fail", job, token, exc, traceback.format_exc(), False)
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
-            outcome = ("fail", job, token, exc, traceback.format_exc(), True)
+            return ("fail", job, token, exc, traceback.format_exc(), True)
+
+    def _hand_over(self, outcomes: List[tuple]) -> None:
+        """Queue outcomes for the acker, a handful per queue item."""
+        if not outcomes:
+            return
         with self._lock:
-            self._pending_acks += 1
-        self._acks.put(outcome)
+            self._pending_acks += len(outcomes)
+        self._acks.put(outcomes)
 
     def _extender(self, job_id: str, token: str) -> Callable[[int], None]:
         def extend(ms: int) -> None:
@@ -298,23 +359,30 @@ class Worker:
 
     # --- acknowledging outcomes ----------------------------------------------------
     def _ack_loop(self) -> None:
-        while True:
-            first = self._acks.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < 1000:
-                try:
-                    item = self._acks.get_nowait()
-                except queue_mod.Empty:
-                    break
-                if item is None:
-                    self._acks.put(None)  # finish this batch, then exit
-                    break
-                batch.append(item)
-            self._write_outcomes(batch)
+        batcher = None
+        try:
+            while True:
+                first = self._acks.get()
+                if first is None:
+                    return
+                batch = list(first)
+                while len(batch) < 1000:
+                    try:
+                        item = self._acks.get_nowait()
+                    except queue_mod.Empty:
+                        break
+                    if item is None:
+                        self._acks.put(None)  # finish this batch, then exit
+                        break
+                    batch += item
+                if batcher is None:  # the live backend's pipeline: hiredis under C
+                    batcher = backend.batcher_for(self._redis)
+                self._write_outcomes(batch, batcher)
+        finally:
+            if batcher is not None:
+                batcher.close()
 
-    def _write_outcomes(self, batch: List[tuple]) -> None:
+    def _write_outcomes(self, batch: List[tuple], batcher: Any) -> None:
         k = self._keys
         calls = []
         retrying = []
@@ -339,9 +407,9 @@ class Worker:
         delay_s = 0.05
         while True:  # an outcome is never dropped: retry until Redis takes it
             try:
-                replies = run_pipeline(self._redis, calls)
+                replies = run_calls(batcher, calls)
                 break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
                 log.warning("emqfast worker %s: cannot write outcomes (%s); retrying",
                             self.name, type(exc).__name__)
                 time.sleep(delay_s)
@@ -415,26 +483,46 @@ class Worker:
     def _shutdown(self) -> None:
         pool, self._pool = self._pool, None
         end = time.monotonic() + self.shutdown_timeout_s
+        with self._lock:  # claimed but not started yet: hand back now instead of running
+            waiting = [(job.id, token) for job, token in self._ready]
+            self._ready.clear()
+        self._release(waiting)
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
         with self._lock:
             while self._running and time.monotonic() < end:
                 if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
                     break
                 self._lock.wait(min(0.1, max(end - time.monotonic(), 0.001)))
-            leftover = list(self._running.items())
-        for job_id, r in leftover:  # handlers that did not finish in time
-            k = self._keys
-            try:
-                if _RELEASE(self._redis,
-                            [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
-                            [job_id, r.token, KEYSPACE_VERSION]):
-                    self.stats.released += 1
-            except redis.RedisError as exc:
-                log.warning("emqfast: could not release %s (%s); the reaper will", job_id, exc)
+            leftover = [(job_id, r.token) for job_id, r in self._running.items()]
+        self._release(leftover)  # handlers that did not finish in time
         self._acks.put(None)
         if self._acker is not None:
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _release(self, pairs: List[Tuple[str, str]]) -> None:
+        """Give claimed jobs back to pending in one round trip (the reaper covers failures)."""
+        if not pairs:
+            return
+        k = self._keys
+        calls = [(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
+                  [job_id, token, KEYSPACE_VERSION]) for job_id, token in pairs]
+        try:
+            replies = run_pipeline(self._redis, calls)
+        except redis.RedisError as exc:
+            log.warning("emqfast: could not release %d jobs (%s); the reaper will", len(pairs), exc)
+            return
+        with self._lock:
+            for (job_id, _), reply in zip(pairs, replies):
+                if reply == 1:
+                    self.stats.released += 1
+                elif isinstance(reply, Exception):
+                    log.warning("emqfast: could not release %s (%s); the reaper will", job_id, reply)
+                self._running.pop(job_id, None)
+            self._lock.notify_all()
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():
