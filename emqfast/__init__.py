@@ -7,6 +7,7 @@
 """
 from . import backend as _backend
 from .backoff import Backoff
+from .bulk import promote_many
 from .connection import connect
 from .errors import (BackendUnavailable, ConnectionFailed, EmqError, InvalidInput, JobNotFound,
                      JobStateError, KindError, LeaseLost, PayloadError, RangeError, Unrecoverable,
@@ -28,5 +29,5 @@ __all__ = [
     "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
     "LeaseLost",
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
-    "WorkerStats", "__version__", "backend", "connect",
+    "WorkerStats", "__version__", "backend", "connect", "promote_many",
 ]

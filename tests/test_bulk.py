@@ -1,0 +1,148 @@
+"""Issue 3: moves across many queues in a few round trips (``emqfast.promote_many``)
+and the Batcher transport the worker's acks use (``emqfast.wire.run_calls``)."""
+from __future__ import annotations
+
+import importlib
+import time
+
+import pytest
+import redis
+
+import emqfast
+from conftest import dump_queue
+from emqfast.errors import InvalidInput, RangeError
+from emqfast.scripts import load
+from emqfast.version import KEYSPACE_VERSION
+from emqfast.wire import run_calls
+
+
+def server_ms(client: redis.Redis) -> int:
+    sec, usec = client.time()
+    return sec * 1000 + usec // 1000
+
+
+def wait_server_past(client: redis.Redis, ms: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server_ms(client) <= ms:
+        assert time.monotonic() < deadline, "server clock did not pass the run-at"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def client(redis_url):
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def _queues(client, qname, n):
+    return [emqfast.Queue(f"{qname}-{i}", client) for i in range(n)]
+
+
+def test_promote_many_releases_every_queues_due_jobs(client, qname, backend):
+    """Due jobs of every queue move to pending in mint order; future ones stay put."""
+    queues = _queues(client, qname, 5)
+    run_at = server_ms(client) + 200
+    due_ids, later_ids = {}, {}
+    for i, q in enumerate(queues):
+        due_ids[q.name] = [r.id for r in q.enqueue_many(list(range(i + 1)), run_at_ms=run_at)]
+        later_ids[q.name] = [r.id for r in q.enqueue_many([0], delay_ms=3_600_000)]
+    wait_server_past(client, run_at)
+    moved = emqfast.promote_many(client, queues + [queues[0].name + "-empty"])
+    assert moved == {**{q.name: i + 1 for i, q in enumerate(queues)},
+                     queues[0].name + "-empty": 0}
+    for q in queues:
+        assert q.job_ids("pending") == due_ids[q.name]
+        assert q.job_ids("scheduled") == later_ids[q.name]
+        assert all(q.get(j).state == "pending" for j in due_ids[q.name])
+
+
+def test_promote_many_respects_the_limit_per_queue(client, qname, backend):
+    queues = _queues(client, qname, 3)
+    run_at = server_ms(client) + 100
+    for q in queues:
+        q.enqueue_many(list(range(7)), run_at_ms=run_at)
+    wait_server_past(client, run_at)
+    assert set(emqfast.promote_many(client, queues, limit=3).values()) == {3}
+    assert set(emqfast.promote_many(client, queues, limit=3).values()) == {3}
+    assert set(emqfast.promote_many(client, queues, limit=3).values()) == {1}
+    assert all(q.counts()["pending"] == 7 and q.counts()["scheduled"] == 0 for q in queues)
+
+
+def test_promote_many_equals_queue_promote(client, qname, backend):
+    """Same keyspace afterwards as Queue.promote on each queue (byte for byte, bar times)."""
+    a, b = emqfast.Queue(qname + "-a", client), emqfast.Queue(qname + "-b", client)
+    run_at = server_ms(client) + 100
+    for q in (a, b):
+        q.enqueue_many([{"n": i} for i in range(20)], priority=3, run_at_ms=run_at,
+                       job_ids=[f"JOB-{i}" for i in range(20)])
+    wait_server_past(client, run_at)
+    assert emqfast.promote_many(client, [a]) == {a.name: 20}
+    assert b.promote() == 20
+    for job_id in (f"JOB-{i}" for i in range(20)):
+        ha, hb = client.hgetall(a.keys.job(job_id)), client.hgetall(b.keys.job(job_id))
+        ha.pop(b"created"), hb.pop(b"created")
+        assert ha == hb
+    assert client.zrange(a.keys.pending, 0, -1, withscores=True) == \
+        client.zrange(b.keys.pending, 0, -1, withscores=True)
+
+
+@pytest.mark.parametrize("bad, error", [
+    ({"limit": 0}, RangeError), ({"limit": "10"}, InvalidInput),
+    ({"queues": ["ok", "bad{name}"]}, InvalidInput), ({"queues": ["ok", 42]}, InvalidInput),
+])
+def test_promote_many_bad_input_writes_nothing(client, qname, backend, bad, error):
+    q = emqfast.Queue(qname, client)
+    run_at = server_ms(client) + 50
+    q.enqueue_many([1, 2], run_at_ms=run_at)
+    wait_server_past(client, run_at)
+    before = dump_queue(client, qname)
+    queues = [q.name if x == "ok" else x for x in bad.get("queues", ["ok"])]
+    with pytest.raises(error):
+        emqfast.promote_many(client, queues, limit=bad.get("limit", 1000))
+    assert dump_queue(client, qname) == before
+
+
+def test_run_calls_groups_by_script_and_keeps_call_order(client, qname, backend):
+    """Mixed scripts and KEYS counts come back in call order; Lua errors come back typed."""
+    q = emqfast.Queue(qname, client)
+    refs = q.enqueue_many(["a", "b"], delay_ms=3_600_000)
+    k = q.keys
+    due, cancel = load("due"), load("cancel")
+    batcher = importlib.import_module("emqfast.backend").batcher_for(client)
+    try:
+        calls = [
+            (due, [k.delayed], [10, 1]),
+            (cancel, [k.job(refs[0].id), k.pending, k.delayed, k.meta],
+             [refs[0].id, KEYSPACE_VERSION]),
+            (due, [k.delayed], [0, 1]),  # limit 0: an EMQINPUT error reply
+            (due, [k.delayed], [10, 1]),
+        ]
+        replies = run_calls(batcher, calls)
+    finally:
+        batcher.close()
+    assert isinstance(replies[0], list) and replies[0][1:] == []  # nothing due yet
+    assert replies[1] == 1
+    assert isinstance(replies[2], InvalidInput)
+    assert replies[3][1:] == []
+    assert q.job_ids("scheduled") == [refs[1].id]
+
+
+def test_worker_acks_through_the_batcher_map_lease_errors(client, qname, backend):
+    """An outcome written after the lease was taken over is discarded as LeaseLost (typed),
+    and the job's real holder still completes it."""
+    q = emqfast.Queue(qname, client, attempts=1)
+    q.enqueue("x")
+    seen = []
+
+    def handler(job):
+        if not seen:
+            # steal the lease: expire it and let the reaper hand the job back
+            client.zadd(q.keys.active, {job.id: 0})
+            assert q.reap(max_stalled=5) == (1, 0)
+        seen.append(job.id)
+
+    w = emqfast.Worker(q, handler, concurrency=1, lease_ms=60_000)
+    stats = w.run_until_idle(timeout_s=30)
+    assert stats.lease_lost == 1 and stats.completed == 1
+    assert len(seen) == 2 and q.counts()["completed"] == 1
