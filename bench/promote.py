@@ -1,0 +1,136 @@
+"""Promote: (a) 1,000,000 due delayed jobs released to pending (target <= 10 s);
+(b) 1,000 queues x 100 due jobs released by ``emqfast.promote_many`` in one
+pipelined pass vs ``Queue.promote`` queue by queue (target >= 5x faster)."""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import emqfast
+
+from .common import (Ctx, Result, check, fresh_queue, median, payloads, queue_name, rate,
+                     server_now_ms, stopwatch, verify_members, wait_until)
+
+TARGET_BIG_S = 10.0
+TARGET_SPEEDUP = 5.0
+PROMOTE_LIMIT = 10_000
+CHUNK = 50_000
+
+
+def park_due_soon(q: emqfast.Queue, n: int, payload_size: int = 16) -> List[str]:
+    """Enqueue ``n`` delayed jobs that all become due shortly after the last is written."""
+    data = payloads(min(n, CHUNK), payload_size)
+    ids: List[str] = []
+    run_at = server_now_ms(q.redis) + 500 + n // 20  # head start: enqueue at >= 20k jobs/s
+    for start in range(0, n, CHUNK):
+        count = min(CHUNK, n - start)
+        refs = q.enqueue_many(data[:count], run_at_ms=run_at)
+        ids += [r.id for r in refs]
+    check(q.redis.zcard(q.keys.delayed) == n, "not every job was parked on the delayed set")
+    check(q.redis.zcard(q.keys.pending) == 0,
+          "jobs became pending while parking (enqueue slower than the head start)")
+    wait_until(lambda: server_now_ms(q.redis) > run_at, timeout_s=60, what="the jobs to be due")
+    return ids
+
+
+def promote_all(q: emqfast.Queue) -> int:
+    """``Queue.promote`` until nothing is due; returns jobs moved."""
+    total = 0
+    while True:
+        moved = q.promote(limit=PROMOTE_LIMIT)
+        if not moved:
+            return total
+        total += moved
+
+
+def verify_promoted(q: emqfast.Queue, ids: Sequence[str]) -> None:
+    """Every id is pending, none is left delayed."""
+    n = len(ids)
+    check(q.redis.zcard(q.keys.delayed) == 0, "delayed jobs left after promoting")
+    present = verify_members(q.redis, q.keys.pending, ids)
+    check(present == n, f"only {present} of {n} promoted ids are pending")
+
+
+def big(ctx: Ctx) -> Result:
+    """1M (quick: 20k) due jobs in one queue."""
+    n = ctx.n(1_000_000, 20_000)
+    with fresh_queue(ctx, "promote-big") as q:
+        ctx.progress(f"promote: parking {n:,} delayed jobs")
+        ids = park_due_soon(q, n)
+        ctx.progress(f"promote: releasing {n:,} due jobs")
+        with stopwatch() as t:
+            moved = promote_all(q)
+        check(moved == n, f"promoted {moved} of {n}")
+        verify_promoted(q, ids)
+    seconds = t[0] * (1_000_000 / n)  # quick runs extrapolate, and say so
+    return Result(workload="promote", name=f"promote {n:,} due jobs (one queue)",
+                  value=rate(n, t[0]), unit="jobs/s", reference=1_000_000 / TARGET_BIG_S,
+                  reference_label="target (1M in 10 s)",
+                  ratio=rate(n, t[0]) / (1_000_000 / TARGET_BIG_S),
+                  target="1M in <= 10 s", ok=seconds <= TARGET_BIG_S,
+                  verified=f"{n}/{n} pending",
+                  details={"n": n, "seconds": t[0], "seconds_per_million": seconds,
+                           "limit_per_call": PROMOTE_LIMIT})
+
+
+def _park_many(ctx: Ctx, queues: List[emqfast.Queue], per: int) -> Tuple[int, List[str]]:
+    client = queues[0].redis
+    run_at = server_now_ms(client) + 1_000 + len(queues) * per // 50
+    ids: List[str] = []
+    data = payloads(per, 16)
+    for q in queues:
+        ids += [r.id for r in q.enqueue_many(data, run_at_ms=run_at)]
+    pipe = client.pipeline(transaction=False)
+    for q in queues:
+        pipe.zcard(q.keys.delayed)
+    check(all(c == per for c in pipe.execute()), "not every job was parked on its delayed set")
+    wait_until(lambda: server_now_ms(client) > run_at, timeout_s=60, what="the jobs to be due")
+    return run_at, ids
+
+
+def _verify_many(queues: List[emqfast.Queue], per: int) -> None:
+    pipe = queues[0].redis.pipeline(transaction=False)
+    for q in queues:
+        pipe.zcard(q.keys.delayed)
+        pipe.zcard(q.keys.pending)
+    counts = pipe.execute()
+    check(all(c == 0 for c in counts[0::2]), "a queue still has delayed jobs")
+    check(all(c == per for c in counts[1::2]), "a queue does not have all its jobs pending")
+
+
+def many(ctx: Ctx) -> Result:
+    """1,000 (quick: 50) queues x 100 due jobs: pipelined vs queue by queue."""
+    nq, per = ctx.n(1_000, 50), 100
+    client = ctx.client()
+    timings = {"pipelined": [], "one by one": []}
+    for rep in range(ctx.reps):
+        for mode in ("one by one", "pipelined"):
+            ctx.progress(f"promote: {nq} queues x {per}, {mode}, rep {rep + 1}/{ctx.reps}")
+            queues = [emqfast.Queue(queue_name("pm"), client) for _ in range(nq)]
+            try:
+                _park_many(ctx, queues, per)
+                with stopwatch() as t:
+                    if mode == "pipelined":
+                        moved = sum(emqfast.promote_many(client, queues, limit=1000).values())
+                    else:
+                        moved = sum(q.promote(limit=1000) for q in queues)
+                check(moved == nq * per, f"{mode}: promoted {moved} of {nq * per}")
+                _verify_many(queues, per)
+                timings[mode].append(t[0])
+            finally:
+                for q in queues:
+                    q.obliterate()
+    fast, slow = median(timings["pipelined"]), median(timings["one by one"])
+    speedup = slow / fast
+    return Result(workload="promote",
+                  name=f"promote_many {nq} queues x {per} ({emqfast.backend()})",
+                  value=rate(nq * per, fast), unit="jobs/s",
+                  reference=rate(nq * per, slow), reference_label="Queue.promote one by one",
+                  ratio=speedup, target=">= 5x one by one", ok=speedup >= TARGET_SPEEDUP,
+                  verified=f"{nq * per}/{nq * per} pending",
+                  details={"queues": nq, "per_queue": per, "pipelined_s": timings["pipelined"],
+                           "one_by_one_s": timings["one by one"]})
+
+
+def run(ctx: Ctx) -> List[Result]:
+    """Both promote workloads."""
+    return [big(ctx), many(ctx)]
