@@ -1,0 +1,140 @@
+"""Helpers shared by the engine contract tests (tests/test_engine_*.py).
+
+Everything here waits on *conditions* with deadlines; nothing sleeps and hopes.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional
+
+import pytest
+import redis
+
+import emqfast
+from emqfast import ids
+from emqfast.scripts import load
+from emqfast.version import KEYSPACE_VERSION
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.005,
+               what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns a truthy value (returned); fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def make_queue(redis_url: str, qname: str, client_name: Optional[str] = None,
+               **opts: Any) -> emqfast.Queue:
+    """A Queue on its own client (named, so CLIENT LIST can tell its connections apart)."""
+    client = redis.Redis.from_url(redis_url, client_name=client_name)
+    return emqfast.Queue(qname, client, **opts)
+
+
+def blocked_on_marker(r: redis.Redis, client_name: str) -> bool:
+    """True while a connection named ``client_name`` is blocked in BZPOPMIN (an idle worker)."""
+    return any(c.get("name") == client_name and "b" in c.get("flags", "")
+               and c.get("cmd") == "bzpopmin" for c in r.client_list())
+
+
+def server_ms(r: redis.Redis) -> int:
+    """The Redis server clock in epoch ms."""
+    sec, usec = r.time()
+    return sec * 1000 + usec // 1000
+
+
+def wait_server_past(r: redis.Redis, ms: int, timeout: float = 15.0) -> None:
+    """Wait until the Redis server clock is strictly past ``ms`` (epoch ms)."""
+    wait_until(lambda: server_ms(r) > ms, timeout=timeout, what=f"server clock past {ms}")
+
+
+@contextlib.contextmanager
+def running_worker(worker: emqfast.Worker) -> Iterator[emqfast.Worker]:
+    """Run ``worker.run()`` in a thread for the block; stop it and re-raise its error after."""
+    errors: List[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive(), "worker thread did not stop"
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def skewed_local_clock(monkeypatch):
+    """This process's wall clock a day ahead: code timing anything locally is caught out.
+
+    The id minter never goes back in time once it saw tomorrow, so its state is restored
+    too (monkeypatch undoes all three), or later tests would mint ids dated tomorrow.
+    """
+    skew_s = 86_400
+    real_time, real_ns = time.time, time.time_ns
+    monkeypatch.setattr(ids, "_last_ms", ids._last_ms)
+    monkeypatch.setattr(ids, "_counter", ids._counter)
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + skew_s * 10 ** 9)
+    return skew_s * 1000
+
+
+# --- driving the Lua moves directly (a "zombie" worker with no beat) ---------------
+
+def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tuple]:
+    """claim.lua + start.lua as a bare client would: ``[(job_id, token), ...]`` now active."""
+    k = q.keys
+    reply = load("claim")(q.redis, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
+                                    k.counter], [n, lease_ms, worker, KEYSPACE_VERSION])
+    pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
+    if pairs:
+        ids = [i for i, _ in pairs]
+        rows = load("start")(q.redis, [k.active, k.leases, k.meta, *k.jobs(ids)],
+                             [KEYSPACE_VERSION, *[x for p in pairs for x in p]])
+        assert all(rows), rows
+    return pairs
+
+
+def complete(q: emqfast.Queue, job_id: str, token: str, result: bytes = b"null") -> Any:
+    """complete.lua with ``token``."""
+    k = q.keys
+    return load("complete")(q.redis, [k.job(job_id), k.active, k.leases, k.completed, k.meta],
+                            [job_id, token, result, KEYSPACE_VERSION])
+
+
+def fail(q: emqfast.Queue, job_id: str, token: str, delay: int = -1,
+         error: str = "E: x", tb: str = "tb") -> Any:
+    """fail.lua with ``token`` (``delay`` -1: no retry)."""
+    k = q.keys
+    return load("fail")(q.redis, [k.job(job_id), k.active, k.leases, k.failed, k.delayed,
+                                  k.pending, k.marker, k.meta],
+                        [job_id, token, delay, error, tb, KEYSPACE_VERSION])
+
+
+def extend(q: emqfast.Queue, lease_ms: int, *pairs: tuple) -> List[int]:
+    """extend.lua for ``(job_id, token)`` pairs."""
+    k = q.keys
+    return load("extend")(q.redis, [k.active, k.leases, k.meta],
+                          [lease_ms, KEYSPACE_VERSION, *[x for p in pairs for x in p]])
+
+
+def release(q: emqfast.Queue, job_id: str, token: str) -> Any:
+    """release.lua with ``token``."""
+    k = q.keys
+    return load("release")(q.redis, [k.job(job_id), k.active, k.leases, k.pending, k.marker,
+                                     k.meta], [job_id, token, KEYSPACE_VERSION])
