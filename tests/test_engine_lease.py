@@ -1,0 +1,289 @@
+"""Issue 2 contract: leases and the reaper. Only the lease holder finishes a job; expired
+leases return jobs to pending on the server clock; repeated stalls fail the job."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import emqfast
+from conftest import dump_queue
+from emqfast.errors import LeaseLost
+from engine_util import skewed_local_clock  # noqa: F401 (fixture)
+from engine_util import (claim, complete, extend, fail, make_queue, running_worker, server_ms,
+                         wait_server_past, wait_until)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def q(redis_url, qname):
+    return make_queue(redis_url, qname)
+
+
+def _deadline(r, q, job_id) -> int:
+    return int(r.zscore(q.keys.active, job_id))
+
+
+# --- tokens -------------------------------------------------------------------------
+
+def test_complete_and_fail_require_the_token(r, q, qname):
+    ref = q.enqueue("x")
+    [(job_id, token)] = claim(q, "w1", lease_ms=60_000)
+    assert job_id == ref.id and token.startswith("w1:")
+    before = dump_queue(r, qname)
+    for forged in ("", "w1:0", token + "0", "w2:" + token.split(":")[-1]):
+        with pytest.raises(LeaseLost):
+            complete(q, job_id, forged, b'"stolen"')
+        with pytest.raises(LeaseLost):
+            fail(q, job_id, forged)
+        assert extend(q, 60_000, (job_id, forged)) == [0]
+    assert dump_queue(r, qname) == before
+    assert complete(q, job_id, token, b'"mine"') == 1
+    job = q.get(job_id)
+    assert (job.state, job.result) == ("completed", "mine")
+    finished = dump_queue(r, qname)
+    # the holder's re-sent ack (reply lost) is idempotent; nobody else can finish it again
+    assert complete(q, job_id, token, b'"again"') == 1
+    with pytest.raises(LeaseLost):
+        complete(q, job_id, "w1:" + token, b'"again"')
+    with pytest.raises(LeaseLost):
+        fail(q, job_id, token)
+    assert dump_queue(r, qname) == finished
+    assert q.get(job_id).result == "mine"
+
+
+def test_tokens_are_unique_per_claim(q):
+    q.enqueue_many(range(20))
+    tokens = [t for _ in range(4) for _, t in claim(q, "w", lease_ms=60_000, n=5)]
+    assert len(tokens) == len(set(tokens)) == 20
+
+
+def test_taken_over_lease_cannot_overwrite_new_owner(r, q):
+    ref = q.enqueue({"n": 1})
+    [(job_id, old)] = claim(q, "zombie", lease_ms=200)
+    wait_server_past(r, _deadline(r, q, job_id))
+    assert q.reap() == (1, 0)
+    [(again, new)] = claim(q, "fresh", lease_ms=60_000)
+    assert again == job_id and new != old
+    with pytest.raises(LeaseLost):
+        complete(q, job_id, old, b'"zombie"')
+    with pytest.raises(LeaseLost):
+        fail(q, job_id, old, delay=0)
+    assert extend(q, 60_000, (job_id, old)) == [0]
+    assert q.get(job_id).state == "active"
+    assert complete(q, job_id, new, b'"fresh"') == 1
+    job = q.get(ref.id)
+    assert (job.state, job.result, job.attempts, job.stalls) == ("completed", "fresh", 1, 1)
+    assert r.hget(q.keys.job(job_id), "worker") == new.encode()
+
+
+# --- the reaper ----------------------------------------------------------------------
+
+def test_reaper_uses_the_server_clock(r, q, skewed_local_clock):
+    long_ref = q.enqueue("long")
+    [(long_id, _)] = claim(q, "w", lease_ms=3_600_000)
+    short_ref = q.enqueue("short")
+    [(short_id, _)] = claim(q, "w", lease_ms=150)
+    assert (long_id, short_id) == (long_ref.id, short_ref.id)
+    q.reap()  # with the local clock a day ahead, a local-clock reaper would take both
+    wait_server_past(r, _deadline(r, q, short_id))
+    q.reap()
+    assert q.get(long_id).state == "active"
+    assert q.get(short_id).state == "pending"
+    assert q.job_ids("pending") == [short_id]
+    assert q.job_ids("active") == [long_id]
+    assert r.hget(q.keys.leases, short_id) is None
+
+
+def test_stalls_beyond_max_stalled_fail_the_job(r, q):
+    ref = q.enqueue("fragile", attempts=5)
+    for round_ in (1, 2):
+        [(job_id, _)] = claim(q, f"w{round_}", lease_ms=100)
+        assert q.get(job_id).attempts == 1
+        wait_server_past(r, _deadline(r, q, job_id))
+        requeued, failed = q.reap(max_stalled=1)
+        if round_ == 1:
+            assert (requeued, failed) == (1, 0)
+            job = q.get(ref.id)
+            # the stalled run is not counted as an attempt
+            assert (job.state, job.stalls, job.attempts) == ("pending", 1, 0)
+        else:
+            assert (requeued, failed) == (0, 1)
+    job = q.get(ref.id)
+    assert (job.state, job.error, job.stalls) == ("failed", "stalled", 2)
+    assert q.job_ids("failed") == [ref.id]
+    assert q.counts() == {"scheduled": 0, "pending": 0, "active": 0, "completed": 0, "failed": 1}
+    assert r.hlen(q.keys.leases) == 0
+
+
+def test_max_stalled_zero_fails_on_first_stall(r, q):
+    ref = q.enqueue("x")
+    [(job_id, _)] = claim(q, "w", lease_ms=100)
+    wait_server_past(r, _deadline(r, q, job_id))
+    assert q.reap(max_stalled=0) == (0, 1)
+    assert q.get(ref.id).error == "stalled"
+
+
+def test_reaped_job_keeps_its_place_in_its_tier(r, q):
+    first = q.enqueue("first", priority=2)
+    [(job_id, _)] = claim(q, "w", lease_ms=100)
+    later = [q.enqueue(i, priority=2).id for i in range(3)]
+    better = q.enqueue("better", priority=1).id
+    wait_server_past(r, _deadline(r, q, job_id))
+    assert q.reap() == (1, 0)
+    assert q.job_ids("pending") == [better, first.id, *later]
+
+
+# --- leases held by real Workers ----------------------------------------------------------
+
+def test_handler_extends_its_own_lease(r, redis_url, qname):
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue("long")
+    seen = {}
+
+    def handler(job):
+        job.extend_lease(5_000)
+        seen["manual"], seen["now"] = _deadline(r, q, job.id), server_ms(r)
+        # let the worker beat (and auto-extend, 300 ms leases) several times:
+        # an automatic renewal must never shorten the lease the handler asked for
+        wait_server_past(r, q.get(job.id).started_ms + 1_000)
+        seen["after"] = _deadline(r, q, job.id)
+        return "ok"
+
+    stats = emqfast.Worker(q, handler, lease_ms=300).run_until_idle(timeout_s=30)
+    assert seen["manual"] >= seen["now"] + 4_000
+    assert seen["after"] >= seen["manual"]
+    assert (stats.completed, stats.lease_lost) == (1, 0)
+    assert q.get(ref.id).state == "completed"
+
+
+def test_extend_lease_outside_a_handler_is_refused(q):
+    q.enqueue("x")
+    job = q.get(q.job_ids("pending")[0])
+    with pytest.raises(RuntimeError):
+        job.extend_lease(1_000)
+
+
+def test_long_handler_completes_exactly_once(r, redis_url, qname):
+    """A handler running 4x lease_ms keeps its job: the worker renews the lease, and a second
+    worker reaping the same queue all along never takes the job over."""
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue("slow")
+    calls = []
+    lock = threading.Lock()
+
+    def handler(job):
+        with lock:
+            calls.append(job.id)
+        wait_server_past(r, q.get(job.id).started_ms + 1_200)
+        return len(calls)
+
+    # either may claim it; the other keeps reaping the queue on its 75 ms beat
+    one = emqfast.Worker(q, handler, lease_ms=300)
+    two = emqfast.Worker(make_queue(redis_url, qname), handler, lease_ms=300)
+    with running_worker(one), running_worker(two):
+        wait_until(lambda: q.get(ref.id).state == "completed", what="slow job completed")
+    job = q.get(ref.id)
+    assert calls == [ref.id]
+    assert (job.attempts, job.stalls, job.result) == (1, 0, 1)
+    assert job.finished_ms - job.started_ms >= 1_200  # it really outlived 4 leases
+    assert one.stats.lease_lost == two.stats.lease_lost == 0
+    assert one.stats.completed + two.stats.completed == 1
+    assert one.stats.claimed + two.stats.claimed == 1
+
+
+_FROZEN_WORKER = textwrap.dedent("""
+    import json, sys, time
+    import redis, emqfast
+    from emqfast.errors import LeaseLost
+    url, qname = sys.argv[1:3]
+    q = emqfast.Queue(qname, redis.Redis.from_url(url))
+    report = {}
+
+    def handler(job):
+        # runs until somebody else finished this job (we get frozen meanwhile)
+        end = time.monotonic() + 60
+        while q.get(job.id).state != "completed" and time.monotonic() < end:
+            time.sleep(0.01)
+        try:
+            job.extend_lease(1_000)
+            report["extend"] = "ok"
+        except LeaseLost:
+            report["extend"] = "LeaseLost"
+        return "from-frozen"
+
+    stats = emqfast.Worker(q, handler, lease_ms=300).run_until_idle(timeout_s=60)
+    report.update(stats.__dict__)
+    print(json.dumps(report))
+""")
+
+
+def test_frozen_worker_loses_its_lease_to_a_live_one(r, redis_url, qname):
+    """A worker frozen (SIGSTOP) past its lease is reaped; a live worker runs the job; when
+    the frozen one thaws, its extension and its outcome are refused (LeaseLost)."""
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue("contended")
+    frozen = subprocess.Popen([sys.executable, "-c", _FROZEN_WORKER, redis_url, qname],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        wait_until(lambda: q.get(ref.id).state == "active", what="frozen worker claimed")
+        frozen.send_signal(signal.SIGSTOP)
+        ran = []
+        live = emqfast.Worker(make_queue(redis_url, qname),
+                              lambda job: ran.append(job.id) or "from-live", lease_ms=300)
+        with running_worker(live):
+            wait_until(lambda: q.get(ref.id).state == "completed", what="live worker finished")
+        frozen.send_signal(signal.SIGCONT)
+        out, err = frozen.communicate(timeout=60)
+    finally:
+        if frozen.poll() is None:
+            frozen.send_signal(signal.SIGCONT)
+            frozen.kill()
+            frozen.wait()
+    assert frozen.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["extend"] == "LeaseLost"
+    assert report["lease_lost"] == 1 and report["completed"] == 0
+    assert ran == [ref.id] and live.stats.completed == 1
+    job = q.get(ref.id)
+    assert (job.state, job.result, job.stalls) == ("completed", "from-live", 1)
+    assert q.counts()["completed"] == 1 and r.hlen(q.keys.leases) == 0
+
+
+_DYING_WORKER = textwrap.dedent("""
+    import sys, time
+    import redis, emqfast
+    url, qname = sys.argv[1:3]
+    q = emqfast.Queue(qname, redis.Redis.from_url(url))
+
+    def handler(job):
+        time.sleep(3600)  # killed mid-job
+
+    emqfast.Worker(q, handler, lease_ms=300).run()
+""")
+
+
+def test_killed_worker_job_is_reaped_and_rerun(redis_url, qname):
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue("survivor")
+    dying = subprocess.Popen([sys.executable, "-c", _DYING_WORKER, redis_url, qname],
+                             env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        wait_until(lambda: q.get(ref.id).state == "active", what="dying worker claimed")
+    finally:
+        dying.kill()
+        dying.wait()
+    # the dead worker's lease runs out on the server clock; then a new worker reaps it
+    wait_server_past(q.redis, _deadline(q.redis, q, ref.id))
+    stats = emqfast.Worker(q, lambda job: "rerun", lease_ms=300).run_until_idle(timeout_s=30)
+    job = q.get(ref.id)
+    assert (job.state, job.result, job.attempts, job.stalls) == ("completed", "rerun", 1, 1)
+    assert stats.completed == 1
