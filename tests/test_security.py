@@ -118,6 +118,8 @@ MINIMAL_ACL = (
     "+zincrby +zrank +watch +multi +exec +unwatch"      # Leaderboard
 ).split()
 BROAD_ACL = "+@all -@dangerous".split()
+# Refused without harm: a worker then wakes on Redis' own BZPOPMIN timeout.
+OPTIONAL_COMMANDS = {"client|id", "client|unblock"}
 
 
 def exercise_everything(url: str) -> None:
@@ -186,7 +188,10 @@ def test_acl_user_restricted_to_emq_keys_runs_everything(server_factory, rules):
     except redis.RedisError as exc:  # name what the ACL refused, for the next engineer
         denied = [(e.get("object"), e.get("context")) for e in admin.acl_log()]
         raise AssertionError(f"{exc!r}; ACL LOG denied: {denied}") from None
-    assert admin.acl_log() == []  # nothing was refused along the way
+    # Nothing was refused along the way, except the worker's optional precise wake-up
+    # (CLIENT ID / CLIENT UNBLOCK, see emqfast/wake.py), which falls back by design.
+    refused = {e.get("object") for e in admin.acl_log()}
+    assert refused <= OPTIONAL_COMMANDS, refused
     # ...and the user really is restricted: no other keys, nothing dangerous
     user = redis.Redis.from_url(f"redis://emquser:emq-pw@127.0.0.1:{port}/0")
     with pytest.raises(redis.exceptions.NoPermissionError):
