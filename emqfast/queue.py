@@ -122,6 +122,9 @@ class Queue:
         Every payload and id is validated before anything is sent, so bad input
         writes nothing. Under the C backend the batch is framed and sent by hiredis.
         """
+        if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)):
+            # a lone payload would be split into characters / bytes / keys
+            raise InvalidInput("enqueue_many takes an iterable of payloads, not one payload")
         encoded = [codec.encode(p, self.max_payload_bytes) for p in payloads]
         opts = self._options(priority, attempts, backoff)
         mode, value = self._when(delay_ms, run_at_ms)

@@ -135,3 +135,13 @@ def test_worker_arguments_are_validated(redis_url, qname):
                    {"concurrency": 1.5}):
         with pytest.raises(InvalidInput):
             emqfast.Worker(q, lambda job: None, **kwargs)
+
+
+@pytest.mark.parametrize("lone", ["abc", b"abc", {"a": 1}])
+def test_enqueue_many_refuses_a_lone_payload(r, qname, lone):
+    """A single payload passed to enqueue_many would be split into parts: refused, nothing written."""
+    q = emqfast.Queue(qname, r)
+    before = dump_queue(r, qname)
+    with pytest.raises(emqfast.InvalidInput):
+        q.enqueue_many(lone)
+    assert dump_queue(r, qname) == before
