@@ -38,21 +38,26 @@ class MarkerWaiter:
     def wait(self, key: str, timeout_s: float) -> Optional[Tuple[bytes, float]]:
         """Pop ``(member, score)`` from the marker zset ``key``, or None after ``timeout_s``."""
         timeout_s = max(timeout_s, 0.001)
-        if not self._precise:
+        conn = self._connection() if self._precise else None
+        if conn is None:
             return self._coarse(key, timeout_s)
-        conn = self._connection()
         # The server's own timeout stays as a fallback: it fires on its hz tick
         # (late, never early); CLIENT UNBLOCK is synchronous, so it can only ever
         # end this call, never the next one.
-        conn.send_command("BZPOPMIN", key, timeout_s)
         try:
+            conn.send_command("BZPOPMIN", key, timeout_s)
             if not conn.can_read(timeout=timeout_s):
                 self._unblock()
             reply = conn.read_response()
+        except redis.ResponseError as exc:  # e.g. CLIENT ID refused on a reconnect
+            self._refused("CLIENT ID", exc)
+            return self._coarse(key, timeout_s)
         except BaseException:
             # A half-read blocking call must not be reused: drop the connection.
             self._drop()
             raise
+        if not self._precise:
+            self._drop()
         if reply is None:
             return None
         return reply[1], float(reply[2])
@@ -67,15 +72,20 @@ class MarkerWaiter:
         return None if popped is None else (popped[1], float(popped[2]))
 
     def _connection(self) -> Any:
+        """The dedicated connection, or None when the server refuses CLIENT ID (ACLs)."""
         if self._conn is None:
             pool = self._client.connection_pool
             try:
                 conn = pool.get_connection()
             except TypeError:  # redis-py < 5.3 wants a command name
                 conn = pool.get_connection("BZPOPMIN")
-            conn.register_connect_callback(self._on_connect)
             self._conn = conn
-            self._learn_id(conn)
+            try:
+                self._learn_id(conn)
+            except redis.ResponseError as exc:
+                self._refused("CLIENT ID", exc)
+                return None
+            conn.register_connect_callback(self._on_connect)
         return self._conn
 
     def _on_connect(self, conn: Any) -> None:
@@ -85,13 +95,19 @@ class MarkerWaiter:
         conn.send_command("CLIENT", "ID")
         self._client_id = int(conn.read_response())
 
+    def _refused(self, command: str, exc: Exception) -> None:
+        """Fall back to the server's own (coarse) timeouts for good."""
+        log.info("emqfast: %s refused (%s); wake-ups follow Redis' hz tick", command, exc)
+        self._precise = False
+        self._drop()
+
     def _unblock(self) -> None:
         """Our deadline passed: end the server-side wait now (it pops nothing)."""
         try:
             self._client.execute_command("CLIENT", "UNBLOCK", self._client_id, "TIMEOUT")
-        except redis.ResponseError as exc:  # e.g. NOPERM: live with the server's timeout
+        except redis.ResponseError as exc:  # e.g. NOPERM: this wait ends on the server's timeout
             log.info("emqfast: CLIENT UNBLOCK refused (%s); wake-ups follow Redis' hz tick", exc)
-            self._precise = False
+            self._precise = False  # the connection is dropped after this wait's reply
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -229,3 +229,25 @@ def test_idle_worker_starts_a_delayed_job_on_time(redis_url, qname):
         client.close()
     assert min(lateness) >= 0, "a job ran before its run-at"
     assert statistics.median(lateness) < 40, lateness
+
+
+def test_marker_wait_falls_back_when_acls_refuse_client_commands(redis_url, r, qname):
+    """A user without CLIENT ID / UNBLOCK still gets woken by new work and by its timeout
+    (on Redis' tick), with no error."""
+    user, password = f"u-{qname}", "pw-" + qname
+    r.acl_setuser(user, enabled=True, passwords=["+" + password], keys=["*"],
+                  commands=["+@all", "-client"])
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:{password}@")
+        client = redis.Redis.from_url(url)
+        key = f"emq:{{{qname}}}:marker"
+        waiter = MarkerWaiter(client)
+        try:
+            assert waiter.wait(key, 0.01) is None
+            client.zadd(key, {"0": 0})
+            assert waiter.wait(key, 5.0) == (b"0", 0.0)
+        finally:
+            waiter.close()
+            client.close()
+    finally:
+        r.acl_deluser(user)
