@@ -139,6 +139,16 @@ int emq_command_batch(emq_conn *c, size_t ncmds, size_t argc, const size_t *argc
                       const char *data, const size_t *lens, emq_replies *out);
 void emq_replies_free(emq_replies *r);
 
+/* bulk.c: ncalls `EVALSHA sha numkeys a_1 .. a_nslots` where slot s is the
+ * constant slot_lens[s] bytes (slots back to back in slot_data) followed, when
+ * slot_col[s] >= 0, by call i's value of that column. Columns lie back to back
+ * in col_data; col_lens holds ncols * ncalls lengths, column by column. Framed
+ * in C and streamed (writes and reads overlap); returns like emq_evalsha_batch. */
+int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t numkeys,
+                        size_t ncalls, size_t nslots, const char *slot_data,
+                        const size_t *slot_lens, const int64_t *slot_col, size_t ncols,
+                        const char *col_data, const size_t *col_lens, emq_replies *out);
+
 /* CDEF-END */
 
 #ifdef EMQ_INTERNAL

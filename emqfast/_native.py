@@ -27,6 +27,13 @@ from ._pure import (COUNTER_MOD, EPOCH_MS, KIND_EXPONENTIAL, KIND_FIXED, M64,  #
                     SEQ_MASK, optional_seed)
 from .errors import BackendUnavailable, ConnectionFailed, InvalidInput, RangeError
 
+def _column_bytes(values: Sequence[Any]) -> List[bytes]:
+    """A column as a list of bytes (str as UTF-8, ints as ASCII, like redis-py)."""
+    if isinstance(values, list) and all(type(v) is bytes for v in values):
+        return values
+    return [v if type(v) is bytes else _encode(v) for v in values]
+
+
 try:  # redis-py's own error-reply mapping, so both Batchers return the same exceptions
     from redis._parsers.base import BaseParser as _RedisParser
 except ImportError:  # redis-py < 5
@@ -370,6 +377,58 @@ class Batcher:
         if not flat:
             return []
         return self._evalsha(sha, script, numkeys, flat, argc, None)
+
+    def evalsha_columns(self, sha: str, script: bytes, numkeys: int,
+                        slots: Sequence[Tuple[Any, Optional[int]]],
+                        columns: Sequence[Sequence[Any]]) -> List[Any]:
+        """One EVALSHA per row of ``columns``, framed and streamed in C (csrc/bulk.c).
+
+        Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when
+        ``slots[s][1]`` is a column index, by ``columns[slots[s][1]][i]``: the
+        constant arguments of a bulk enqueue travel once, not once per job.
+        Same replies and NOSCRIPT handling as :meth:`evalsha_many`.
+        """
+        ncalls = len(columns[0]) if columns else 0
+        if any(len(col) != ncalls for col in columns):
+            raise InvalidInput("columns differ in length")
+        if not ncalls:
+            return []
+        sha_b = sha.encode("ascii") if isinstance(sha, str) else bytes(sha)
+        consts = [_encode(value) for value, _ in slots]
+        picks = [-1 if col is None else col for _, col in slots]
+        if any(not -1 <= k < len(columns) for k in picks):
+            raise InvalidInput("a slot names a column that does not exist")
+        cols = [_column_bytes(col) for col in columns]
+        slot_lens = array(_SIZE_T, map(len, consts))
+        slot_col = array("q", picks)
+        replies, all_int = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, cols)
+        if all_int:
+            return replies
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            loaded = self._script_load(sha_b, script)
+            if isinstance(loaded, ResponseError):
+                for i in missing:
+                    replies[i] = loaded
+                return replies
+            sub = [[col[i] for i in missing] for col in cols]
+            again, _ = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, sub)
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return replies
+
+    def _columns(self, sha_b: bytes, numkeys: int, consts: List[bytes], slot_lens: array,
+                 slot_col: array, cols: List[List[bytes]]) -> Tuple[List[Any], bool]:
+        slot_data = b"".join(consts)
+        col_data = b"".join(v for col in cols for v in col)
+        col_lens = array(_SIZE_T, (len(v) for col in cols for v in col))
+        c_slot_lens = ffi.from_buffer("size_t[]", slot_lens)
+        c_slot_col = ffi.from_buffer("int64_t[]", slot_col)
+        c_col_lens = ffi.from_buffer("size_t[]", col_lens)
+        ncalls = len(cols[0])
+        return self._run(lambda conn: lib.emq_evalsha_columns(
+            conn, sha_b, len(sha_b), numkeys, ncalls, len(consts), slot_data, c_slot_lens,
+            c_slot_col, len(cols), col_data, c_col_lens, self._replies))
 
     def close(self) -> None:
         """Close the connection and free reply buffers (a later call reconnects)."""

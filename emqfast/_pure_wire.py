@@ -2,9 +2,11 @@
 over redis-py (with the hiredis parser when installed)."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import redis
+
+from .errors import InvalidInput
 
 
 class Batcher:
@@ -40,6 +42,23 @@ class Batcher:
         calls = [flat[i:i + argc] for i in range(0, len(flat), argc)]
         return self.evalsha_many(sha, script, numkeys, calls)
 
+    def evalsha_columns(self, sha: str, script: bytes, numkeys: int,
+                        slots: Sequence[Tuple[Any, Optional[int]]],
+                        columns: Sequence[Sequence[Any]]) -> List[Any]:
+        """Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when ``slots[s][1]`` is a
+        column index, by ``columns[slots[s][1]][i]``; otherwise as :meth:`evalsha_many`."""
+        ncalls = len(columns[0]) if columns else 0
+        if any(len(col) != ncalls for col in columns):
+            raise InvalidInput("columns differ in length")
+        if any(col is not None and not 0 <= col < len(columns) for _, col in slots):
+            raise InvalidInput("a slot names a column that does not exist")
+        consts = [v if isinstance(v, bytes) else str(v).encode() for v, _ in slots]
+        calls = []
+        for i in range(ncalls):
+            calls.append([c if k is None else c + _bytes(columns[k][i])
+                          for c, (_, k) in zip(consts, slots)])
+        return self.evalsha_many(sha, script, numkeys, calls)
+
     def _send(self, sha: str, numkeys: int, calls: Sequence[Sequence[Any]]) -> List[Any]:
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
@@ -54,3 +73,10 @@ class Batcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _bytes(value: Any) -> bytes:
+    """A column value as bytes (str as UTF-8, ints as ASCII), as redis-py would send it."""
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(value)).encode()

@@ -28,7 +28,7 @@ _RETRY = load("retry")
 MAX_ATTEMPTS = 1_000_000
 # enqueue.lua's reply -> JobRef.status (0 = the id already existed)
 _ADMITTED = {1: "pending", 2: "scheduled"}
-ENQUEUE_CHUNK = 10_000
+ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 
 
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -134,19 +134,24 @@ class Queue:
             job_ids = [check_job_id(j) for j in job_ids]
             if len(job_ids) != len(encoded):
                 raise InvalidInput("job_ids and payloads differ in length")
-        fixed = self._fixed_keys()
         tail = [opts, str(priority).encode(), mode, str(value).encode(), KEYSPACE_VERSION.encode()]
-        job_key = self.keys.job
-        flat: List[Any] = []
-        for job_id, (data, enc) in zip(job_ids, encoded):
-            flat += (job_key(job_id), *fixed, job_id, data, enc, *tail)
-        argc = 6 + 8
+        # Only the job key, id, payload and encoding differ between jobs: they travel as
+        # columns, every other argument once (the C batcher frames and streams each call).
+        id_col = [j.encode() for j in job_ids]
+        data_col = [data for data, _ in encoded]
+        encs = {enc for _, enc in encoded}
+        enc_slot: tuple = (encs.pop(), None) if len(encs) == 1 else (b"", 2)
+        slots = [(self.keys.job(""), 0), *((key, None) for key in self._fixed_keys()),
+                 (b"", 0), (b"", 1), enc_slot, *((arg, None) for arg in tail)]
         batcher = self._wire()
         replies: List[Any] = []
-        step = ENQUEUE_CHUNK * argc
-        for start in range(0, len(flat), step):
-            replies += batcher.evalsha_flat(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6, argc,
-                                            flat[start:start + step])
+        for start in range(0, len(id_col), ENQUEUE_CHUNK):
+            stop = start + ENQUEUE_CHUNK
+            columns = [id_col[start:stop], data_col[start:stop]]
+            if enc_slot[1] is not None:
+                columns.append([enc for _, enc in encoded[start:stop]])
+            replies += batcher.evalsha_columns(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6,
+                                               slots, columns)
         refs = []
         for job_id, reply in zip(job_ids, replies):
             if isinstance(reply, Exception):

@@ -146,3 +146,81 @@ def test_worker_acks_through_the_batcher_map_lease_errors(client, qname, backend
     stats = w.run_until_idle(timeout_s=30)
     assert stats.lease_lost == 1 and stats.completed == 1
     assert len(seen) == 2 and q.counts()["completed"] == 1
+
+
+# --- columns: the bulk-enqueue wire format ------------------------------------------------
+ECHO_SRC = b"return {KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], #KEYS, #ARGV}"
+ECHO_SHA = __import__("hashlib").sha1(ECHO_SRC).hexdigest()
+ERRS_SRC = (b"if ARGV[1] == 'bad' then return redis.error_reply('EMQRANGE ' .. ARGV[1]) end "
+            b"return tonumber(ARGV[1])")
+ERRS_SHA = __import__("hashlib").sha1(ERRS_SRC).hexdigest()
+
+
+def _batcher(client):
+    return importlib.import_module("emqfast.backend").batcher_for(client)
+
+
+def test_evalsha_columns_frames_constants_and_columns(client, qname, backend):
+    """Slot = constant prefix + (optionally) the call's column value; a column may feed
+    several slots; str values are sent as UTF-8; NOSCRIPT is recovered."""
+    client.script_flush()
+    b = _batcher(client)
+    try:
+        slots = [(f"{qname}:", 0), (b"fixed", None), (b"", 0), (b"v=", 1), (7, None)]
+        cols = [[b"a", "bb", b""], [b"x" * 3, b"", "\u00e9"]]
+        got = b.evalsha_columns(ECHO_SHA, ECHO_SRC, 2, slots, cols)
+    finally:
+        b.close()
+    want = [[f"{qname}:{k}".encode(), b"fixed", k.encode(), b"v=" + v, b"7", 2, 3]
+            for k, v in (("a", b"xxx"), ("bb", b""), ("", "\u00e9".encode()))]
+    assert got == want
+
+
+def test_evalsha_columns_many_calls_errors_in_place(client, backend):
+    """A large streamed batch: replies in call order, error replies in their slots."""
+    n = 60_000 if backend == "c" else 5_000
+    vals = [str(i).encode() for i in range(n)]
+    vals[7] = vals[n - 1] = b"bad"
+    b = _batcher(client)
+    try:
+        out = b.evalsha_columns(ERRS_SHA, ERRS_SRC, 0, [(b"", 0)], [vals])
+    finally:
+        b.close()
+    assert len(out) == n
+    assert isinstance(out[7], redis.ResponseError) and isinstance(out[-1], redis.ResponseError)
+    assert [x for i, x in enumerate(out) if i not in (7, n - 1)] == \
+        [i for i in range(n) if i not in (7, n - 1)]
+
+
+def test_evalsha_columns_rejects_malformed_batches(client, backend):
+    b = _batcher(client)
+    try:
+        with pytest.raises(InvalidInput):
+            b.evalsha_columns(ECHO_SHA, ECHO_SRC, 0, [(b"", 0)], [[b"a"], [b"b", b"c"]])
+        with pytest.raises(InvalidInput):
+            b.evalsha_columns(ECHO_SHA, ECHO_SRC, 0, [(b"", 3)], [[b"a"]])
+        assert b.evalsha_columns(ECHO_SHA, ECHO_SRC, 0, [(b"", 0)], [[]]) == []
+    finally:
+        b.close()
+
+
+def test_enqueue_many_columns_keep_order_ids_and_mixed_encodings(client, qname, backend):
+    """Bulk enqueue through columns: every job stored as a single enqueue would store it,
+    in list order (arrival counter), bytes and JSON payloads mixed, caller ids kept."""
+    q = emqfast.Queue(qname, client)
+    payloads = [b"raw\x00", {"n": 1}, "text", b"", [1, 2]] * 40
+    job_ids = [f"JOB-{qname}-{i:04d}" for i in range(len(payloads))]
+    refs = q.enqueue_many(payloads, job_ids=job_ids, priority=2)
+    assert [r.id for r in refs] == job_ids and {r.status for r in refs} == {"pending"}
+    assert q.job_ids("pending") == job_ids
+    for job_id, payload in zip(job_ids[:5], payloads[:5]):
+        assert q.get(job_id).payload == payload
+    single = emqfast.Queue(qname + "-one", client)
+    single.enqueue({"n": 1}, job_id=job_ids[1], priority=2)
+    h1 = client.hgetall(q.keys.job(job_ids[1]))
+    h2 = client.hgetall(single.keys.job(job_ids[1]))
+    for h in (h1, h2):
+        h.pop(b"created"), h.pop(b"ps")
+    assert h1 == h2
+    again = q.enqueue_many(payloads[:3], job_ids=job_ids[:3])
+    assert [r.status for r in again] == ["duplicate"] * 3
