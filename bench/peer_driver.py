@@ -4,7 +4,8 @@ Executed by the peers' own virtualenv (see peers.py), never imported by
 emqfast: ``python peer_driver.py <peer> <workload> <redis url> <n>``.
 Workloads: ``enqueue`` (bulk-add n tiny jobs), ``drain`` (one worker process
 runs n no-op jobs; each must run exactly once), ``memory-pending`` /
-``memory-delayed`` (BullMQ's Redis bytes per job, payload "{}" excluded).
+``memory-delayed`` / ``memory-prioritized`` (BullMQ's Redis bytes per job, payload
+"{}" excluded; BullMQ keeps priority-0 jobs in a list, prioritized ones in a zset).
 """
 import asyncio
 import json
@@ -51,13 +52,15 @@ async def bullmq_run(workload, url, n):
             assert len(jobs) == n and waiting == n, f"{waiting} of {n} waiting"
             out.update(jobs_per_s=n / dt, verified=f"{waiting}/{n} waiting")
         elif workload.startswith("memory"):
-            opts = {"delay": 3_600_000} if workload.endswith("delayed") else {}
+            state = workload.split("-", 1)[1]  # pending / delayed / prioritized
+            opts = {"delayed": {"delay": 3_600_000}, "prioritized": {"priority": 1}}.get(state, {})
+            where = {"delayed": "delayed", "prioritized": "prioritized"}.get(state, "waiting")
             await queue.add("warm", {})
             before = int(plain.info("memory")["used_memory"])
             await queue.addBulk([{"name": "noop", "data": {}, "opts": opts} for _ in range(n)])
             after = int(plain.info("memory")["used_memory"])
-            counts = await queue.getJobCounts("waiting", "delayed")
-            stored = counts["delayed" if opts else "waiting"] - (0 if opts else 1)
+            counts = await queue.getJobCounts(where)
+            stored = counts[where] - (1 if where == "waiting" else 0)
             assert stored == n, f"{counts} after adding {n}"
             out.update(bytes_per_job=(after - before) / n - PAYLOAD_BYTES,
                        verified=f"{n}/{n} stored")

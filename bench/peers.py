@@ -98,7 +98,7 @@ def run(ctx: Ctx) -> List[Result]:
                               ok=mine > got["jobs_per_s"], verified=got["verified"],
                               details=got))
     mem_n = ctx.n(100_000, 5_000)
-    for state in ("pending", "delayed"):
+    for state in ("pending", "delayed", "prioritized"):
         ctx.progress(f"peers: bullmq memory per {state} job")
         got = drive(python, "bullmq", f"memory-{state}", url, mem_n)
         out.append(Result(workload="peers", name=f"bullmq {got['version']} bytes per {state} job",
