@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from array import array
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from redis.exceptions import DataError, NoScriptError, ResponseError
@@ -420,8 +420,8 @@ class Batcher:
     def _columns(self, sha_b: bytes, numkeys: int, consts: List[bytes], slot_lens: array,
                  slot_col: array, cols: List[List[bytes]]) -> Tuple[List[Any], bool]:
         slot_data = b"".join(consts)
-        col_data = b"".join(v for col in cols for v in col)
-        col_lens = array(_SIZE_T, (len(v) for col in cols for v in col))
+        col_data = b"".join(chain.from_iterable(cols))
+        col_lens = array(_SIZE_T, map(len, chain.from_iterable(cols)))
         c_slot_lens = ffi.from_buffer("size_t[]", slot_lens)
         c_slot_col = ffi.from_buffer("int64_t[]", slot_col)
         c_col_lens = ffi.from_buffer("size_t[]", col_lens)

@@ -28,6 +28,7 @@ _RETRY = load("retry")
 MAX_ATTEMPTS = 1_000_000
 # enqueue.lua's reply -> JobRef.status (0 = the id already existed)
 _ADMITTED = {1: "pending", 2: "scheduled"}
+_STATUS = {**_ADMITTED, 0: "duplicate"}
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 
 
@@ -152,6 +153,10 @@ class Queue:
                 columns.append([enc for _, enc in encoded[start:stop]])
             replies += batcher.evalsha_columns(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6,
                                                slots, columns)
+        try:  # the common case, every reply a status code: one cheap pass
+            return [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(job_ids, replies)]
+        except (KeyError, TypeError):
+            pass
         refs = []
         for job_id, reply in zip(job_ids, replies):
             if isinstance(reply, Exception):
