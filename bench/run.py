@@ -36,7 +36,7 @@ from rich.table import Table
 
 import emqfast
 
-from . import drain, enqueue, memory, micro, peers, promote, scale, server, wake
+from . import drain, enqueue, memory, micro, peers, promote, report, scale, server, wake
 from .common import Ctx, Result, VerificationError, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
@@ -60,6 +60,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help=f"run only these workloads: {', '.join(WORKLOADS)}")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="also write the results as a Markdown table")
     p.add_argument("--peers", action="store_true", help="compare with BullMQ, RQ and arq")
     p.add_argument("--backend", choices=("auto", "c", "python"), default=None,
                    help="emqfast backend (default: EMQFAST_BACKEND, else auto)")
@@ -144,7 +145,7 @@ def table(results: List[Result]) -> Table:
             cpu = (f"{r.details['client_cpu_us_per_job']:.1f} / "
                    f"{r.details['redis_cpu_us_per_job']:.1f}")
         t.add_row(r.workload, escape(r.name), fmt(r.value, r.unit), fmt(r.reference, r.unit),
-                  r.reference_label, f"{r.ratio:.2f}" if r.ratio is not None else "-",
+                  r.reference_label, report.fmt_ratio(r.ratio) or "-",
                   r.target, ok, cpu, r.verified)
     return t
 
@@ -190,8 +191,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         console.print(f"note: {note}", style="dim")
     for failure in failures:
         console.print(f"FAILED {failure}", style="bold red")
+    command = "emqfast bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.markdown:
+        Path(args.markdown).write_text(report.to_markdown(results, info, command, failures))
     if args.json:
-        payload = {"command": "emqfast bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        payload = {"command": command,
                    "started": started, "seconds": time.time() - started, "quick": args.quick,
                    "reps": ctx.reps, "machine": info, "results": [r.to_json() for r in results],
                    "failures": failures, "notes": ctx.notes}
