@@ -198,6 +198,9 @@ class Worker:
         if free == 0:
             return False
         k = self._keys
+        # Idleness must be judged from before the claim: an outcome written after
+        # it (a retry re-parked on the delayed set) is not in this claim's reply.
+        idle_before_claim = self._idle()
         reply = _CLAIM(self._redis, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
                                      k.counter],
                        [min(free, self.batch_size), self.lease_ms, self.name, KEYSPACE_VERSION])
@@ -210,7 +213,7 @@ class Worker:
         if status == 1 and next_due != -1 and next_due <= now:
             if self.queue.promote(limit=1000):
                 return False
-        if until_idle and status == 1 and self._idle() and \
+        if until_idle and status == 1 and idle_before_claim and \
                 (next_due == -1 or (not wait_scheduled and next_due > now)):
             return True
         wait_ms = self.beat_s * 1000
@@ -375,9 +378,15 @@ class Worker:
                         self._acks.put(None)  # finish this batch, then exit
                         break
                     batch += item
-                if batcher is None:  # the live backend's pipeline: hiredis under C
-                    batcher = backend.batcher_for(self._redis)
-                self._write_outcomes(batch, batcher)
+                try:
+                    if batcher is None:  # the live backend's pipeline: hiredis under C
+                        batcher = backend.batcher_for(self._redis)
+                    self._write_outcomes(batch, batcher)
+                except Exception:  # noqa: BLE001 - the acker must outlive any one batch
+                    log.exception("emqfast worker %s: could not write %d outcomes; their leases "
+                                  "will expire and the reaper will re-run them", self.name,
+                                  len(batch))
+                    self._abandon(batch)
         finally:
             if batcher is not None:
                 batcher.close()
@@ -428,6 +437,15 @@ class Worker:
                 self.stats.retried += 1
             else:
                 self.stats.failed += 1
+        with self._lock:
+            for outcome in batch:
+                self._running.pop(outcome[1].id, None)
+            self._pending_acks -= len(batch)
+            self._lock.notify_all()
+
+    def _abandon(self, batch: List[tuple]) -> None:
+        """Forget jobs whose outcome could not be written: no longer extending their
+        leases hands them back to the reaper (re-run, never lost) instead of hanging."""
         with self._lock:
             for outcome in batch:
                 self._running.pop(outcome[1].id, None)

@@ -292,3 +292,29 @@ def test_sigterm_finishes_or_releases_in_flight_jobs(r, redis_url, qname, tmp_pa
     # none lost: another worker picks the released job up
     emqfast.Worker(q, lambda job: "rerun").run_until_idle(timeout_s=30)
     assert q.get(refs["slow"]).result == "rerun"
+
+
+def test_acker_survives_an_unexpected_error_and_the_job_is_rerun(q, monkeypatch):
+    """If writing a batch of outcomes fails in an unexpected way (a bug, not a lost
+    connection), the acker thread must not die silently leaving the worker hung with
+    leases renewed forever: the jobs are handed back to the reaper and re-run."""
+    ref = q.enqueue({"n": 1})
+    runs = []
+    original = emqfast.Worker._write_outcomes
+    broken = {"left": 1}
+
+    def flaky_write(self, batch, batcher):
+        if broken["left"]:
+            broken["left"] -= 1
+            raise RuntimeError("unexpected failure while writing outcomes")
+        return original(self, batch, batcher)
+
+    monkeypatch.setattr(emqfast.Worker, "_write_outcomes", flaky_write)
+    worker = emqfast.Worker(q, lambda job: runs.append(job.id) or "ok", lease_ms=300)
+    worker.run_until_idle(timeout_s=20)
+    deadline = time.monotonic() + 20
+    while q.get(ref.id).state != "completed":  # the reaper hands the job back after the lease
+        assert time.monotonic() < deadline, q.get(ref.id)
+        worker.run_until_idle(timeout_s=20)
+    assert runs == [ref.id, ref.id]
+    assert q.get(ref.id).result == "ok"
