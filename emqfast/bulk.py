@@ -13,9 +13,9 @@ from typing import Any, Dict, Iterable, List, Union
 from . import backend
 from .errors import InvalidInput
 from .keys import QueueKeys
+from .ops import Batch, Call, Op, run
 from .scripts import load
 from .version import KEYSPACE_VERSION
-from .wire import run_calls
 
 _DUE = load("due")
 _PROMOTE = load("promote")
@@ -39,6 +39,38 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
+    """The operation behind :func:`promote_many` (both facades): two pipelined passes."""
+    moved = {k.name: 0 for k in keys}
+    if not keys:
+        return moved
+    due = yield Batch([Call(_DUE, [k.delayed], [limit, 1]) for k in keys], wire=True)
+    calls, owners = [], []
+    for k, reply in zip(keys, due):
+        if isinstance(reply, Exception):
+            raise reply
+        ids = [_text(i) for i in reply[1:]]
+        if ids:
+            # the same call Queue.promote makes (tests hold the two in step)
+            calls.append(Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(ids)],
+                              [KEYSPACE_VERSION, *ids]))
+            owners.append(k.name)
+    # One round trip per distinct due count (a single one when every queue had `limit`).
+    for name, reply in zip(owners, (yield Batch(calls, wire=True))):
+        if isinstance(reply, Exception):
+            raise reply
+        moved[name] += int(reply)
+    return moved
+
+
+def validate(queues: Iterable[QueueLike], limit: int) -> List[QueueKeys]:
+    """Check ``limit`` and every queue before anything is sent (or connected)."""
+    from .queue import check_int
+
+    check_int(limit, "limit", 1, 1_000_000)
+    return _keys_of(queues)
+
+
 def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> Dict[str, int]:
     """Release due delayed jobs of every queue in ``queues`` (server clock).
 
@@ -48,32 +80,18 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     queue given. Same effect as ``Queue.promote`` on each, in two round trips.
     """
     from .connection import resolve
-    from .queue import check_int
 
-    check_int(limit, "limit", 1, 1_000_000)
-    keys = _keys_of(queues)  # validate everything before anything is sent
+    keys = validate(queues, limit)
     client = resolve(conn)
-    moved = {k.name: 0 for k in keys}
-    if not keys:
-        return moved
-    batcher = backend.batcher_for(client)
+    held: List[Any] = []
+
+    def wire() -> Any:  # one Batcher for both passes (a C one is a connection)
+        if not held:
+            held.append(backend.batcher_for(client))
+        return held[0]
+
     try:
-        due = run_calls(batcher, [(_DUE, [k.delayed], [limit, 1]) for k in keys])
-        calls, owners = [], []
-        for k, reply in zip(keys, due):
-            if isinstance(reply, Exception):
-                raise reply
-            ids = [_text(i) for i in reply[1:]]
-            if ids:
-                # the same call Queue.promote makes (tests hold the two in step)
-                calls.append((_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(ids)],
-                              [KEYSPACE_VERSION, *ids]))
-                owners.append(k.name)
-        # One round trip per distinct due count (a single one when every queue had `limit`).
-        for name, reply in zip(owners, run_calls(batcher, calls)):
-            if isinstance(reply, Exception):
-                raise reply
-            moved[name] += int(reply)
+        return run(client, promote_many_op(keys, limit), wire)
     finally:
-        batcher.close()
-    return moved
+        for batcher in held:
+            batcher.close()

@@ -47,23 +47,31 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     """
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         return url
+    return open_client(target_url(url), redis.Redis, redis.RedisCluster, **kwargs)
+
+
+def target_url(url: Optional[str]) -> str:
+    """The URL to use: ``url``, else ``EMQ_REDIS_URL``, else the embedded server's."""
     url = url or os.environ.get("EMQ_REDIS_URL")
     if not url:
         from . import embedded
         url = embedded.ensure_running()
     if not isinstance(url, str):
         raise InvalidInput("url must be a str or a redis client")
+    return url
+
+
+def open_client(url: str, single: Any, cluster: Any, **kwargs: Any) -> Any:
+    """``single.from_url`` or, for ``redis+cluster://``, ``cluster.from_url`` (the sync or
+    the asyncio classes); errors never echo a password."""
     try:
         if url.startswith(("redis+cluster://", "rediss+cluster://")):
-            real = url.replace("+cluster", "", 1)
-            client: Any = redis.RedisCluster.from_url(real, **kwargs)
-        else:
-            client = redis.Redis.from_url(url, **kwargs)
+            return cluster.from_url(url.replace("+cluster", "", 1), **kwargs)
+        return single.from_url(url, **kwargs)
     except (ValueError, redis.RedisError) as exc:
         # redis-py's messages may echo the URL: never let a password out
         raise ConnectionFailed(f"cannot connect to {redact(url)}: "
                                f"{_scrub(str(exc), url)}") from None
-    return client
 
 
 def resolve(conn: Any) -> "redis.Redis":

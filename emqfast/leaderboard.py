@@ -29,6 +29,7 @@ import redis
 from .connection import resolve
 from .errors import InvalidInput, RangeError
 from .keys import leaderboard_key
+from .ops import Batch, Cmd, Op, Watched, operation, run
 
 Member = Union[str, bytes]
 
@@ -88,27 +89,37 @@ class Leaderboard:
     """A named leaderboard on Redis. Cheap to create; holds no state but its key.
 
     ``conn`` is a redis client, a URL, or None (``EMQ_REDIS_URL`` / the embedded server).
+    Operations are :mod:`emqfast.ops` generators; :class:`emqfast.aio.Leaderboard`
+    overrides only ``_drive`` and the resolver.
     """
+
+    _resolve = staticmethod(resolve)
 
     def __init__(self, conn: Any, name: str):
         self.key = leaderboard_key(name)
         self.name = name
-        self.redis: redis.Redis = resolve(conn)
+        self.redis: redis.Redis = self._resolve(conn)
 
     def __repr__(self) -> str:
-        return f"Leaderboard({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
+
+    def _drive(self, op: Op) -> Any:
+        return run(self.redis, op)
 
     # --- writes ----------------------------------------------------------------
+    @operation
     def set(self, member: Member, score: float) -> None:
         """Set ``member``'s score (adding the member if new)."""
         data, value = check_member(member), check_score(score)
-        self.redis.zadd(self.key, {data: -value})
+        yield Cmd.of("ZADD", self.key, -value, data)
 
+    @operation
     def incr(self, member: Member, by: float = 1) -> float:
         """Add ``by`` to ``member``'s score (from 0 if absent); returns the new score."""
         data, value = check_member(member), check_score(by, "by")
-        return _score(self.redis.zincrby(self.key, -value, data))
+        return _score((yield Cmd.of("ZINCRBY", self.key, -value, data)))
 
+    @operation
     def set_many(self, mapping: Mapping[Member, float]) -> int:
         """Set many scores in one pipelined round trip; returns how many members were new.
 
@@ -122,44 +133,51 @@ class Leaderboard:
             items[check_member(member)] = -check_score(score)
         if not items:
             return 0
-        pipe = self.redis.pipeline(transaction=False)
         pairs = list(items.items())
-        for start in range(0, len(pairs), SET_MANY_CHUNK):
-            pipe.zadd(self.key, dict(pairs[start:start + SET_MANY_CHUNK]))
-        return sum(int(n) for n in pipe.execute())
+        cmds = [Cmd.of("ZADD", self.key, *[x for member, score in pairs[start:start + SET_MANY_CHUNK]
+                                           for x in (score, member)])
+                for start in range(0, len(pairs), SET_MANY_CHUNK)]
+        return sum(int(n) for n in (yield Batch(cmds)))
 
+    @operation
     def remove(self, member: Member) -> bool:
         """Remove ``member``; False if it was not on the board."""
-        return bool(self.redis.zrem(self.key, check_member(member)))
+        return bool((yield Cmd.of("ZREM", self.key, check_member(member))))
 
+    @operation
     def clear(self) -> None:
         """Delete the whole board."""
-        self.redis.unlink(self.key)
+        yield Cmd.of("UNLINK", self.key)
 
     # --- reads -----------------------------------------------------------------
+    @operation
     def size(self) -> int:
         """Number of members."""
-        return int(self.redis.zcard(self.key))
+        return int((yield Cmd.of("ZCARD", self.key)))
 
+    @operation
     def score(self, member: Member) -> Optional[float]:
         """``member``'s score, or None when absent."""
-        stored = self.redis.zscore(self.key, check_member(member))
+        stored = yield Cmd.of("ZSCORE", self.key, check_member(member))
         return None if stored is None else _score(stored)
 
+    @operation
     def rank(self, member: Member) -> Optional[int]:
         """``member``'s 1-based rank (1 = highest score), or None when absent."""
-        r = self.redis.zrank(self.key, check_member(member))
+        r = yield Cmd.of("ZRANK", self.key, check_member(member))
         return None if r is None else int(r) + 1
 
+    @operation
     def top(self, n: int) -> List[Entry]:
         """The ``n`` best entries, best first (fewer when the board is smaller)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInput("n must be an int >= 0")
         if n == 0:
             return []
-        rows = self.redis.zrange(self.key, 0, n - 1, withscores=True)
+        rows = yield Cmd.of("ZRANGE", self.key, 0, n - 1, "WITHSCORES", withscores=True)
         return self._entries(rows, first_rank=1)
 
+    @operation
     def around(self, member: Member, k: int) -> List[Entry]:
         """``member`` with the ``k`` entries ranked above and the ``k`` below it
         (fewer at either end of the board); ``[]`` when ``member`` is absent.
@@ -171,21 +189,17 @@ class Leaderboard:
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InvalidInput("k must be an int >= 0")
 
-        window: Dict[str, int] = {}
+        def window(r: Any) -> List[Cmd]:
+            # r is read under WATCH (before MULTI); the range is then read atomically
+            if r is None:
+                return []
+            return [Cmd.of("ZRANGE", self.key, max(int(r) - k, 0), int(r) + k, "WITHSCORES",
+                           withscores=True)]
 
-        def txn(pipe: Any) -> None:
-            r = pipe.zrank(self.key, data)  # WATCHed, runs at once (before MULTI)
-            pipe.multi()
-            if r is not None:
-                window["start"] = max(int(r) - k, 0)
-                pipe.zrange(self.key, window["start"], int(r) + k, withscores=True)
-            else:
-                window.pop("start", None)  # a retry after WATCH fired may find it gone
-
-        replies = self.redis.transaction(txn, self.key)
-        if "start" not in window:
+        r, replies = yield Watched([self.key], Cmd.of("ZRANK", self.key, data), window)
+        if r is None:
             return []
-        return self._entries(replies[0], first_rank=window["start"] + 1)
+        return self._entries(replies[0], first_rank=max(int(r) - k, 0) + 1)
 
     @staticmethod
     def _entries(rows: List[Any], first_rank: int) -> List[Entry]:

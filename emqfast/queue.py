@@ -7,13 +7,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import redis
 
 from . import backend, codec, ids
+from .ops import Batch, Call, Cmd, Columns, Op, Scan, operation, run
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .connection import resolve
 from .errors import InvalidInput, JobNotFound, RangeError
 from .job import Job, JobRef
 from .keys import QueueKeys, check_job_id
-from .scripts import load, map_error, run_pipeline
+from .scripts import load, map_error
 from .version import KEYSPACE_VERSION
 
 _ENQUEUE = load("enqueue")
@@ -45,14 +46,21 @@ class Queue:
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
+
+    Each public operation is a generator (see :mod:`emqfast.ops`) run by
+    :meth:`_drive`; :class:`emqfast.aio.Queue` overrides only ``_drive`` (and the
+    connection resolver), so both facades share every line below.
     """
+
+    _resolve = staticmethod(resolve)
+    is_async = False  # True in emqfast.aio.Queue: operations return coroutines
 
     def __init__(self, name: str, conn: Any = None, *, attempts: int = 3,
                  backoff: Backoff = DEFAULT_BACKOFF,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES):
         self.keys = QueueKeys(name)
         self.name = name
-        self.redis: redis.Redis = resolve(conn)
+        self.redis: redis.Redis = self._resolve(conn)
         self.default_attempts = check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
         if not isinstance(backoff, Backoff):
             raise InvalidInput("backoff must be an emqfast.Backoff")
@@ -62,7 +70,11 @@ class Queue:
         self._schedules: Any = None
 
     def __repr__(self) -> str:
-        return f"Queue({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
+
+    def _drive(self, op: Op) -> Any:
+        """Run one operation over the blocking client (bulk calls through the Batcher)."""
+        return run(self.redis, op, self._wire)
 
     # --- enqueue -------------------------------------------------------------
     def _options(self, priority: int, attempts: Optional[int],
@@ -90,6 +102,7 @@ class Queue:
         k = self.keys
         return [k.pending, k.delayed, k.marker, k.meta, k.counter]
 
+    @operation
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[int] = None, run_at_ms: Optional[int] = None) -> JobRef:
@@ -102,8 +115,8 @@ class Queue:
         opts = self._options(priority, attempts, backoff)
         mode, value = self._when(delay_ms, run_at_ms)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
-        reply = _ENQUEUE(self.redis, [self.keys.job(job_id), *self._fixed_keys()],
-                         [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
+        reply = yield Call(_ENQUEUE, [self.keys.job(job_id), *self._fixed_keys()],
+                           [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
         return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
 
     def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
@@ -114,6 +127,7 @@ class Queue:
         """Add a job that becomes pending ``delay_ms`` from now, measured on the Redis server clock."""
         return self.enqueue(payload, delay_ms=delay_ms, **opts)
 
+    @operation
     def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[int] = None,
@@ -121,7 +135,9 @@ class Queue:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
-        writes nothing. Under the C backend the batch is framed and sent by hiredis.
+        writes nothing. Under the C backend the batch is framed and sent by hiredis;
+        under :mod:`emqfast.aio` it goes through ``redis.asyncio`` pipelines (the
+        C Batcher is a blocking socket).
         """
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)):
             # a lone payload would be split into characters / bytes / keys
@@ -144,15 +160,13 @@ class Queue:
         enc_slot: tuple = (encs.pop(), None) if len(encs) == 1 else (b"", 2)
         slots = [(self.keys.job(""), 0), *((key, None) for key in self._fixed_keys()),
                  (b"", 0), (b"", 1), enc_slot, *((arg, None) for arg in tail)]
-        batcher = self._wire()
         replies: List[Any] = []
         for start in range(0, len(id_col), ENQUEUE_CHUNK):
             stop = start + ENQUEUE_CHUNK
             columns = [id_col[start:stop], data_col[start:stop]]
             if enc_slot[1] is not None:
                 columns.append([enc for _, enc in encoded[start:stop]])
-            replies += batcher.evalsha_columns(_ENQUEUE.sha, _ENQUEUE.source.encode(), 6,
-                                               slots, columns)
+            replies += yield Columns(_ENQUEUE, 6, slots, columns)
         try:  # the common case, every reply a status code: one cheap pass
             return [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(job_ids, replies)]
         except (KeyError, TypeError):
@@ -172,53 +186,57 @@ class Queue:
         return self._batcher[1]
 
     # --- moves on the server clock ------------------------------------------
+    @operation
     def promote(self, limit: int = 1000) -> int:
         """Release due delayed jobs to pending (server clock); returns how many moved."""
         check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = _DUE(self.redis, [k.delayed], [limit, 1])
+        reply = yield Call(_DUE, [k.delayed], [limit, 1])
         due = [i.decode() for i in reply[1:]]
         if not due:
             return 0
-        return int(_PROMOTE(self.redis, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(due)],
-                            [KEYSPACE_VERSION, *due]))
+        return int((yield Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(due)],
+                               [KEYSPACE_VERSION, *due])))
 
+    @operation
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
         """Return jobs with expired leases to pending; ``(requeued, failed_as_stalled)``."""
         check_int(max_stalled, "max_stalled", 0, 1_000_000)
         check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = _DUE(self.redis, [k.active], [limit, 0])
+        reply = yield Call(_DUE, [k.active], [limit, 0])
         expired = [i.decode() for i in reply[1:]]
         if not expired:
             return 0, 0
-        requeued, failed = _REAP(
-            self.redis,
+        requeued, failed = yield Call(
+            _REAP,
             [k.active, k.leases, k.pending, k.failed, k.marker, k.meta, *k.jobs(expired)],
             [max_stalled, KEYSPACE_VERSION, *expired])
         return int(requeued), int(failed)
 
+    @operation
     def server_time_ms(self) -> int:
         """The Redis server's clock, epoch ms (the clock every schedule is measured on)."""
-        sec, usec = self.redis.time()
-        return sec * 1000 + usec // 1000
+        sec, usec = yield Cmd.of("TIME")
+        return int(sec) * 1000 + int(usec) // 1000
 
     # --- inspection and control ---------------------------------------------
+    @operation
     def get(self, job_id: str) -> Optional[Job]:
         """The job's state and data, or None if it does not exist (or was trimmed)."""
         check_job_id(job_id)
-        h = self.redis.hgetall(self.keys.job(job_id))
+        h = yield Cmd.of("HGETALL", self.keys.job(job_id))
         return Job.from_hash(self.name, job_id, h) if h else None
 
+    @operation
     def counts(self) -> Dict[str, int]:
         """Number of jobs per state."""
         k = self.keys
-        pipe = self.redis.pipeline(transaction=False)
-        for key in (k.delayed, k.pending, k.active, k.completed, k.failed):
-            pipe.zcard(key)
-        s, p, a, c, f = pipe.execute()
+        s, p, a, c, f = yield Batch([Cmd.of("ZCARD", key) for key in
+                                     (k.delayed, k.pending, k.active, k.completed, k.failed)])
         return {"scheduled": s, "pending": p, "active": a, "completed": c, "failed": f}
 
+    @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:
         """Ids in one state, in the order they will run (or finished, newest first)."""
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
@@ -229,42 +247,49 @@ class Queue:
         check_int(start, "start", -(1 << 63), (1 << 63) - 1)  # Redis takes signed 64-bit
         check_int(stop, "stop", -(1 << 63), (1 << 63) - 1)
         if state in ("completed", "failed"):
-            raw = self.redis.zrevrange(key, start, stop)
+            raw = yield Cmd.of("ZREVRANGE", key, start, stop)
         else:
-            raw = self.redis.zrange(key, start, stop)
+            raw = yield Cmd.of("ZRANGE", key, start, stop)
         return [i.decode() for i in raw]
 
+    @operation
     def next_due_ms(self) -> Optional[int]:
         """Run-at (epoch ms) of the earliest delayed job, or None."""
-        head = self.redis.zrange(self.keys.delayed, 0, 0, withscores=True)
+        head = yield Cmd.of("ZRANGE", self.keys.delayed, 0, 0, "WITHSCORES", withscores=True)
         return backend.impl().unpack_delayed(int(head[0][1]))[0] if head else None
 
+    @operation
     def cancel(self, job_id: str) -> bool:
         """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
         check_job_id(job_id)
         k = self.keys
-        return bool(_CANCEL(self.redis, [k.job(job_id), k.pending, k.delayed, k.meta],
-                            [job_id, KEYSPACE_VERSION]))
+        return bool((yield Call(_CANCEL, [k.job(job_id), k.pending, k.delayed, k.meta],
+                                [job_id, KEYSPACE_VERSION])))
 
+    @operation
     def retry(self, job_id: str) -> None:
         """Send a failed job back to pending with a fresh set of attempts."""
         check_job_id(job_id)
         k = self.keys
-        _RETRY(self.redis, [k.job(job_id), k.failed, k.pending, k.marker, k.meta],
-               [job_id, KEYSPACE_VERSION])
+        yield Call(_RETRY, [k.job(job_id), k.failed, k.pending, k.marker, k.meta],
+                   [job_id, KEYSPACE_VERSION])
 
+    @operation
     def pause(self) -> None:
         """Stop workers from claiming jobs (enqueues still succeed)."""
-        _PAUSE(self.redis, [self.keys.meta, self.keys.marker], [1, KEYSPACE_VERSION])
+        yield Call(_PAUSE, [self.keys.meta, self.keys.marker], [1, KEYSPACE_VERSION])
 
+    @operation
     def resume(self) -> None:
         """Let workers claim again (wakes a blocked worker)."""
-        _PAUSE(self.redis, [self.keys.meta, self.keys.marker], [0, KEYSPACE_VERSION])
+        yield Call(_PAUSE, [self.keys.meta, self.keys.marker], [0, KEYSPACE_VERSION])
 
+    @operation
     def is_paused(self) -> bool:
         """True while the queue is paused."""
-        return self.redis.hget(self.keys.meta, "paused") == b"1"
+        return (yield Cmd.of("HGET", self.keys.meta, "paused")) == b"1"
 
+    @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
              max_age_ms: Optional[int] = None) -> int:
         """Retention: delete the oldest finished jobs beyond the counts (and older than the age)."""
@@ -275,22 +300,23 @@ class Queue:
         if max_age_ms is not None:
             check_int(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
         removed = 0
-        now = self.server_time_ms() if max_age_ms is not None else None
+        now = (yield from Queue.server_time_ms.op(self)) if max_age_ms is not None else None
         for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
-            victims = {i.decode() for i in self.redis.zrange(key, 0, -(keep + 1))}
+            victims = {i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, -(keep + 1)))}
             if now is not None:
                 victims.update(i.decode() for i in
-                               self.redis.zrangebyscore(key, "-inf", now - max_age_ms))
+                               (yield Cmd.of("ZRANGEBYSCORE", key, "-inf", now - max_age_ms)))
             for chunk in _chunks(sorted(victims), 500):
-                removed += int(_TRIM(self.redis, [key, k.meta, *k.jobs(chunk)],
-                                     [KEYSPACE_VERSION, *chunk]))
+                removed += int((yield Call(_TRIM, [key, k.meta, *k.jobs(chunk)],
+                                           [KEYSPACE_VERSION, *chunk])))
         return removed
 
+    @operation
     def obliterate(self) -> int:
         """Delete every key of this queue (jobs, schedules, meta). Returns keys deleted."""
         n = 0
-        for batch in _chunks(list(self.redis.scan_iter(match=self.keys.glob(), count=1000)), 500):
-            n += self.redis.unlink(*batch)
+        for batch in _chunks(list((yield Scan(self.keys.glob(), 1000))), 500):
+            n += int((yield Cmd.of("UNLINK", *batch)))
         return n
 
     @property

@@ -40,7 +40,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from . import codec
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS
@@ -48,12 +48,10 @@ from .backoff import Backoff
 from .cadence import Cadence, Cron, Interval, plan
 from .errors import EmqError, InvalidInput, VersionMismatch
 from .keys import check_schedule_name
-from .queue import check_int
-from .scripts import load, run_pipeline
+from .ops import Batch, Call, Cmd, Op, operation
+from .queue import Queue, check_int
+from .scripts import load
 from .version import KEYSPACE_VERSION
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .queue import Queue
 
 log = logging.getLogger("emqfast.schedules")
 
@@ -184,7 +182,12 @@ class Schedules:
         self.queue = queue
         self._keys = queue.keys
 
+    def _drive(self, op: Op) -> Any:
+        # the queue's driver: blocking for emqfast.Queue, a coroutine for emqfast.aio.Queue
+        return self.queue._drive(op)
+
     # --- registration --------------------------------------------------------------
+    @operation
     def upsert(self, name: str, *, cron: Optional[str] = None, tz: Optional[str] = None,
                every_ms: Optional[int] = None, start_at_ms: Optional[int] = None,
                payload: Any = None, missed: str = "skip",
@@ -210,8 +213,10 @@ class Schedules:
                              start_at_ms=start_at_ms, payload=payload, missed=missed,
                              catch_up_limit=catch_up_limit, priority=priority,
                              attempts=attempts, backoff=backoff)
-        return self._finish(spec, _UPSERT(self.queue.redis, spec.keys, spec.args("keep")))
+        reply = yield Call(_UPSERT, spec.keys, spec.args("keep"))
+        return (yield from self._finish(spec, reply))
 
+    @operation
     def upsert_many(self, specs: Iterable[Mapping[str, Any]]) -> List[Schedule]:
         """:meth:`upsert` for many schedules (each a dict of its arguments, with ``name``).
 
@@ -221,7 +226,7 @@ class Schedules:
         two-phase path of :meth:`upsert`.
         """
         prepared = []
-        now = self.queue.server_time_ms()
+        now = yield from Queue.server_time_ms.op(self.queue)
         for spec in specs:
             spec = dict(spec)
             if "name" not in spec:
@@ -235,13 +240,12 @@ class Schedules:
         names = [p.name for p in prepared]
         if len(set(names)) != len(names):
             raise InvalidInput("upsert_many got the same schedule name twice")
-        replies = run_pipeline(self.queue.redis,
-                               [(_UPSERT, p.keys, p.args("keep")) for p in prepared])
+        replies = yield Batch([Call(_UPSERT, p.keys, p.args("keep")) for p in prepared])
         out = []
         for p, reply in zip(prepared, replies):
             if isinstance(reply, Exception):
                 raise reply
-            out.append(self._finish(p, reply))
+            out.append((yield from self._finish(p, reply)))
         return out
 
     def _prepare(self, name: str, *, cron: Optional[str] = None, tz: Optional[str] = None,
@@ -280,7 +284,7 @@ class Schedules:
         return _Spec(name, [k.repeat, k.schedule(name), k.meta, k.marker, k.counter], sig,
                      fields, cron_cadence, every_ms, start_at_ms)
 
-    def _finish(self, spec: "_Spec", reply: List[Any]) -> Schedule:
+    def _finish(self, spec: "_Spec", reply: List[Any]) -> Op:
         """Complete an upsert from its 'keep' reply: plan and 'set' a new or changed cadence."""
         for _ in range(_UPSERT_TRIES):
             status, _, gen, last, now = _parse_upsert(reply)
@@ -296,9 +300,9 @@ class Schedules:
             if first is None:
                 raise InvalidInput(f"{spec.name!r}: the cron never fires after {lower} (epoch ms)")
             check_int(first, "next run", 0, MAX_RUN_AT_MS)
-            reply = _UPSERT(self.queue.redis, spec.keys,
-                            spec.args("set", "" if gen is None else str(gen), first,
-                                      "" if spec.cron else anchor))
+            reply = yield Call(_UPSERT, spec.keys,
+                               spec.args("set", "" if gen is None else str(gen), first,
+                                         "" if spec.cron else anchor))
         raise EmqError(f"schedule {spec.name!r}: upsert lost {_UPSERT_TRIES} races in a row")
 
     @staticmethod
@@ -314,74 +318,80 @@ class Schedules:
         return Schedule.from_record(name, h, None if next_run is None else float(next_run))
 
     # --- inspection -------------------------------------------------------------------
+    @operation
     def get(self, name: str) -> Optional[Schedule]:
         """Schedule ``name`` (next run, cadence, last minted occurrence...), or None."""
         check_schedule_name(name)
-        pipe = self.queue.redis.pipeline(transaction=False)
-        pipe.hgetall(self._keys.schedule(name))
-        pipe.zscore(self._keys.repeat, name)
-        h, score = pipe.execute()
+        h, score = yield Batch([Cmd.of("HGETALL", self._keys.schedule(name)),
+                                Cmd.of("ZSCORE", self._keys.repeat, name)])
         return Schedule.from_record(name, h, score) if h else None
 
+    @operation
     def list(self) -> List[Schedule]:
         """Every schedule, soonest next run first."""
-        entries = self.queue.redis.zrange(self._keys.repeat, 0, -1, withscores=True)
+        entries = yield Cmd.of("ZRANGE", self._keys.repeat, 0, -1, "WITHSCORES", withscores=True)
         out: List[Schedule] = []
         for start in range(0, len(entries), 500):
             chunk = entries[start:start + 500]
-            pipe = self.queue.redis.pipeline(transaction=False)
-            for member, _ in chunk:
-                pipe.hgetall(self._keys.schedule(member.decode()))
-            for (member, score), h in zip(chunk, pipe.execute()):
+            rows = yield Batch([Cmd.of("HGETALL", self._keys.schedule(member.decode()))
+                                for member, _ in chunk])
+            for (member, score), h in zip(chunk, rows):
                 if h:
                     out.append(Schedule.from_record(member.decode(), h, score))
         return out
 
     def __len__(self) -> int:
-        return int(self.queue.redis.zcard(self._keys.repeat))
+        if getattr(self.queue, "is_async", False):
+            raise TypeError("len() cannot await: use `await queue.schedules.count()`")
+        return int(self.count())
 
+    @operation
+    def count(self) -> int:
+        """Number of schedules (``len(schedules)`` in the sync facade)."""
+        return int((yield Cmd.of("ZCARD", self._keys.repeat)))
+
+    @operation
     def remove(self, name: str) -> bool:
         """Delete schedule ``name``; False if it did not exist. Minted jobs stay."""
         check_schedule_name(name)
         k = self._keys
-        return bool(_REMOVE(self.queue.redis, [k.repeat, k.schedule(name), k.meta],
-                            [name, KEYSPACE_VERSION]))
+        return bool((yield Call(_REMOVE, [k.repeat, k.schedule(name), k.meta],
+                                [name, KEYSPACE_VERSION])))
 
     # --- the pump ----------------------------------------------------------------------
+    @operation
     def pump(self, limit: int = 100) -> int:
         """Mint the jobs of every due occurrence (at most ``limit`` schedules); returns
         how many jobs were created. Safe to run from any number of processes at once."""
-        return self.sweep(limit).minted
+        return (yield from Schedules.sweep.op(self, limit)).minted
 
+    @operation
     def sweep(self, limit: int = 100) -> Sweep:
         """:meth:`pump`, also reporting the server clock and the next registry instant
         (the Worker uses it to wake for the next run)."""
         check_int(limit, "limit", 1, 100_000)
         k = self._keys
-        r = self.queue.redis
-        reply = _DUE(r, [k.repeat], [limit, 0])
+        reply = yield Call(_DUE, [k.repeat], [limit, 0])
         now = int(reply[0])
         names = [n.decode() for n in reply[1:]]
         minted = 0
         if names:
-            pipe = r.pipeline(transaction=False)
-            for name in names:
-                pipe.hgetall(k.schedule(name))
-                pipe.zscore(k.repeat, name)
-            rows = pipe.execute()
+            rows = yield Batch([cmd for name in names for cmd in
+                                (Cmd.of("HGETALL", k.schedule(name)),
+                                 Cmd.of("ZSCORE", k.repeat, name))])
             calls = []
             for i, name in enumerate(names):
                 calls += self._mint_calls(name, rows[2 * i], rows[2 * i + 1], now)
             if calls:
-                minted = self._run_mints(calls)
-        head = r.zrange(k.repeat, 0, 0, withscores=True)
+                minted = yield from Schedules._run_mints.op(self, calls)
+        head = yield Cmd.of("ZRANGE", k.repeat, 0, 0, "WITHSCORES", withscores=True)
         next_run = None
         if head and head[0][1] != float("inf"):
             next_run = int(head[0][1])
         return Sweep(minted, now, next_run, len(names) >= limit)
 
     def _mint_calls(self, name: str, h: Dict[bytes, bytes], score: Optional[float],
-                    now: int) -> List[tuple]:
+                    now: int) -> List[Call]:
         """The CAS chain minting ``name``'s due occurrence(s), per its missed policy."""
         if not h or score is None or score == float("inf"):
             if not h:
@@ -399,15 +409,16 @@ class Schedules:
         calls = []
         for expected, occ, nxt in steps:
             job_id = occurrence_job_id(name, occ)
-            calls.append((_MINT, [k.repeat, k.schedule(name), k.job(job_id), k.pending,
-                                  k.delayed, k.marker, k.meta, k.counter],
-                          [name, expected, gen, occ, -1 if nxt is None else nxt, job_id,
-                           KEYSPACE_VERSION]))
+            calls.append(Call(_MINT, [k.repeat, k.schedule(name), k.job(job_id), k.pending,
+                                      k.delayed, k.marker, k.meta, k.counter],
+                              [name, expected, gen, occ, -1 if nxt is None else nxt, job_id,
+                               KEYSPACE_VERSION]))
         return calls
 
-    def _run_mints(self, calls: List[tuple]) -> int:
+    @operation
+    def _run_mints(self, calls: List[Call]) -> int:
         minted = 0
-        for reply in run_pipeline(self.queue.redis, calls):
+        for reply in (yield Batch(calls)):
             if isinstance(reply, VersionMismatch):
                 raise reply
             if isinstance(reply, Exception):

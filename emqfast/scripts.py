@@ -61,6 +61,17 @@ class Script:
         except redis.exceptions.ResponseError as exc:
             raise map_error(exc) from None
 
+    async def call_async(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """:meth:`__call__` over a ``redis.asyncio`` client."""
+        try:
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                await client.script_load(self.source)
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            raise map_error(exc) from None
+
     def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Append an EVALSHA to a pipeline; see :func:`run_pipeline` for NOSCRIPT handling."""
         # execute_command, not pipe.evalsha(): redis-py's ClusterPipeline blocks the
@@ -94,6 +105,26 @@ def run_pipeline(client: "redis.Redis", calls: List[tuple]) -> List[Any]:
         for script in {calls[i][0] for i in missing}:
             client.script_load(script.source)
         again = send([calls[i] for i in missing])
+        for i, reply in zip(missing, again):
+            replies[i] = reply
+    return [map_error(r) if isinstance(r, redis.exceptions.ResponseError) else r
+            for r in replies]
+
+
+async def run_pipeline_async(client: Any, calls: List[tuple]) -> List[Any]:
+    """:func:`run_pipeline` over a ``redis.asyncio`` client (same NOSCRIPT and error rules)."""
+    async def send(batch: List[tuple]) -> List[Any]:
+        pipe = client.pipeline(transaction=False)
+        for script, keys, args in batch:
+            script.queue(pipe, keys, args)
+        return await pipe.execute(raise_on_error=False)
+
+    replies = await send(calls)
+    missing = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            await client.script_load(script.source)
+        again = await send([calls[i] for i in missing])
         for i, reply in zip(missing, again):
             replies[i] = reply
     return [map_error(r) if isinstance(r, redis.exceptions.ResponseError) else r

@@ -1,0 +1,271 @@
+"""Operations without I/O, and the two drivers that run them ("sans-IO").
+
+Every public operation of :class:`~emqfast.Queue`, :class:`~emqfast.schedules.Schedules`,
+:class:`~emqfast.Leaderboard` and :func:`~emqfast.promote_many` is written once,
+as a generator: it validates its input, ``yield``s what it needs sent (a
+:class:`Call` of a Lua move, a plain :class:`Cmd`, a pipelined :class:`Batch`,
+...) and receives the reply, then ``return``s the result. It never touches a
+socket, so the same code serves both facades:
+
+- :func:`run` drives it with a blocking ``redis.Redis`` / ``RedisCluster``
+  (the sync facade; bulk calls go through the backend Batcher, C when built);
+- :func:`run_async` drives it with ``redis.asyncio`` (the :mod:`emqfast.aio` facade).
+
+A class opts in with :func:`operation` on its generator methods and a ``_drive``
+method: the sync classes return :func:`run`'s result, the async subclasses
+return :func:`run_async`'s coroutine, so ``q.enqueue(x)`` and
+``await aq.enqueue(x)`` share every line of logic.
+
+Exceptions raised by a driver (typed Lua errors, connection errors) propagate
+out of the operation unchanged; operations do not catch them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
+
+import redis
+
+from .scripts import Script, map_error, run_pipeline, run_pipeline_async
+
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Scan", "Watched", "Op", "operation", "run",
+           "run_async"]
+
+
+class Call(NamedTuple):
+    """Run one Lua move (EVALSHA, NOSCRIPT reload); reply as the script returns it.
+
+    A Lua error is raised as its typed :mod:`emqfast.errors` class. A tuple, so
+    lists of calls also feed :func:`~emqfast.scripts.run_pipeline` and
+    :func:`~emqfast.wire.run_calls` as they are.
+    """
+
+    script: Script
+    keys: Sequence[Any]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class Cmd:
+    """One plain Redis command; ``options`` go to redis-py's reply callbacks
+    (e.g. ``withscores=True`` for ``ZRANGE ... WITHSCORES``)."""
+
+    args: Tuple[Any, ...]
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *args: Any, **options: Any) -> "Cmd":
+        """``Cmd.of("HGET", key, field)``."""
+        return cls(tuple(args), dict(options))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Many :class:`Call` s (or many :class:`Cmd` s) in one round trip, no MULTI.
+
+    Replies come back in order. For calls a Lua error is returned typed in its
+    slot (not raised); for commands an error reply raises. ``wire=True`` lets
+    the sync driver send calls through the backend Batcher (hiredis under C).
+    """
+
+    items: Sequence[Union[Call, Cmd]]
+    wire: bool = False
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A bulk of one script framed as columns (see ``Batcher.evalsha_columns``):
+    call ``i``'s argument ``s`` is ``slots[s][0]`` plus, when ``slots[s][1]`` is a
+    column index, ``columns[slots[s][1]][i]``. Replies in order, errors in their slot."""
+
+    script: Script
+    numkeys: int
+    slots: Sequence[Tuple[Any, Optional[int]]]
+    columns: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Every key matching ``match`` (SCAN, on every master of a cluster)."""
+
+    match: str
+    count: int = 1000
+
+
+@dataclass(frozen=True)
+class Watched:
+    """An optimistic transaction: WATCH ``keys``, run ``read`` at once, then MULTI/EXEC
+    the commands ``then(read_reply)`` returns; retried while the watch fires.
+    Reply: ``(read_reply, exec_replies)``."""
+
+    keys: Sequence[str]
+    read: Cmd
+    then: Callable[[Any], List[Cmd]]
+
+
+Request = Union[Call, Cmd, Batch, Columns, Scan, Watched]
+Op = Generator[Request, Any, Any]
+
+
+def operation(fn: Callable[..., Op]) -> Callable[..., Any]:
+    """Make generator method ``fn`` a public operation: ``self._drive(fn(self, ...))``.
+
+    The undecorated generator stays reachable as ``.op``, so one operation can
+    ``yield from`` another inside the same drive.
+    """
+    @functools.wraps(fn)
+    def public(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._drive(fn(self, *args, **kwargs))
+
+    public.op = fn  # type: ignore[attr-defined]
+    return public
+
+
+# --- the blocking driver ------------------------------------------------------------------
+
+def run(client: Any, op: Op, wire: Optional[Callable[[], Any]] = None) -> Any:
+    """Drive ``op`` to completion over the blocking redis-py ``client``.
+
+    ``wire`` returns the Batcher to use for :class:`Columns` and wired batches
+    (the caller's cached one); without it a Batcher is made and closed per request.
+    """
+    try:
+        request = op.send(None)
+        while True:
+            request = op.send(_perform(client, request, wire))
+    except StopIteration as done:
+        return done.value
+    finally:
+        op.close()
+
+
+def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> Any:
+    if isinstance(req, Call):
+        return req.script(client, req.keys, req.args)
+    if isinstance(req, Cmd):
+        return client.execute_command(*req.args, **req.options)
+    if isinstance(req, Batch):
+        if not req.items:
+            return []
+        if isinstance(req.items[0], Call):
+            calls = list(req.items)
+            if req.wire:
+                from .wire import run_calls
+                return _with_batcher(client, wire, lambda b: run_calls(b, calls))
+            return run_pipeline(client, calls)
+        pipe = client.pipeline(transaction=False)
+        for c in req.items:
+            pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
+        return pipe.execute()
+    if isinstance(req, Columns):
+        return _with_batcher(client, wire, lambda b: b.evalsha_columns(
+            req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns))
+    if isinstance(req, Scan):
+        return list(client.scan_iter(match=req.match, count=req.count))
+    if isinstance(req, Watched):
+        return _watched_sync(client, req)
+    raise TypeError(f"unknown request {req!r}")
+
+
+def _with_batcher(client: Any, wire: Optional[Callable[[], Any]],
+                  use: Callable[[Any], Any]) -> Any:
+    if wire is not None:
+        return use(wire())
+    from . import backend
+    batcher = backend.batcher_for(client)
+    try:
+        return use(batcher)
+    finally:
+        batcher.close()
+
+
+def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
+    # client.transaction (not a hand-made WATCH loop): RedisCluster supports only this form
+    seen: Dict[str, Any] = {}
+
+    def txn(pipe: Any) -> None:
+        first = pipe.execute_command(*req.read.args, **req.read.options)  # WATCHed: runs now
+        seen["first"] = first
+        pipe.multi()
+        for c in req.then(first):
+            pipe.execute_command(*c.args, **c.options)
+
+    replies = client.transaction(txn, *req.keys)
+    return seen["first"], replies
+
+
+# --- the asyncio driver -------------------------------------------------------------------
+
+async def run_async(client: Any, op: Op) -> Any:
+    """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk)."""
+    try:
+        request = op.send(None)
+        while True:
+            request = op.send(await _perform_async(client, request))
+    except StopIteration as done:
+        return done.value
+    finally:
+        op.close()
+
+
+async def _perform_async(client: Any, req: Request) -> Any:
+    if isinstance(req, Call):
+        return await req.script.call_async(client, req.keys, req.args)
+    if isinstance(req, Cmd):
+        return await client.execute_command(*req.args, **req.options)
+    if isinstance(req, Batch):
+        if not req.items:
+            return []
+        if isinstance(req.items[0], Call):
+            return await run_pipeline_async(client, list(req.items))
+        pipe = client.pipeline(transaction=False)
+        for c in req.items:
+            pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
+        return await pipe.execute()
+    if isinstance(req, Columns):
+        # The C Batcher is a blocking socket: under asyncio a bulk goes through
+        # redis.asyncio pipelines, the same calls the Batcher would frame.
+        calls = [(req.script, row[:req.numkeys], row[req.numkeys:])
+                 for row in expand_columns(req.slots, req.columns)]
+        return await run_pipeline_async(client, calls)
+    if isinstance(req, Scan):
+        return [k async for k in client.scan_iter(match=req.match, count=req.count)]
+    if isinstance(req, Watched):
+        return await _watched_async(client, req)
+    raise TypeError(f"unknown request {req!r}")
+
+
+async def _watched_async(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
+    seen: Dict[str, Any] = {}
+
+    async def txn(pipe: Any) -> None:
+        first = await pipe.execute_command(*req.read.args, **req.read.options)
+        seen["first"] = first
+        pipe.multi()
+        for c in req.then(first):
+            pipe.execute_command(*c.args, **c.options)
+
+    replies = await client.transaction(txn, *req.keys)
+    return seen["first"], replies
+
+
+def expand_columns(slots: Sequence[Tuple[Any, Optional[int]]],
+                   columns: Sequence[Sequence[Any]]) -> List[List[bytes]]:
+    """The per-call argument lists a :class:`Columns` request stands for."""
+    n = len(columns[0]) if columns else 0
+    consts = [v if isinstance(v, bytes) else str(v).encode() for v, _ in slots]
+    return [[c if k is None else c + _bytes(columns[k][i]) for c, (_, k) in zip(consts, slots)]
+            for i in range(n)]
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(value)).encode()
+
+
+def typed(reply: Any) -> Any:
+    """A reply with a Lua error reply mapped to its typed class (for per-slot errors)."""
+    return map_error(reply) if isinstance(reply, redis.ResponseError) else reply
