@@ -24,25 +24,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
-from . import backend, codec
+from . import backend
+from . import worker_core as core
 from .dispatch import JobRows, Prefetch
-from .errors import ConnectionFailed, LeaseLost, PayloadError, Unrecoverable
+from .errors import ConnectionFailed
 from .job import Job
 from .keys import QueueKeys
 from .queue import Queue, check_int
-from .scripts import load, run_pipeline
-from .version import KEYSPACE_VERSION
+from .scripts import run_pipeline
 from .wake import MarkerWaiter
 from .wire import run_calls
 
 log = logging.getLogger("emqfast.worker")
-
-_CLAIM = load("claim")
-_START = load("start")
-_COMPLETE = load("complete")
-_FAIL = load("fail")
-_EXTEND = load("extend")
-_RELEASE = load("release")
 
 Handler = Callable[[Job], Any]
 
@@ -94,8 +87,8 @@ class Worker:
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None):
-        if not isinstance(queue, Queue):
-            raise TypeError("Worker needs an emqfast.Queue")
+        if not isinstance(queue, Queue) or getattr(queue, "is_async", False):
+            raise TypeError("Worker needs an emqfast.Queue (emqfast.aio.Worker takes an aio.Queue)")
         if not callable(handler):
             raise TypeError("handler must be callable")
         self.queue = queue
@@ -197,31 +190,23 @@ class Worker:
         free = self._wait_for_slot()
         if free == 0:
             return False
-        k = self._keys
         # Idleness must be judged from before the claim: an outcome written after
         # it (a retry re-parked on the delayed set) is not in this claim's reply.
         idle_before_claim = self._idle()
-        reply = _CLAIM(self._redis, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
-                                     k.counter],
-                       [min(free, self.batch_size), self.lease_ms, self.name, KEYSPACE_VERSION])
-        now, status, next_due = int(reply[0]), int(reply[1]), int(reply[2])
+        claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name)
+        now, status, next_due, pairs = core.parse_claim(claim.script(self._redis, *claim[1:]))
         self._server_offset_ms = now - time.monotonic() * 1000
-        pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
         if pairs:
             self._start(pairs)
             return False
         if status == 1 and next_due != -1 and next_due <= now:
             if self.queue.promote(limit=1000):
                 return False
-        if until_idle and status == 1 and idle_before_claim and \
-                (next_due == -1 or (not wait_scheduled and next_due > now)):
+        if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
             return True
-        wait_ms = self.beat_s * 1000
-        if status == 1 and next_due != -1:
-            wait_ms = min(wait_ms, max(next_due - now, 0))
-            self._due_hint = next_due
-        if self._next_schedule_ms is not None:
-            wait_ms = min(wait_ms, max(self._next_schedule_ms - now, 0))
+        wait_ms, hint = core.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
+        if hint is not None:
+            self._due_hint = hint
         if until_idle and status == 1:
             with self._lock:
                 if self._running or self._pending_acks:
@@ -278,18 +263,11 @@ class Worker:
 
     # --- starting and running jobs ----------------------------------------------
     def _start(self, pairs: List[Tuple[str, str]]) -> None:
-        k = self._keys
-        ids = [i for i, _ in pairs]
-        args = [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]]
-        rows = _START(self._redis, [k.active, k.leases, k.meta, *k.jobs(ids)], args)
+        start = core.start_call(self._keys, pairs)
+        started = core.started_jobs(self._rows, pairs, start.script(self._redis, *start[1:]))
         now = time.monotonic()
-        started = []
-        for (job_id, token), row in zip(pairs, rows):
-            if not row:
-                continue
-            job = self._rows.job(job_id, row)
-            job._extend = self._extender(job_id, token)
-            started.append((job, token))
+        for job, token in started:
+            job._extend = self._extender(job.id, token)
         if not started:
             return
         with self._lock:
@@ -334,14 +312,9 @@ class Worker:
     def _run_one(self, job: Job, token: str) -> tuple:
         """Run the handler; the outcome the acker writes."""
         try:
-            result = self.handler(job)
-            return ("done", job, token, b"null" if result is None else codec.encode_result(result))
-        except Unrecoverable as exc:
-            return ("fail", job, token, exc, traceback.format_exc(), False)
-        except PayloadError as exc:
-            return ("fail", job, token, exc, traceback.format_exc(), False)
+            return core.success(job, token, self.handler(job))
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
-            return ("fail", job, token, exc, traceback.format_exc(), True)
+            return core.failure(job, token, exc, traceback.format_exc())
 
     def _hand_over(self, outcomes: List[tuple]) -> None:
         """Queue outcomes for the acker, a handful per queue item."""
@@ -354,10 +327,8 @@ class Worker:
     def _extender(self, job_id: str, token: str) -> Callable[[int], None]:
         def extend(ms: int) -> None:
             check_int(ms, "ms", 1, 1 << 40)
-            ok = _EXTEND(self._redis, [self._keys.active, self._keys.leases, self._keys.meta],
-                         [ms, KEYSPACE_VERSION, job_id, token])
-            if not ok or not ok[0]:
-                raise LeaseLost(f"lease on {job_id} is no longer held")
+            call = core.extend_call(self._keys, ms, [(job_id, token)])
+            core.check_extended(job_id, call.script(self._redis, *call[1:]))
         return extend
 
     # --- acknowledging outcomes ----------------------------------------------------
@@ -392,27 +363,11 @@ class Worker:
                 batcher.close()
 
     def _write_outcomes(self, batch: List[tuple], batcher: Any) -> None:
-        k = self._keys
-        calls = []
-        retrying = []
+        calls, retrying = [], []
         for outcome in batch:
-            kind, job, token = outcome[0], outcome[1], outcome[2]
-            if kind == "done":
-                calls.append((_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta],
-                              [job.id, token, outcome[3], KEYSPACE_VERSION]))
-                retrying.append(None)
-            else:
-                exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
-                delay = -1
-                if may_retry and job.attempts < job.max_attempts and job.backoff is not None:
-                    delay = job.backoff.delay_ms(job.attempts)
-                elif may_retry and job.attempts < job.max_attempts:
-                    delay = 0
-                message = f"{type(exc).__name__}: {exc}"
-                calls.append((_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed,
-                                      k.pending, k.marker, k.meta],
-                              [job.id, token, delay, message, tb, KEYSPACE_VERSION]))
-                retrying.append(delay >= 0)
+            call, retry = core.outcome_call(self._keys, outcome)
+            calls.append(call)
+            retrying.append(retry)
         delay_s = 0.05
         while True:  # an outcome is never dropped: retry until Redis takes it
             try:
@@ -423,20 +378,7 @@ class Worker:
                             self.name, type(exc).__name__)
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
-        for outcome, reply, retry in zip(batch, replies, retrying):
-            job = outcome[1]
-            if isinstance(reply, LeaseLost):
-                self.stats.lease_lost += 1
-                log.warning("emqfast: job %s finished after its lease was lost; outcome discarded",
-                            job.id)
-            elif isinstance(reply, Exception):
-                log.error("emqfast: writing outcome of %s failed: %s", job.id, reply)
-            elif retry is None:
-                self.stats.completed += 1
-            elif retry:
-                self.stats.retried += 1
-            else:
-                self.stats.failed += 1
+        core.tally(self.stats, batch, replies, retrying)
         with self._lock:
             for outcome in batch:
                 self._running.pop(outcome[1].id, None)
@@ -470,13 +412,7 @@ class Worker:
 
     def _pump_schedules(self) -> None:
         """Mint due schedule occurrences; remember when the next one is due."""
-        sweep = self.queue.schedules.sweep()
-        if sweep.more:  # more were due than one pass takes: come back at once
-            self._next_schedule_ms = sweep.now_ms
-        elif sweep.next_run_ms is not None and sweep.next_run_ms > sweep.now_ms:
-            self._next_schedule_ms = sweep.next_run_ms
-        else:  # none, or a head that cannot be minted (logged): leave it to the beat
-            self._next_schedule_ms = None
+        self._next_schedule_ms = core.next_schedule_ms(self.queue.schedules.sweep())
 
     def _extend_leases(self, now: float) -> None:
         """Renew leases that are a third used, so a long handler keeps its job."""
@@ -485,11 +421,8 @@ class Worker:
                    if not r.lost and now - r.extended_at > self.lease_ms / 3000.0]
         if not due:
             return
-        args: List[Any] = [self.lease_ms, KEYSPACE_VERSION]
-        for r in due:
-            args += (r.job.id, r.token)
-        replies = _EXTEND(self._redis, [self._keys.active, self._keys.leases, self._keys.meta],
-                          args)
+        call = core.extend_call(self._keys, self.lease_ms, [(r.job.id, r.token) for r in due])
+        replies = call.script(self._redis, *call[1:])
         for r, ok in zip(due, replies):
             if ok:
                 r.extended_at = now
@@ -525,9 +458,7 @@ class Worker:
         """Give claimed jobs back to pending in one round trip (the reaper covers failures)."""
         if not pairs:
             return
-        k = self._keys
-        calls = [(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
-                  [job_id, token, KEYSPACE_VERSION]) for job_id, token in pairs]
+        calls = [core.release_call(self._keys, job_id, token) for job_id, token in pairs]
         try:
             replies = run_pipeline(self._redis, calls)
         except redis.RedisError as exc:

@@ -1,0 +1,167 @@
+"""What the sync and async Workers share: the calls they make and how replies are read.
+
+No I/O here. Each function builds a :class:`~emqfast.ops.Call` (a ``(script,
+keys, args)`` tuple) or interprets a reply, so :class:`emqfast.Worker` (threads)
+and :class:`emqfast.aio.Worker` (asyncio) claim, start, finish, fail, retry,
+extend and release jobs by the same rules; only scheduling and I/O differ.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import codec
+from .dispatch import JobRows
+from .errors import LeaseLost, PayloadError, Unrecoverable
+from .job import Job
+from .keys import QueueKeys
+from .ops import Call
+from .scripts import load
+from .version import KEYSPACE_VERSION
+
+log = logging.getLogger("emqfast.worker")
+
+_CLAIM = load("claim")
+_START = load("start")
+_COMPLETE = load("complete")
+_FAIL = load("fail")
+_EXTEND = load("extend")
+_RELEASE = load("release")
+
+Pair = Tuple[str, str]  # (job id, lease token)
+# An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
+Outcome = tuple
+
+
+# --- claim and start ----------------------------------------------------------------------
+
+def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str) -> Call:
+    """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms``."""
+    return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter],
+                [n, lease_ms, worker, KEYSPACE_VERSION])
+
+
+def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
+    """``(server now ms, status, next due ms or -1, [(job id, token), ...])``."""
+    pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
+    return int(reply[0]), int(reply[1]), int(reply[2]), pairs
+
+
+def start_call(k: QueueKeys, pairs: Sequence[Pair]) -> Call:
+    """start.lua: stamp claimed jobs as started (their keys declared now that ids are known)."""
+    ids = [i for i, _ in pairs]
+    return Call(_START, [k.active, k.leases, k.meta, *k.jobs(ids)],
+                [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
+
+
+def started_jobs(rows: JobRows, pairs: Sequence[Pair],
+                 reply: Sequence[Any]) -> List[Tuple[Job, str]]:
+    """The running ``(job, token)`` for each start.lua row (an empty row: lease gone)."""
+    return [(rows.job(job_id, row), token) for (job_id, token), row in zip(pairs, reply) if row]
+
+
+# --- outcomes -----------------------------------------------------------------------------
+
+def success(job: Job, token: str, result: Any) -> Outcome:
+    """A handler's return value as the outcome to write (JSON result)."""
+    return ("done", job, token, b"null" if result is None else codec.encode_result(result))
+
+
+def failure(job: Job, token: str, exc: BaseException, tb: str) -> Outcome:
+    """A handler's exception as the outcome to write; Unrecoverable and bad payloads never retry."""
+    may_retry = not isinstance(exc, (Unrecoverable, PayloadError))
+    return ("fail", job, token, exc, tb, may_retry)
+
+
+def retry_delay_ms(job: Job, may_retry: bool) -> int:
+    """Delay before the next attempt (the job's backoff), or -1: no attempt left."""
+    if not may_retry or job.attempts >= job.max_attempts:
+        return -1
+    return job.backoff.delay_ms(job.attempts) if job.backoff is not None else 0
+
+
+def outcome_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, Optional[bool]]:
+    """The complete/fail call for one outcome, and None (done) / True (retry) / False (failed)."""
+    kind, job, token = outcome[0], outcome[1], outcome[2]
+    if kind == "done":
+        return Call(_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta],
+                    [job.id, token, outcome[3], KEYSPACE_VERSION]), None
+    exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
+    delay = retry_delay_ms(job, may_retry)
+    message = f"{type(exc).__name__}: {exc}"
+    return Call(_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed, k.pending,
+                        k.marker, k.meta],
+                [job.id, token, delay, message, tb, KEYSPACE_VERSION]), delay >= 0
+
+
+def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
+          retrying: Sequence[Optional[bool]]) -> None:
+    """Count written outcomes into ``stats``; a lost lease discards the outcome (logged)."""
+    for outcome, reply, retry in zip(batch, replies, retrying):
+        job = outcome[1]
+        if isinstance(reply, LeaseLost):
+            stats.lease_lost += 1
+            log.warning("emqfast: job %s finished after its lease was lost; outcome discarded",
+                        job.id)
+        elif isinstance(reply, Exception):
+            log.error("emqfast: writing outcome of %s failed: %s", job.id, reply)
+        elif retry is None:
+            stats.completed += 1
+        elif retry:
+            stats.retried += 1
+        else:
+            stats.failed += 1
+
+
+# --- leases -------------------------------------------------------------------------------
+
+def extend_call(k: QueueKeys, lease_ms: int, pairs: Sequence[Pair]) -> Call:
+    """extend.lua for many ``(job id, token)``; the reply holds 1/0 per pair (0: lease lost)."""
+    return Call(_EXTEND, [k.active, k.leases, k.meta],
+                [lease_ms, KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
+
+
+def check_extended(job_id: str, reply: Sequence[Any]) -> None:
+    """Raise :class:`LeaseLost` unless a single-job extend succeeded."""
+    if not reply or not reply[0]:
+        raise LeaseLost(f"lease on {job_id} is no longer held")
+
+
+def release_call(k: QueueKeys, job_id: str, token: str) -> Call:
+    """release.lua: hand a claimed job back to pending (only with its lease token)."""
+    return Call(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
+                [job_id, token, KEYSPACE_VERSION])
+
+
+# --- waiting ------------------------------------------------------------------------------
+
+def next_schedule_ms(sweep: Any) -> Optional[float]:
+    """When to pump schedules next (server ms) after a sweep; None: on the beat only."""
+    if sweep.more:  # more were due than one pass takes: come back at once
+        return sweep.now_ms
+    if sweep.next_run_ms is not None and sweep.next_run_ms > sweep.now_ms:
+        return sweep.next_run_ms
+    return None  # none, or a head that cannot be minted (logged)
+
+
+def wait_plan(beat_s: float, now: int, status: int, next_due: int,
+              next_schedule: Optional[float]) -> Tuple[float, Optional[int]]:
+    """After an empty claim: ``(ms to wait on the marker, due hint)``.
+
+    The wait ends at the beat, the next delayed job's run-at (then promoted:
+    the due hint) or the next schedule run, whichever comes first.
+    """
+    wait_ms = beat_s * 1000
+    hint = None
+    if status == 1 and next_due != -1:
+        wait_ms = min(wait_ms, max(next_due - now, 0))
+        hint = next_due
+    if next_schedule is not None:
+        wait_ms = min(wait_ms, max(next_schedule - now, 0))
+    return wait_ms, hint
+
+
+def idle(until_idle: bool, wait_scheduled: bool, status: int, next_due: int, now: int) -> bool:
+    """Nothing claimable is left for ``run_until_idle`` (the caller checks its own in-flight)."""
+    return until_idle and status == 1 and \
+        (next_due == -1 or (not wait_scheduled and next_due > now))
