@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
 
 from . import codec
 from .backoff import Backoff
@@ -58,6 +58,9 @@ class Job:
     extra: Dict[str, Any] = field(default_factory=dict)
     # set by the Worker for the job it is running: extends this job's lease
     _extend: Optional[Callable[[int], None]] = field(default=None, repr=False, compare=False)
+    # set by emqfast.aio.Worker: the awaitable twin of _extend
+    _extend_async: Optional[Callable[[int], Awaitable[None]]] = field(default=None, repr=False,
+                                                                      compare=False)
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes]) -> "Job":
@@ -83,3 +86,10 @@ class Job:
         if self._extend is None:
             raise RuntimeError("extend_lease() is only available to the running handler")
         self._extend(ms)
+
+    async def extend_lease_async(self, ms: int) -> None:
+        """From inside a coroutine handler of :class:`emqfast.aio.Worker`: keep the lease
+        for ``ms`` more (raises LeaseLost if gone). ``extend_lease`` would block the loop."""
+        if self._extend_async is None:
+            raise RuntimeError("extend_lease_async() is only available to a running aio handler")
+        await self._extend_async(ms)

@@ -1,0 +1,22 @@
+"""emqfast over asyncio: the same scripts, keys and logic as the sync facade.
+
+    import emqfast.aio as emq
+
+    async def main():
+        q = emq.Queue("mail", emq.connect())
+        await q.enqueue({"to": "ada@example.com"})
+
+        async def send(job):
+            await mailer.send(job.payload)
+
+        await emq.Worker(q, send, concurrency=50).run()
+
+Every method of :class:`Queue`, ``Queue.schedules`` and :class:`Leaderboard`
+is the sync one (an :mod:`emqfast.ops` generator) run by an asyncio driver,
+so it returns a coroutine.
+"""
+from .connection import connect
+from .queue import Leaderboard, Queue, promote_many
+from .worker import Worker
+
+__all__ = ["Leaderboard", "Queue", "Worker", "connect", "promote_many"]

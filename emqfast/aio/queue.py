@@ -1,0 +1,53 @@
+"""The asyncio facade: the sync classes with an asyncio driver.
+
+Every public method of :class:`emqfast.Queue`, its ``schedules`` and
+:class:`emqfast.Leaderboard` is an :mod:`emqfast.ops` generator; these
+subclasses only swap the driver, so each method returns a coroutine here and
+the logic (validation, keys, scripts, reply parsing) is the very same code.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable
+
+from .. import bulk
+from ..leaderboard import Leaderboard as _SyncLeaderboard
+from ..ops import Op, run_async
+from ..queue import Queue as _SyncQueue
+from .connection import resolve
+
+
+class Queue(_SyncQueue):
+    """:class:`emqfast.Queue` over ``redis.asyncio``: ``await q.enqueue(...)``.
+
+    Bulk enqueue goes through ``redis.asyncio`` pipelines, not the C Batcher
+    (a blocking socket that would stall the event loop). ``q.schedules`` works
+    as in sync, awaited; use ``await q.schedules.count()`` for ``len()``.
+    """
+
+    is_async = True
+    _resolve = staticmethod(resolve)
+
+    def _drive(self, op: Op) -> Any:
+        return run_async(self.redis, op)
+
+    def _wire(self) -> Any:  # pragma: no cover - the async driver never asks for a Batcher
+        raise TypeError("emqfast.aio.Queue has no blocking Batcher")
+
+    async def aclose(self) -> None:
+        """Close the client's connections (when this queue's client is not shared)."""
+        await self.redis.aclose()
+
+
+class Leaderboard(_SyncLeaderboard):
+    """:class:`emqfast.Leaderboard` over ``redis.asyncio``: ``await board.top(10)``."""
+
+    _resolve = staticmethod(resolve)
+
+    def _drive(self, op: Op) -> Any:
+        return run_async(self.redis, op)
+
+
+async def promote_many(conn: Any, queues: Iterable[Any], limit: int = 1000) -> Dict[str, int]:
+    """:func:`emqfast.promote_many` over ``redis.asyncio`` (two pipelined passes)."""
+    keys = bulk.validate(queues, limit)  # before anything is sent, or connected
+    return await run_async(resolve(conn), bulk.promote_many_op(keys, limit))
