@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -210,3 +211,64 @@ def test_sigterm_mid_job_finishes_or_releases(r, redis_url, qname, tmp_path,
     else:
         assert not done and counts["pending"] == 5  # released, ready for another worker
         assert "stats 0 2" in out
+
+
+def test_marker_wait_ends_on_our_deadline_and_loses_no_wakeup(redis_url, qname, r):
+    from emqfast.aio.wake import MarkerWaiter
+    key = f"emq:{{{qname}}}:marker"
+
+    async def main():
+        client = emq.connect(redis_url)
+        waiter = MarkerWaiter(client)
+        loop = asyncio.get_running_loop()
+        try:
+            overshoot = []
+            for _ in range(7):
+                start = loop.time()
+                assert await waiter.wait(key, 0.010) is None
+                overshoot.append(loop.time() - start - 0.010)
+            # new work wakes it at once
+            loop.call_later(0.05, lambda: r.zadd(key, {"0": 0}))
+            start = loop.time()
+            popped = await waiter.wait(key, 5.0)
+            woke = loop.time() - start
+            # a wait ended early never swallows a member added right after
+            assert await waiter.wait(key, 0.005) is None
+            r.zadd(key, {"1": 123})
+            late = await waiter.wait(key, 1.0)
+        finally:
+            await waiter.close()
+            await client.aclose()
+        return overshoot, popped, woke, late
+    overshoot, popped, woke, late = run(main())
+    assert statistics.median(overshoot) < 0.025, overshoot  # not Redis' 100 ms hz tick
+    assert popped == (b"0", 0.0) and woke < 2.0
+    assert late == (b"1", 123.0) and r.zcard(key) == 0
+
+
+def test_idle_aio_worker_starts_a_delayed_job_on_time(redis_url, qname, r):
+    async def main():
+        q = await _queue(redis_url, qname)
+        lateness = []
+        ran = asyncio.Event()
+
+        async def handler(job):
+            lateness.append(await q.server_time_ms() - job.payload["at"])
+            ran.set()
+
+        w = emq.Worker(q, handler, concurrency=1)
+        task = asyncio.create_task(w.run())
+        try:
+            for _ in range(5):
+                ran.clear()
+                at = await q.server_time_ms() + 300
+                await q.enqueue_at({"at": at}, at)
+                await asyncio.wait_for(ran.wait(), 15)
+        finally:
+            w.stop()
+            await asyncio.wait_for(task, 30)
+            await q.aclose()
+        return lateness
+    lateness = run(main())
+    assert min(lateness) >= 0, "a job ran before its run-at"
+    assert statistics.median(lateness) < 40, lateness

@@ -12,8 +12,8 @@ Same rules as :class:`emqfast.Worker` (the calls and reply handling come from
   runs longer than ``lease_ms`` keeps its job;
 - reaping, retention and the schedule pump run on the claim loop's beat;
 - an idle worker blocks on the queue's wake marker (``BZPOPMIN``) until work is
-  ready, the next delayed job is due or the next schedule runs (the wait ends on
-  Redis' ``hz`` tick, so up to ~100 ms late; the sync Worker is precise to the ms);
+  ready, the next delayed job is due or the next schedule runs, the end kept to
+  the millisecond by :class:`emqfast.aio.wake.MarkerWaiter` (as in the sync Worker);
 - :meth:`stop`, SIGTERM or SIGINT stop claiming; in-flight handlers get
   ``shutdown_timeout_s`` to finish, then are cancelled and their jobs released.
 """
@@ -41,6 +41,7 @@ from ..queue import check_int
 from ..scripts import run_pipeline_async
 from ..worker import WorkerStats
 from .queue import Queue
+from .wake import MarkerWaiter
 
 log = logging.getLogger("emqfast.worker")
 
@@ -102,6 +103,9 @@ class Worker:
         self._due_hint: Optional[int] = None
         self._server_offset_ms = 0.0
         self._next_schedule_ms: Optional[float] = None
+        self._waiter: Optional[MarkerWaiter] = None
+        # coroutines (or functions) run on every beat, as the sync Worker's beat_hooks
+        self.beat_hooks: List[Callable[[], Any]] = []
 
     # --- public control ----------------------------------------------------------------
     async def run(self) -> WorkerStats:
@@ -228,14 +232,16 @@ class Worker:
         """BZPOPMIN the wake marker until work is ready or ``wait_ms`` passes; a marker
         scored in the future (a delayed job's or schedule's run-at) shortens the wait."""
         end = time.monotonic() + wait_ms / 1000
+        if self._waiter is None:
+            self._waiter = MarkerWaiter(self._redis)
         while not self._stopping:
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
                 return
-            popped = await self._redis.bzpopmin(self._keys.marker, timeout=max(remaining, 0.001))
+            popped = await self._waiter.wait(self._keys.marker, remaining)
             if popped is None:
                 return
-            score = float(popped[2])
+            score = popped[1]
             ahead_ms = score - self._server_now_ms()
             if ahead_ms <= 0:
                 return
@@ -381,6 +387,10 @@ class Worker:
             await self.queue.trim(keep_completed=self.keep_completed,
                                   keep_failed=self.keep_failed, max_age_ms=self.max_age_ms)
         await self._pump_schedules()
+        for hook in self.beat_hooks:
+            out = hook()
+            if inspect.isawaitable(out):
+                await out
 
     async def _pump_schedules(self) -> None:
         self._next_schedule_ms = core.next_schedule_ms(await self.queue.schedules.sweep())
@@ -410,6 +420,12 @@ class Worker:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - already logged
                 pass
         await self._release([(job_id, r.token) for job_id, r in late])
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            try:
+                await waiter.close()
+            except (redis.RedisError, OSError):
+                pass
 
     async def _release(self, pairs: List[Tuple[str, str]]) -> None:
         """Give jobs back to pending in one round trip (the reaper covers failures)."""
