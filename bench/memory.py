@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 from typing import List, Tuple
 
-import emqfast
 
 from .common import Ctx, Result, check, fresh_queue
 

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
