@@ -18,8 +18,8 @@ from emqfast.scripts import load
 from emqfast.version import KEYSPACE_VERSION
 
 
-def wait_until(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.005,
-               what: str = "condition") -> Any:
+def wait_until(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
+               interval: float = 0.005) -> Any:
     """Poll ``cond`` until it returns a truthy value (returned); fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:

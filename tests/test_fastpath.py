@@ -16,18 +16,8 @@ import emqfast
 from emqfast.dispatch import JobRows, Prefetch
 from emqfast.job import Job
 from emqfast.wake import MarkerWaiter
+from engine_util import wait_until
 
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``cond`` with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture

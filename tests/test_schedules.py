@@ -31,22 +31,12 @@ from emqfast.errors import InvalidInput, KindError, codes
 from emqfast.ids import new_id
 from emqfast.schedules import Sweep, occurrence_job_id, occurrence_of
 from emqfast.scripts import load
+from engine_util import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- helpers -------------------------------------------------------------------------
-def wait_until(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until truthy (returned); fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
-
 
 class WorkerThread:
     """Run ``worker.run()`` in a thread; stop it and surface its error on exit."""

@@ -24,20 +24,11 @@ import emqfast
 from emqfast import ConnectionFailed, Queue, Worker
 
 from conftest import _free_port, start_redis_server
+from engine_util import wait_until
 
 backend_mod = importlib.import_module("emqfast.backend")
 PACKAGE = Path(emqfast.__file__).resolve().parent
 
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -158,7 +149,7 @@ def exercise_everything(url: str) -> None:
     w = Worker(q, lambda job: "ok", lease_ms=1000)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()  # run(): blocks on the wake marker (BZPOPMIN) between jobs
-    wait_for(lambda: q.get(doomed.id).state == "completed", 20, "the retried job")
+    wait_until(lambda: q.get(doomed.id).state == "completed", 20, "the retried job")
     w.stop()
     t.join(20)
     q.trim(keep_completed=0, max_age_ms=0)
@@ -252,15 +243,15 @@ def test_worker_reconnect_warnings_do_not_leak_the_password(server_factory, capl
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:
-        wait_for(lambda: w.stats.completed == 1, 20, "the first job")
+        wait_until(lambda: w.stats.completed == 1, 20, "the first job")
         proc.kill()
         proc.wait(10)
-        wait_for(lambda: any("redis unavailable" in r.getMessage() for r in caplog.records),
+        wait_until(lambda: any("redis unavailable" in r.getMessage() for r in caplog.records),
                  20, "the worker's reconnect warning")
         server_factory(*auth, "--appendonly", "yes", "--appendfsync", "always",
                        port=port, workdir=workdir)
         second = q.enqueue("after")  # the worker reconnects by itself and carries on
-        wait_for(lambda: w.stats.completed == 2, 30, "the job enqueued after the restart")
+        wait_until(lambda: w.stats.completed == 2, 30, "the job enqueued after the restart")
     finally:
         w.stop()
         t.join(20)
