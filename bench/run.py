@@ -35,11 +35,12 @@ from rich.table import Table
 
 import emqfast
 
-from . import drain, enqueue, memory, micro, peers, promote, report, scale, server, wake
+from . import backends, drain, enqueue, memory, micro, peers, promote, report, scale, server, wake
 from .common import Ctx, Result, VerificationError, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "enqueue": enqueue.run,
+    "backends": backends.run,
     "drain": drain.run,
     "wake": wake.run,
     "promote": promote.run,
