@@ -12,7 +12,7 @@ import sys
 import redis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOADS = ["enqueue", "drain", "wake", "promote", "scale", "memory"]
+WORKLOADS = ["enqueue", "backends", "drain", "wake", "promote", "scale", "memory"]
 
 
 def _bench_run():
