@@ -54,7 +54,7 @@ def enqueue_args(q: emqfast.Queue, payload_size: int, priority: int, mode: str,
     k = q.keys
     opts = q._options(priority, None, None).decode()
     job_id = "JOB__rand_int__"
-    return [k.job(job_id), k.pending, k.delayed, k.marker, k.meta, k.counter,
+    return [k.job(job_id), k.pending, k.delayed, k.marker, k.meta, k.counter, k.events,
             job_id, "x" * payload_size, "b", opts, str(priority), mode, str(value),
             KEYSPACE_VERSION]
 
@@ -76,7 +76,7 @@ def measure_enqueue(ctx: Ctx, n: int, *, payload_size: int = 100, priority: int 
         cmd += ["--dbnum", str(srv.db)]
     if srv.password:
         cmd += ["-a", srv.password]
-    cmd += ["EVALSHA", script.sha, "6", *args]
+    cmd += ["EVALSHA", script.sha, "7", *args]
     try:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
         rps = parse_csv_rps(out.stdout)

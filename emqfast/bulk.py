@@ -52,7 +52,8 @@ def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
         ids = [_text(i) for i in reply[1:]]
         if ids:
             # the same call Queue.promote makes (tests hold the two in step)
-            calls.append(Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(ids)],
+            calls.append(Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, k.events,
+                                             *k.jobs(ids)],
                               [KEYSPACE_VERSION, *ids]))
             owners.append(k.name)
     # One round trip per distinct due count (a single one when every queue had `limit`).

@@ -7,6 +7,7 @@
     emqfast schedules QUEUE                    schedules with next runs in their time zone
     emqfast worker MODULE:FUNCTION --queue Q   run a worker for an importable handler
     emqfast bench [ARGS...]                    the benchmark suite
+    emqfast metrics [QUEUE...] [--serve PORT]  Prometheus text metrics (printed or served)
     emqfast server status|stop|wipe            the embedded Redis
 
 Redis: ``--url`` (before or after the command), else ``EMQ_REDIS_URL``, else the
@@ -20,6 +21,7 @@ import logging
 import os
 import sys
 import time
+import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -410,6 +412,34 @@ def bench(args: tuple) -> None:
         os.environ[URL_ENV] = state.url
     code = main_fn(list(args))
     sys.exit(code if isinstance(code, int) else 0)
+
+
+@cli.command()
+@url_option
+@click.argument("queues", nargs=-1)
+@click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve the metrics over HTTP on 127.0.0.1:PORT (/metrics) until Ctrl-C.")
+def metrics(queues: tuple, port: Optional[int]) -> None:
+    """Prometheus text metrics of QUEUES (every queue when none is named)."""
+    from . import metrics as metrics_mod
+
+    names = list(queues) or None
+    if port is None:
+        click.echo(metrics_mod.exposition(_state().conn(), names), nl=False)
+        return
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr="127.0.0.1",
+                                        registry=metrics_mod.registry_for(_state().conn(), names))
+    click.echo(f"serving metrics on http://127.0.0.1:{server.server_port}/metrics", err=True)
+    stop = threading.Event()
+    try:
+        while not stop.wait(3600):  # scrapes are answered on the server's own thread
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
 
 
 @cli.group()

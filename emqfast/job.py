@@ -56,17 +56,23 @@ class Job:
     traceback: Optional[str] = None
     stalls: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
+    last_progress: Any = None  # the latest job.progress(value) of the running handler
     # set by the Worker for the job it is running: extends this job's lease
     _extend: Optional[Callable[[int], None]] = field(default=None, repr=False, compare=False)
     # set by emqfast.aio.Worker: the awaitable twin of _extend
     _extend_async: Optional[Callable[[int], Awaitable[None]]] = field(default=None, repr=False,
                                                                       compare=False)
+    # set by the Workers for the running job: write its progress (sync / awaitable)
+    _progress: Optional[Callable[[Any], None]] = field(default=None, repr=False, compare=False)
+    _progress_async: Optional[Callable[[Any], Awaitable[None]]] = field(default=None, repr=False,
+                                                                        compare=False)
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes]) -> "Job":
         """Build from an HGETALL reply."""
         opts = json.loads(h[b"opts"]) if b"opts" in h else {}
         result = h.get(b"result")
+        progress = h.get(b"progress")
         return cls(
             id=job_id, queue=queue, state=_text(h.get(b"state")) or "unknown",
             payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
@@ -79,6 +85,7 @@ class Job:
             error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),
             stalls=int(h.get(b"stalls", 0)),
             extra={k: opts[k] for k in opts if k not in ("a", "p", "b")},
+            last_progress=json.loads(progress) if progress is not None else None,
         )
 
     def extend_lease(self, ms: int) -> None:
@@ -86,6 +93,19 @@ class Job:
         if self._extend is None:
             raise RuntimeError("extend_lease() is only available to the running handler")
         self._extend(ms)
+
+    def progress(self, value: Any) -> None:
+        """From inside a handler: record ``value`` (JSON) as this job's progress and
+        append a ``progress`` event (raises LeaseLost if the lease is gone)."""
+        if self._progress is None:
+            raise RuntimeError("progress() is only available to the running handler")
+        self._progress(value)
+
+    async def progress_async(self, value: Any) -> None:
+        """The awaitable :meth:`progress` for coroutine handlers of :class:`emqfast.aio.Worker`."""
+        if self._progress_async is None:
+            raise RuntimeError("progress_async() is only available to a running aio handler")
+        await self._progress_async(value)
 
     async def extend_lease_async(self, ms: int) -> None:
         """From inside a coroutine handler of :class:`emqfast.aio.Worker`: keep the lease

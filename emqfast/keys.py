@@ -67,7 +67,8 @@ class QueueKeys:
     """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
 
     __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
-                 "completed", "failed", "marker", "counter", "repeat", "events")
+                 "completed", "failed", "marker", "counter", "repeat", "events", "metrics",
+                 "rate")
 
     def __init__(self, name: str):
         self.name = check_queue_name(name)
@@ -84,6 +85,8 @@ class QueueKeys:
         self.counter = b + "counter"      # string: INCR arrival counter
         self.repeat = b + "repeat"        # zset: schedule name -> next run (server ms)
         self.events = b + "events"        # stream: job events
+        self.metrics = b + "metrics"      # hash: counters and latency histogram buckets
+        self.rate = b + "rate"            # string: jobs started in the current rate window
 
     def job(self, job_id: str) -> str:
         """Hash holding one job's payload, options and outcome."""

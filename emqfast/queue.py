@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 
-from . import backend, codec, ids
+from . import backend, codec, events as events_mod, ids, metrics as metrics_mod
 from .ops import Batch, Call, Cmd, Columns, Op, Scan, operation, run
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from .backoff import DEFAULT_BACKOFF, Backoff
@@ -25,6 +25,7 @@ _CANCEL = load("cancel")
 _PAUSE = load("pause")
 _TRIM = load("trim")
 _RETRY = load("retry")
+_CONFIGURE = load("configure")
 
 MAX_ATTEMPTS = 1_000_000
 # enqueue.lua's reply -> JobRef.status (0 = the id already existed)
@@ -100,7 +101,7 @@ class Queue:
 
     def _fixed_keys(self) -> List[str]:
         k = self.keys
-        return [k.pending, k.delayed, k.marker, k.meta, k.counter]
+        return [k.pending, k.delayed, k.marker, k.meta, k.counter, k.events]
 
     @operation
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
@@ -166,7 +167,7 @@ class Queue:
             columns = [id_col[start:stop], data_col[start:stop]]
             if enc_slot[1] is not None:
                 columns.append([enc for _, enc in encoded[start:stop]])
-            replies += yield Columns(_ENQUEUE, 6, slots, columns)
+            replies += yield Columns(_ENQUEUE, 7, slots, columns)
         try:  # the common case, every reply a status code: one cheap pass
             return [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(job_ids, replies)]
         except (KeyError, TypeError):
@@ -195,7 +196,8 @@ class Queue:
         due = [i.decode() for i in reply[1:]]
         if not due:
             return 0
-        return int((yield Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, *k.jobs(due)],
+        return int((yield Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, k.events,
+                                               *k.jobs(due)],
                                [KEYSPACE_VERSION, *due])))
 
     @operation
@@ -210,7 +212,8 @@ class Queue:
             return 0, 0
         requeued, failed = yield Call(
             _REAP,
-            [k.active, k.leases, k.pending, k.failed, k.marker, k.meta, *k.jobs(expired)],
+            [k.active, k.leases, k.pending, k.failed, k.marker, k.meta, k.events, k.metrics,
+             *k.jobs(expired)],
             [max_stalled, KEYSPACE_VERSION, *expired])
         return int(requeued), int(failed)
 
@@ -263,7 +266,7 @@ class Queue:
         """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
         check_job_id(job_id)
         k = self.keys
-        return bool((yield Call(_CANCEL, [k.job(job_id), k.pending, k.delayed, k.meta],
+        return bool((yield Call(_CANCEL, [k.job(job_id), k.pending, k.delayed, k.meta, k.events],
                                 [job_id, KEYSPACE_VERSION])))
 
     @operation
@@ -271,7 +274,7 @@ class Queue:
         """Send a failed job back to pending with a fresh set of attempts."""
         check_job_id(job_id)
         k = self.keys
-        yield Call(_RETRY, [k.job(job_id), k.failed, k.pending, k.marker, k.meta],
+        yield Call(_RETRY, [k.job(job_id), k.failed, k.pending, k.marker, k.meta, k.events],
                    [job_id, KEYSPACE_VERSION])
 
     @operation
@@ -318,6 +321,64 @@ class Queue:
         for batch in _chunks(list((yield Scan(self.keys.glob(), 1000))), 500):
             n += int((yield Cmd.of("UNLINK", *batch)))
         return n
+
+    # --- observability ---------------------------------------------------------
+    @operation
+    def configure_events(self, maxlen: int = events_mod.DEFAULT_EVENTS_CAP) -> None:
+        """Cap the events stream at about ``maxlen`` entries; 0 turns events off.
+
+        Stored in the queue's meta hash, so it applies to every producer and worker.
+        """
+        check_int(maxlen, "maxlen", 0, 1 << 40)
+        yield Call(_CONFIGURE, [self.keys.meta, self.keys.marker],
+                   [KEYSPACE_VERSION, "events", maxlen])
+
+    @operation
+    def read_events(self, since: str = "0-0", *, count: int = 100,
+                    block_ms: Optional[int] = None) -> List[events_mod.Event]:
+        """Up to ``count`` events after stream position ``since`` (one XREAD);
+        ``block_ms`` waits that long for the first one (0: forever)."""
+        since = events_mod.check_position(since)
+        check_int(count, "count", 1, 1_000_000)
+        if block_ms is not None:
+            check_int(block_ms, "block_ms", 0, 1 << 40)
+        return (yield from events_mod.read_op(self.keys, since, count, block_ms))
+
+    def events(self, since: str = "0-0", *, block_ms: Optional[int] = None,
+               count: int = 100) -> Iterator[events_mod.Event]:
+        """Iterate the events stream from ``since`` (``"0-0"``: the oldest kept, ``"$"``: new).
+
+        ``block_ms=None`` ends at the stream's end; otherwise each read waits up to
+        ``block_ms`` for more and the iteration ends when one wait brings nothing
+        (``0`` waits forever: follow the stream).
+        """
+        since = events_mod.check_position(since)
+        if block_ms is not None:
+            check_int(block_ms, "block_ms", 0, 1 << 40)
+        if since == "$":
+            since = self.last_event_id()
+        waits = events_mod.Waits(block_ms)
+        while True:
+            wait = waits.next()
+            if wait == -1:
+                return
+            batch = self.read_events(since, count=count, block_ms=wait)
+            if batch:
+                yield from batch
+                since = batch[-1].id
+                waits.restart()
+            elif wait is None:
+                return
+
+    @operation
+    def last_event_id(self) -> str:
+        """Id of the newest event in the stream (``"0-0"`` when empty)."""
+        return (yield from events_mod.last_id_op(self.keys))
+
+    @operation
+    def metrics(self) -> metrics_mod.QueueMetrics:
+        """Counters and latency histograms of this queue (cluster-wide, from Redis)."""
+        return (yield from metrics_mod.snapshot_op(self.keys))
 
     @property
     def schedules(self) -> Any:

@@ -410,7 +410,7 @@ class Schedules:
         for expected, occ, nxt in steps:
             job_id = occurrence_job_id(name, occ)
             calls.append(Call(_MINT, [k.repeat, k.schedule(name), k.job(job_id), k.pending,
-                                      k.delayed, k.marker, k.meta, k.counter],
+                                      k.delayed, k.marker, k.meta, k.counter, k.events],
                               [name, expected, gen, occ, -1 if nxt is None else nxt, job_id,
                                KEYSPACE_VERSION]))
         return calls

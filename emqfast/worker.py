@@ -268,6 +268,7 @@ class Worker:
         now = time.monotonic()
         for job, token in started:
             job._extend = self._extender(job.id, token)
+            job._progress = self._progresser(job.id, token)
         if not started:
             return
         with self._lock:
@@ -330,6 +331,12 @@ class Worker:
             call = core.extend_call(self._keys, ms, [(job_id, token)])
             core.check_extended(job_id, call.script(self._redis, *call[1:]))
         return extend
+
+    def _progresser(self, job_id: str, token: str) -> Callable[[Any], None]:
+        def progress(value: Any) -> None:
+            call = core.progress_call(self._keys, job_id, token, value)
+            call.script(self._redis, call.keys, call.args)
+        return progress
 
     # --- acknowledging outcomes ----------------------------------------------------
     def _ack_loop(self) -> None:

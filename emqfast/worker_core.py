@@ -27,6 +27,7 @@ _COMPLETE = load("complete")
 _FAIL = load("fail")
 _EXTEND = load("extend")
 _RELEASE = load("release")
+_PROGRESS = load("progress")
 
 Pair = Tuple[str, str]  # (job id, lease token)
 # An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
@@ -50,7 +51,7 @@ def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
 def start_call(k: QueueKeys, pairs: Sequence[Pair]) -> Call:
     """start.lua: stamp claimed jobs as started (their keys declared now that ids are known)."""
     ids = [i for i, _ in pairs]
-    return Call(_START, [k.active, k.leases, k.meta, *k.jobs(ids)],
+    return Call(_START, [k.active, k.leases, k.meta, k.events, *k.jobs(ids)],
                 [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
 
 
@@ -84,14 +85,21 @@ def outcome_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, Optional[bool]]:
     """The complete/fail call for one outcome, and None (done) / True (retry) / False (failed)."""
     kind, job, token = outcome[0], outcome[1], outcome[2]
     if kind == "done":
-        return Call(_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta],
+        return Call(_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta,
+                                k.events, k.metrics],
                     [job.id, token, outcome[3], KEYSPACE_VERSION]), None
     exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
     delay = retry_delay_ms(job, may_retry)
     message = f"{type(exc).__name__}: {exc}"
     return Call(_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed, k.pending,
-                        k.marker, k.meta],
+                        k.marker, k.meta, k.events, k.metrics],
                 [job.id, token, delay, message, tb, KEYSPACE_VERSION]), delay >= 0
+
+
+def log_context(job: Job) -> dict:
+    """``extra=`` for log records about one job: queue, job id, attempt (never payloads,
+    results or connection details, which may hold secrets)."""
+    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempts}
 
 
 def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
@@ -99,18 +107,27 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
     """Count written outcomes into ``stats``; a lost lease discards the outcome (logged)."""
     for outcome, reply, retry in zip(batch, replies, retrying):
         job = outcome[1]
+        ctx = log_context(job)
         if isinstance(reply, LeaseLost):
             stats.lease_lost += 1
-            log.warning("emqfast: job %s finished after its lease was lost; outcome discarded",
-                        job.id)
+            log.warning("emqfast: job %s (queue %s, attempt %d) finished after its lease was "
+                        "lost; outcome discarded", job.id, job.queue, job.attempts, extra=ctx)
         elif isinstance(reply, Exception):
-            log.error("emqfast: writing outcome of %s failed: %s", job.id, reply)
+            log.error("emqfast: writing outcome of %s (queue %s) failed: %s", job.id, job.queue,
+                      reply, extra=ctx)
         elif retry is None:
             stats.completed += 1
-        elif retry:
-            stats.retried += 1
+            log.debug("emqfast: job %s completed (queue %s, attempt %d)", job.id, job.queue,
+                      job.attempts, extra=ctx)
         else:
-            stats.failed += 1
+            if retry:
+                stats.retried += 1
+            else:
+                stats.failed += 1
+            # the exception's type and message only: payloads and tracebacks stay in Redis
+            log.info("emqfast: job %s %s (queue %s, attempt %d): %s: %s", job.id,
+                     "will retry" if retry else "failed", job.queue, job.attempts,
+                     type(outcome[3]).__name__, outcome[3], extra=ctx)
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -127,9 +144,17 @@ def check_extended(job_id: str, reply: Sequence[Any]) -> None:
         raise LeaseLost(f"lease on {job_id} is no longer held")
 
 
+def progress_call(k: QueueKeys, job_id: str, token: str, value: Any) -> Call:
+    """progress.lua: record a running job's progress (JSON; refused with PayloadError
+    before anything is sent when it is not serialisable)."""
+    return Call(_PROGRESS, [k.job(job_id), k.leases, k.meta, k.events],
+                [job_id, token, codec.encode_result(value), KEYSPACE_VERSION])
+
+
 def release_call(k: QueueKeys, job_id: str, token: str) -> Call:
     """release.lua: hand a claimed job back to pending (only with its lease token)."""
-    return Call(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta],
+    return Call(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta,
+                           k.events],
                 [job_id, token, KEYSPACE_VERSION])
 
 

@@ -5,6 +5,7 @@
 -- KEYS[2] pending zset   emq:{q}:pending
 -- KEYS[3] delayed zset   emq:{q}:delayed
 -- KEYS[4] meta hash      emq:{q}:meta
+-- KEYS[5] events stream  emq:{q}:events
 -- ARGV[1] job id
 -- ARGV[2] keyspace version of the caller
 -- Returns: 1 cancelled (job deleted), 0 not cancellable (unknown, active or finished;
@@ -21,4 +22,5 @@ if err then return redis.error_reply(err) end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[1])
+emq_event(KEYS[5], emq_events_cap(KEYS[4]), 'cancelled', 'id', ARGV[1])
 return 1

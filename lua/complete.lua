@@ -5,6 +5,8 @@
 -- KEYS[3] leases hash     emq:{q}:leases
 -- KEYS[4] completed zset  emq:{q}:completed (score = finish time, server ms)
 -- KEYS[5] meta hash       emq:{q}:meta
+-- KEYS[6] events stream   emq:{q}:events
+-- KEYS[7] metrics hash    emq:{q}:metrics
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] result (JSON text)
@@ -13,6 +15,7 @@
 -- Errors:  EMQLEASE the lease expired and the job was reaped, re-claimed or already ended;
 --          EMQVERSION keyspace of another major version
 --@include common
+--@include metrics
 
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
@@ -28,4 +31,8 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 'completed', 'result', ARGV[3], 'finished', emq_int(now))
 redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('HINCRBY', KEYS[7], 'completed', 1)
+emq_observe_run(KEYS[7], KEYS[1], now)
+emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'completed', 'id', ARGV[1],
+  'attempt', redis.call('HGET', KEYS[1], 'attempts') or '0')
 return 1

@@ -6,6 +6,7 @@
 -- KEYS[4] marker zset    emq:{q}:marker
 -- KEYS[5] meta hash      emq:{q}:meta
 -- KEYS[6] counter        emq:{q}:counter
+-- KEYS[7] events stream  emq:{q}:events
 -- ARGV[1] job id (must start with JOB)
 -- ARGV[2] payload bytes
 -- ARGV[3] payload encoding: 'j' JSON text, 'b' raw bytes
@@ -52,8 +53,10 @@ local err = emq_fence(KEYS[5], ARGV[8])
 if err then return redis.error_reply(err) end
 
 -- the caller's mode does not say where the job went ('at' in the past is pending)
-if emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3], ARGV[4],
-    priority, run_at, now) == 'scheduled' then
+local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
+  ARGV[4], priority, run_at, now)
+emq_event(KEYS[7], emq_events_cap(KEYS[5]), 'enqueued', 'id', id, 'state', state)
+if state == 'scheduled' then
   return 2
 end
 return 1

@@ -9,6 +9,8 @@
 -- KEYS[6] pending zset   emq:{q}:pending
 -- KEYS[7] marker zset    emq:{q}:marker
 -- KEYS[8] meta hash      emq:{q}:meta
+-- KEYS[9] events stream  emq:{q}:events
+-- KEYS[10] metrics hash  emq:{q}:metrics
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
@@ -19,6 +21,7 @@
 -- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
 --          EMQVERSION keyspace of another major version
 --@include common
+--@include metrics
 
 local delay = tonumber(ARGV[3])
 if not delay or delay % 1 ~= 0 or delay < -1 then
@@ -32,10 +35,15 @@ if err then return redis.error_reply(err) end
 local now = emq_now()
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+emq_observe_run(KEYS[10], KEYS[1], now)
+local cap = emq_events_cap(KEYS[8])
+local attempt = redis.call('HGET', KEYS[1], 'attempts') or '0'
 if delay < 0 then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[4], 'traceback', ARGV[5],
     'finished', emq_int(now))
   redis.call('ZADD', KEYS[4], now, ARGV[1])
+  redis.call('HINCRBY', KEYS[10], 'failed', 1)
+  emq_event(KEYS[9], cap, 'failed', 'id', ARGV[1], 'attempt', attempt, 'error', ARGV[4])
   return 0
 end
 local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')
@@ -53,4 +61,7 @@ else
   redis.call('ZADD', KEYS[6], ps, ARGV[1])
   emq_wake(KEYS[7])
 end
+redis.call('HINCRBY', KEYS[10], 'retried', 1)
+emq_event(KEYS[9], cap, 'retrying', 'id', ARGV[1], 'attempt', attempt, 'delay', emq_int(delay),
+  'error', ARGV[4])
 return 1

@@ -8,7 +8,9 @@
 -- KEYS[4] failed zset    emq:{q}:failed
 -- KEYS[5] marker zset    emq:{q}:marker
 -- KEYS[6] meta hash      emq:{q}:meta
--- KEYS[7..] job hashes   emq:{q}:job:<id>, one per ARGV[3..] id, same order
+-- KEYS[7] events stream  emq:{q}:events
+-- KEYS[8] metrics hash   emq:{q}:metrics
+-- KEYS[9..] job hashes   emq:{q}:job:<id>, one per ARGV[3..] id, same order
 -- ARGV[1] max_stalled (>= 0)
 -- ARGV[2] keyspace version of the caller
 -- ARGV[3..] job ids (from due.lua on the active set; re-checked here)
@@ -18,15 +20,16 @@
 --@include common
 
 local max_stalled = tonumber(ARGV[1])
-if not max_stalled or max_stalled < 0 or #ARGV < 2 or #ARGV - 2 ~= #KEYS - 6 then
+if not max_stalled or max_stalled < 0 or #ARGV < 2 or #ARGV - 2 ~= #KEYS - 8 then
   return redis.error_reply('EMQINPUT reap needs max_stalled and one job key per id')
 end
 local err = emq_fence(KEYS[6], ARGV[2])
 if err then return redis.error_reply(err) end
 local now = emq_now()
+local cap = emq_events_cap(KEYS[6])
 local requeued, failed = 0, 0
 for i = 3, #ARGV do
-  local id, key = ARGV[i], KEYS[i + 4]
+  local id, key = ARGV[i], KEYS[i + 6]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= now then
     redis.call('ZREM', KEYS[1], id)
@@ -36,11 +39,15 @@ for i = 3, #ARGV do
         redis.call('HINCRBY', key, 'attempts', -1)  -- the stalled run did not finish
       end
       local stalls = redis.call('HINCRBY', key, 'stalls', 1)
+      redis.call('HINCRBY', KEYS[8], 'stalled', 1)
+      emq_event(KEYS[7], cap, 'stalled', 'id', id, 'stalls', stalls)
       if stalls > max_stalled then
         redis.call('HSET', key, 'state', 'failed', 'error', 'stalled',
           'traceback', 'job stalled more than ' .. ARGV[1] .. ' times (lease expired)',
           'finished', emq_int(now))
         redis.call('ZADD', KEYS[4], now, id)
+        redis.call('HINCRBY', KEYS[8], 'failed', 1)
+        emq_event(KEYS[7], cap, 'failed', 'id', id, 'error', 'stalled')
         failed = failed + 1
       else
         redis.call('HSET', key, 'state', 'pending')

@@ -8,6 +8,7 @@
 -- KEYS[4] pending zset   emq:{q}:pending
 -- KEYS[5] marker zset    emq:{q}:marker
 -- KEYS[6] meta hash      emq:{q}:meta
+-- KEYS[7] events stream  emq:{q}:events
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] keyspace version of the caller
@@ -29,5 +30,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HSET', KEYS[1], 'state', 'pending')
   redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
   emq_wake(KEYS[5])
+  emq_event(KEYS[7], emq_events_cap(KEYS[6]), 'released', 'id', ARGV[1])
 end
 return 1

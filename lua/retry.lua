@@ -6,6 +6,7 @@
 -- KEYS[3] pending zset   emq:{q}:pending
 -- KEYS[4] marker zset    emq:{q}:marker
 -- KEYS[5] meta hash      emq:{q}:meta
+-- KEYS[6] events stream  emq:{q}:events
 -- ARGV[1] job id
 -- ARGV[2] keyspace version of the caller
 -- Returns: 1
@@ -26,4 +27,5 @@ redis.call('HSET', KEYS[1], 'state', 'pending', 'attempts', '0', 'stalls', '0')
 redis.call('HDEL', KEYS[1], 'finished')
 redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
 emq_wake(KEYS[4])
+emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'retried', 'id', ARGV[1])
 return 1

@@ -14,6 +14,7 @@
 -- KEYS[6] marker zset    emq:{q}:marker
 -- KEYS[7] meta hash      emq:{q}:meta
 -- KEYS[8] counter        emq:{q}:counter
+-- KEYS[9] events stream  emq:{q}:events
 -- ARGV[1] schedule name
 -- ARGV[2] expected registry score (epoch ms): the instant the caller planned from
 -- ARGV[3] expected generation (the record's 'gen')
@@ -58,8 +59,11 @@ if err then return redis.error_reply(err) end
 local minted = 2
 if redis.call('EXISTS', KEYS[3]) == 0 then
   -- run-at = the occurrence instant: a past instant is pending at once
-  emq_admit(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], id, f[1], f[2], f[3], prio, occ, now)
+  local state = emq_admit(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[8], id, f[1], f[2], f[3],
+    prio, occ, now)
   redis.call('HSET', KEYS[3], 'sched', name, 'occ', emq_int(occ))
+  emq_event(KEYS[9], emq_events_cap(KEYS[7]), 'enqueued', 'id', id, 'state', state,
+    'schedule', name)
   minted = 1
 end
 if nxt == -1 then

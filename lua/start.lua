@@ -5,28 +5,31 @@
 -- KEYS[1] active zset    emq:{q}:active
 -- KEYS[2] leases hash    emq:{q}:leases
 -- KEYS[3] meta hash      emq:{q}:meta
--- KEYS[4..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
+-- KEYS[4] events stream  emq:{q}:events
+-- KEYS[5..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] pairs: job id, lease token (same order as KEYS[4..])
+-- ARGV[2..] pairs: job id, lease token (same order as KEYS[5..])
 -- Returns: one entry per job: {attempts, payload, enc, opts, created} when the lease
 --          holds, or 0 when it was lost (or the job hash is gone)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 
-if #ARGV < 1 or #ARGV - 1 ~= 2 * (#KEYS - 3) then
+if #ARGV < 1 or #ARGV - 1 ~= 2 * (#KEYS - 4) then
   return redis.error_reply('EMQINPUT start needs one id/token pair per job key')
 end
 local err = emq_fence(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_int(emq_now())
+local cap = emq_events_cap(KEYS[3])
 local out = {}
-for i = 4, #KEYS do
-  local id, token = ARGV[2 * (i - 3)], ARGV[2 * (i - 3) + 1]
+for i = 5, #KEYS do
+  local id, token = ARGV[2 * (i - 4)], ARGV[2 * (i - 4) + 1]
   local key = KEYS[i]
   if redis.call('HGET', KEYS[2], id) == token and redis.call('EXISTS', key) == 1 then
     local attempts = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'state', 'active', 'started', now, 'worker', token)
     local f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created')
+    emq_event(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
     out[#out + 1] = {attempts, f[1], f[2], f[3], f[4]}
   else
     if redis.call('HGET', KEYS[2], id) == token then

@@ -104,7 +104,7 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
     pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
     if pairs:
         ids = [i for i, _ in pairs]
-        rows = load("start")(q.redis, [k.active, k.leases, k.meta, *k.jobs(ids)],
+        rows = load("start")(q.redis, [k.active, k.leases, k.meta, k.events, *k.jobs(ids)],
                              [KEYSPACE_VERSION, *[x for p in pairs for x in p]])
         assert all(rows), rows
     return pairs
@@ -113,7 +113,8 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
 def complete(q: emqfast.Queue, job_id: str, token: str, result: bytes = b"null") -> Any:
     """complete.lua with ``token``."""
     k = q.keys
-    return load("complete")(q.redis, [k.job(job_id), k.active, k.leases, k.completed, k.meta],
+    return load("complete")(q.redis, [k.job(job_id), k.active, k.leases, k.completed, k.meta,
+                                      k.events, k.metrics],
                             [job_id, token, result, KEYSPACE_VERSION])
 
 
@@ -122,7 +123,7 @@ def fail(q: emqfast.Queue, job_id: str, token: str, delay: int = -1,
     """fail.lua with ``token`` (``delay`` -1: no retry)."""
     k = q.keys
     return load("fail")(q.redis, [k.job(job_id), k.active, k.leases, k.failed, k.delayed,
-                                  k.pending, k.marker, k.meta],
+                                  k.pending, k.marker, k.meta, k.events, k.metrics],
                         [job_id, token, delay, error, tb, KEYSPACE_VERSION])
 
 
@@ -137,4 +138,4 @@ def release(q: emqfast.Queue, job_id: str, token: str) -> Any:
     """release.lua with ``token``."""
     k = q.keys
     return load("release")(q.redis, [k.job(job_id), k.active, k.leases, k.pending, k.marker,
-                                     k.meta], [job_id, token, KEYSPACE_VERSION])
+                                     k.meta, k.events], [job_id, token, KEYSPACE_VERSION])

@@ -310,10 +310,10 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
                               k.counter], [1, 10_000, "w", KEYSPACE_VERSION])
     job_id, token = reply[3].decode(), reply[4].decode()
     assert job_id == ref.id
-    load("start")(r, [k.active, k.leases, k.meta, k.job(job_id)],
+    load("start")(r, [k.active, k.leases, k.meta, k.events, k.job(job_id)],
                   [KEYSPACE_VERSION, job_id, token])
     complete = load("complete")
-    keys = [k.job(job_id), k.active, k.leases, k.completed, k.meta]
+    keys = [k.job(job_id), k.active, k.leases, k.completed, k.meta, k.events, k.metrics]
     assert complete(r, keys, [job_id, token, b'"first"', KEYSPACE_VERSION]) == 1
     finished = q.get(job_id).finished_ms
     assert complete(r, keys, [job_id, token, b'"again"', KEYSPACE_VERSION]) == 1  # re-sent ack

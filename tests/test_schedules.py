@@ -543,7 +543,7 @@ def test_bad_input_is_refused_by_the_scripts_too(r, qname):
     snapshot = dump_queue(r, qname)
     mint, upsert = load("schedule_mint"), load("schedule_upsert")
     mint_keys = [k.repeat, k.schedule("s"), k.job("JOBX"), k.pending, k.delayed, k.marker,
-                 k.meta, k.counter]
+                 k.meta, k.counter, k.events]
     for args in (["s", 10, "1", 5, 20, "JOBX", "emqfast:1.0"],      # occurrence < expected
                  ["s", 10, "1", 10, 10, "JOBX", "emqfast:1.0"],     # next <= occurrence
                  ["s", "x", "1", 10, 20, "JOBX", "emqfast:1.0"]):
@@ -647,7 +647,7 @@ def test_sweep_reports_the_server_clock(r, qname):
     assert isinstance(sweep, Sweep) and before <= sweep.now_ms <= now_ms(q)
 
 
-@pytest.mark.parametrize("name,n_keys", [("schedule_upsert", 5), ("schedule_mint", 8),
+@pytest.mark.parametrize("name,n_keys", [("schedule_upsert", 5), ("schedule_mint", 9),
                                          ("schedule_remove", 3)])
 def test_script_headers_declare_their_keys_and_codes(name, n_keys):
     script = load(name)

@@ -106,7 +106,8 @@ MINIMAL_ACL = (
     "+zadd +zrem +zscore +zcard +zrange +zrevrange +zrangebyscore +zrevrangebyscore "
     "+zpopmin +bzpopmin "                               # workers block on the wake marker
     "+scan +unlink "                                    # Queue.obliterate
-    "+zincrby +zrank +watch +multi +exec +unwatch"      # Leaderboard
+    "+zincrby +zrank +watch +multi +exec +unwatch "     # Leaderboard
+    "+xadd +xread +xrevrange"                           # the events stream
 ).split()
 BROAD_ACL = "+@all -@dangerous".split()
 # Refused without harm: a worker then wakes on Redis' own BZPOPMIN timeout.
@@ -129,6 +130,7 @@ def exercise_everything(url: str) -> None:
     gone = q.enqueue("cancel me")
     assert q.cancel(gone.id)
     q.counts(), q.job_ids("pending"), q.job_ids("completed"), q.next_due_ms()
+    list(q.events(since="$")), q.metrics(), q.configure_events(1000)  # observability
     q.pause()
     assert q.is_paused()
     q.resume()

@@ -7,12 +7,13 @@ the logic (validation, keys, scripts, reply parsing) is the very same code.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable
+from typing import Any, AsyncIterator, Dict, Iterable, Optional
 
 from .. import bulk
+from ..events import Event, Waits, check_position
 from ..leaderboard import Leaderboard as _SyncLeaderboard
 from ..ops import Op, run_async
-from ..queue import Queue as _SyncQueue
+from ..queue import Queue as _SyncQueue, check_int
 from .connection import resolve
 
 
@@ -32,6 +33,28 @@ class Queue(_SyncQueue):
 
     def _wire(self) -> Any:  # pragma: no cover - the async driver never asks for a Batcher
         raise TypeError("emqfast.aio.Queue has no blocking Batcher")
+
+    async def events(self, since: str = "0-0", *, block_ms: Optional[int] = None,  # type: ignore[override]
+                     count: int = 100) -> AsyncIterator[Event]:
+        """:meth:`emqfast.Queue.events` as an async iterator: ``async for ev in q.events()``."""
+        since = check_position(since)
+        if block_ms is not None:
+            check_int(block_ms, "block_ms", 0, 1 << 40)
+        if since == "$":
+            since = await self.last_event_id()
+        waits = Waits(block_ms)
+        while True:
+            wait = waits.next()
+            if wait == -1:
+                return
+            batch = await self.read_events(since, count=count, block_ms=wait)
+            if batch:
+                for event in batch:
+                    yield event
+                since = batch[-1].id
+                waits.restart()
+            elif wait is None:
+                return
 
     async def aclose(self) -> None:
         """Close the client's connections (when this queue's client is not shared)."""

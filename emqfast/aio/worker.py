@@ -259,6 +259,8 @@ class Worker:
         for job, token in started:
             job._extend_async = self._extender(job.id, token)
             job._extend = self._threadsafe_extender(job._extend_async)
+            job._progress_async = self._progresser(job.id, token)
+            job._progress = self._threadsafe_extender(job._progress_async)
             running = _Running(job, token, now)
             self._running[job.id] = running
             running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
@@ -295,6 +297,12 @@ class Worker:
             if running is not None:
                 running.extended_at = time.monotonic()
         return extend
+
+    def _progresser(self, job_id: str, token: str) -> Callable[[Any], Any]:
+        async def progress(value: Any) -> None:
+            call = core.progress_call(self._keys, job_id, token, value)
+            await call.script.call_async(self._redis, call.keys, call.args)
+        return progress
 
     def _threadsafe_extender(self, extend: Callable[[int], Any]) -> Callable[[int], None]:
         loop = self._loop

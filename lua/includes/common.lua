@@ -74,3 +74,18 @@ end
 local function emq_wake_at(marker, run_at)
   redis.call('ZADD', marker, 'LT', run_at, '1')
 end
+
+-- The events stream's cap: meta field 'events' (0 = events off; default 10000 entries,
+-- trimmed approximately). Read once per script, then passed to emq_event.
+local function emq_events_cap(meta)
+  local cap = tonumber(redis.call('HGET', meta, 'events') or '10000')
+  if not cap or cap <= 0 then return nil end
+  return cap
+end
+
+-- Append one event (field pairs after the name) unless events are off (cap nil).
+local function emq_event(events, cap, name, ...)
+  if cap then
+    redis.call('XADD', events, 'MAXLEN', '~', cap, '*', 'event', name, ...)
+  end
+end
