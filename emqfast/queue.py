@@ -334,6 +334,28 @@ class Queue:
                    [KEYSPACE_VERSION, "events", maxlen])
 
     @operation
+    def set_rate_limit(self, max_jobs: int, window_ms: int) -> None:
+        """Let workers start at most ``max_jobs`` jobs of this queue in any ``window_ms``
+        (a sliding window on the Redis server clock, enforced in claim.lua)."""
+        check_int(max_jobs, "max_jobs", 1, 1 << 31)
+        check_int(window_ms, "window_ms", 1, MAX_OFFSET_MS)
+        yield Call(_CONFIGURE, [self.keys.meta, self.keys.marker],
+                   [KEYSPACE_VERSION, "rate_max", max_jobs, "rate_window", window_ms])
+
+    @operation
+    def clear_rate_limit(self) -> None:
+        """Remove the queue's rate limit (wakes a worker waiting on it)."""
+        yield Call(_CONFIGURE, [self.keys.meta, self.keys.marker],
+                   [KEYSPACE_VERSION, "rate_max", 0, "rate_window", 0])
+
+    @operation
+    def rate_limit(self) -> Optional[Tuple[int, int]]:
+        """``(max_jobs, window_ms)``, or None when the queue has no rate limit."""
+        got = yield Cmd.of("HMGET", self.keys.meta, "rate_max", "rate_window")
+        limit = tuple(int(v) if v is not None else 0 for v in got)
+        return limit if all(limit) else None  # type: ignore[return-value]
+
+    @operation
     def read_events(self, since: str = "0-0", *, count: int = 100,
                     block_ms: Optional[int] = None) -> List[events_mod.Event]:
         """Up to ``count`` events after stream position ``since`` (one XREAD);

@@ -37,13 +37,18 @@ Outcome = tuple
 # --- claim and start ----------------------------------------------------------------------
 
 def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str) -> Call:
-    """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms``."""
-    return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter],
+    """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms`` (fewer when
+    the queue's rate limit says so)."""
+    return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter,
+                         k.rate],
                 [n, lease_ms, worker, KEYSPACE_VERSION])
 
 
 def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
-    """``(server now ms, status, next due ms or -1, [(job id, token), ...])``."""
+    """``(server now ms, status, next due ms or -1, [(job id, token), ...])``.
+
+    Status 1 claimed, 0 paused, 2 rate limited (next due is then the window's opening
+    when that comes first: the wait plan sleeps on the marker until it)."""
     pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
     return int(reply[0]), int(reply[1]), int(reply[2]), pairs
 
@@ -174,11 +179,12 @@ def wait_plan(beat_s: float, now: int, status: int, next_due: int,
     """After an empty claim: ``(ms to wait on the marker, due hint)``.
 
     The wait ends at the beat, the next delayed job's run-at (then promoted:
-    the due hint) or the next schedule run, whichever comes first.
+    the due hint), the rate window's opening (status 2) or the next schedule run,
+    whichever comes first.
     """
     wait_ms = beat_s * 1000
     hint = None
-    if status == 1 and next_due != -1:
+    if status in (1, 2) and next_due != -1:
         wait_ms = min(wait_ms, max(next_due - now, 0))
         hint = next_due
     if next_schedule is not None:

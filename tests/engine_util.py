@@ -100,7 +100,7 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
     """claim.lua + start.lua as a bare client would: ``[(job_id, token), ...]`` now active."""
     k = q.keys
     reply = load("claim")(q.redis, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
-                                    k.counter], [n, lease_ms, worker, KEYSPACE_VERSION])
+                                    k.counter, k.rate], [n, lease_ms, worker, KEYSPACE_VERSION])
     pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
     if pairs:
         ids = [i for i, _ in pairs]

@@ -80,7 +80,8 @@ def assert_keys_on_owner(cluster, name: str) -> int:
 def claim(conn, q: Queue, n: int = 10, lease_ms: int = 30_000, worker: str = "w"):
     """Run claim.lua directly (a worker that then dies / never acks)."""
     k = q.keys
-    reply = _CLAIM(conn, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter],
+    reply = _CLAIM(conn, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter,
+                          k.rate],
                    [n, lease_ms, worker, KEYSPACE_VERSION])
     return int(reply[1]), [reply[i].decode() for i in range(3, len(reply), 2)]
 

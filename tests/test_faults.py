@@ -307,7 +307,7 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
     ref = q.enqueue("x")
     k = q.keys
     reply = load("claim")(r, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
-                              k.counter], [1, 10_000, "w", KEYSPACE_VERSION])
+                              k.counter, k.rate], [1, 10_000, "w", KEYSPACE_VERSION])
     job_id, token = reply[3].decode(), reply[4].decode()
     assert job_id == ref.id
     load("start")(r, [k.active, k.leases, k.meta, k.events, k.job(job_id)],

@@ -107,7 +107,8 @@ MINIMAL_ACL = (
     "+zpopmin +bzpopmin "                               # workers block on the wake marker
     "+scan +unlink "                                    # Queue.obliterate
     "+zincrby +zrank +watch +multi +exec +unwatch "     # Leaderboard
-    "+xadd +xread +xrevrange"                           # the events stream
+    "+xadd +xread +xrevrange "                          # the events stream
+    "+zremrangebyscore +pexpire"                        # the rate window
 ).split()
 BROAD_ACL = "+@all -@dangerous".split()
 # Refused without harm: a worker then wakes on Redis' own BZPOPMIN timeout.
