@@ -16,7 +16,7 @@ import sys
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["scores.c", "backoff.c", "conn.c", "pipeline.c", "bulk.c"]
+SOURCES = ["scores.c", "backoff.c", "conn.c", "resp.c", "pipeline.c", "bulk.c"]
 
 
 def _rel(path: str) -> str:

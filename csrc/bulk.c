@@ -15,6 +15,7 @@
  */
 #define EMQ_INTERNAL
 #include "emq.h"
+#include "resp.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -31,50 +32,18 @@
 /* Frame about this much before writing it: big enough for few syscalls,
  * small enough that the server starts on the first calls at once. */
 #define FRAME_BYTES ((size_t)256 << 10)
-#define HEADER_MAX 24
 
 typedef struct {
     char *p;
     size_t len, cap, off; /* off: bytes of p already written */
 } wbuf_t;
 
-static int grow(void **ptr, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < need)
-        ncap *= 2;
-    void *np = realloc(*ptr, ncap * size);
-    if (np == NULL)
-        return -1;
-    *ptr = np;
-    *cap = ncap;
-    return 0;
-}
-
-static char *put_header(char *p, char kind, uint64_t n)
-{
-    char tmp[20];
-    int k = 0;
-    *p++ = kind;
-    do {
-        tmp[k++] = (char)('0' + n % 10);
-        n /= 10;
-    } while (n);
-    while (k)
-        *p++ = tmp[--k];
-    *p++ = '\r';
-    *p++ = '\n';
-    return p;
-}
-
 /* Append "$<a+b>\r\n" a b "\r\n" (a bulk string made of two pieces). */
 static int put_bulk2(wbuf_t *w, const char *a, size_t alen, const char *b, size_t blen)
 {
-    if (grow((void **)&w->p, &w->cap, w->len + alen + blen + HEADER_MAX + 2, 1))
+    if (emq_reserve((void **)&w->p, &w->cap, 0, w->len + alen + blen + EMQ_HEADER_MAX + 2, 1))
         return -1;
-    char *p = put_header(w->p + w->len, '$', alen + blen);
+    char *p = emq_put_header(w->p + w->len, '$', alen + blen);
     if (alen)
         memcpy(p, a, alen);
     p += alen;
@@ -85,82 +54,6 @@ static int put_bulk2(wbuf_t *w, const char *a, size_t alen, const char *b, size_
     *p++ = '\n';
     w->len = (size_t)(p - w->p);
     return 0;
-}
-
-/* ---- replies (the emq_replies layout of emq.h) --------------------------- */
-
-static int add_node(emq_replies *r, int64_t type, int64_t a, int64_t b)
-{
-    if (grow((void **)&r->nodes, &r->nodes_cap, (r->nnodes + 1) * 3, sizeof(int64_t)))
-        return -1;
-    int64_t *n = r->nodes + r->nnodes * 3;
-    n[0] = type;
-    n[1] = a;
-    n[2] = b;
-    r->nnodes++;
-    return 0;
-}
-
-static int add_string(emq_replies *r, int64_t type, const char *s, size_t len)
-{
-    if (grow((void **)&r->data, &r->data_cap, r->datalen + len, 1))
-        return -1;
-    if (len)
-        memcpy(r->data + r->datalen, s, len);
-    int rc = add_node(r, type, (int64_t)r->datalen, (int64_t)len);
-    r->datalen += len;
-    return rc;
-}
-
-static int flatten(emq_replies *r, const redisReply *x)
-{
-    switch (x->type) {
-    case REDIS_REPLY_INTEGER:
-        return add_node(r, EMQ_R_INT, x->integer, 0);
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-#ifdef REDIS_REPLY_VERB
-    case REDIS_REPLY_VERB:
-#endif
-        return add_string(r, EMQ_R_BYTES, x->str, x->len);
-    case REDIS_REPLY_ERROR:
-        return add_string(r, EMQ_R_ERROR, x->str, x->len);
-    case REDIS_REPLY_NIL:
-        return add_node(r, EMQ_R_NIL, 0, 0);
-#ifdef REDIS_REPLY_BOOL
-    case REDIS_REPLY_BOOL:
-        return add_node(r, EMQ_R_INT, x->integer, 0);
-#endif
-#ifdef REDIS_REPLY_DOUBLE
-    case REDIS_REPLY_DOUBLE:
-        return add_string(r, EMQ_R_DOUBLE, x->str, x->len);
-#endif
-#ifdef REDIS_REPLY_BIGNUM
-    case REDIS_REPLY_BIGNUM:
-        return add_string(r, EMQ_R_BIGNUM, x->str, x->len);
-#endif
-    case REDIS_REPLY_ARRAY:
-#ifdef REDIS_REPLY_MAP
-    case REDIS_REPLY_MAP:
-    case REDIS_REPLY_SET:
-#endif
-#ifdef REDIS_REPLY_PUSH
-    case REDIS_REPLY_PUSH:
-#endif
-#ifdef REDIS_REPLY_ATTR
-    case REDIS_REPLY_ATTR:
-#endif
-        if (add_node(r, EMQ_R_ARRAY, (int64_t)x->elements, 0))
-            return -1;
-        for (size_t i = 0; i < x->elements; i++)
-            if (flatten(r, x->element[i]))
-                return -1;
-        return 0;
-    default: {
-        static const char msg[] = "EMQ unsupported reply type";
-        return add_string(r, EMQ_R_ERROR, msg, sizeof msg - 1);
-    }
-    }
 }
 
 /* ---- the streamed batch --------------------------------------------------- */
@@ -181,7 +74,7 @@ static int frame_more(frame_t *f, size_t *next, wbuf_t *w)
 {
     while (*next < f->ncalls && w->len - w->off < FRAME_BYTES) {
         size_t i = *next;
-        if (grow((void **)&w->p, &w->cap, w->len + f->prelen, 1))
+        if (emq_reserve((void **)&w->p, &w->cap, 0, w->len + f->prelen, 1))
             return -1;
         memcpy(w->p + w->len, f->pre, f->prelen);
         w->len += f->prelen;
@@ -225,10 +118,7 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
                         const size_t *slot_lens, const int64_t *slot_col, size_t ncols,
                         const char *col_data, const size_t *col_lens, emq_replies *out)
 {
-    out->nreplies = 0;
-    out->all_int = 1;
-    out->nnodes = 0;
-    out->datalen = 0;
+    emq_replies_reset(out);
     if (ncalls == 0)
         return EMQ_OK;
     for (size_t s = 0; s < nslots; s++)
@@ -239,7 +129,7 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
             strcpy(c->err, "not connected");
         return EMQ_EUNSENT;
     }
-    if (grow((void **)&out->ints, &out->ints_cap, ncalls, sizeof(int64_t)))
+    if (emq_reserve((void **)&out->ints, &out->ints_cap, 0, ncalls, sizeof(int64_t)))
         return EMQ_ENOMEM;
 
     /* The leading arguments are the same for every call: frame them once. */
@@ -248,15 +138,15 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
     char pre[256];
     char num[24];
     int ndigits = snprintf(num, sizeof num, "%lld", (long long)numkeys);
-    char *pe = put_header(pre, '*', 3 + nslots);
+    char *pe = emq_put_header(pre, '*', 3 + nslots);
     memcpy(pe, "$7\r\nEVALSHA\r\n", 13);
     pe += 13;
-    pe = put_header(pe, '$', shalen);
+    pe = emq_put_header(pe, '$', shalen);
     memcpy(pe, sha, shalen);
     pe += shalen;
     *pe++ = '\r';
     *pe++ = '\n';
-    pe = put_header(pe, '$', (uint64_t)ndigits);
+    pe = emq_put_header(pe, '$', (uint64_t)ndigits);
     memcpy(pe, num, (size_t)ndigits);
     pe += ndigits;
     *pe++ = '\r';
@@ -349,7 +239,7 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
                 int is_int = x->type == REDIS_REPLY_INTEGER;
                 out->ints[out->nreplies] = is_int ? x->integer : 0;
                 out->all_int &= is_int;
-                int bad = flatten(out, x);
+                int bad = emq_flatten(out, x);
                 freeReplyObject(reply);
                 out->nreplies++;
                 if (bad) {

@@ -10,6 +10,7 @@
  */
 #define EMQ_INTERNAL
 #include "emq.h"
+#include "resp.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,152 +30,17 @@ typedef struct {
     size_t len, cap;
 } buf_t;
 
-/* Make room for `need` more elements of `size` bytes in *ptr (capacity *cap). */
-static int reserve(void **ptr, size_t *cap, size_t used, size_t need, size_t size)
-{
-    if (used + need <= *cap)
-        return 0;
-    if (need > SIZE_MAX / size - used) /* used + need elements would not fit size_t */
-        return -1;
-    size_t ncap = *cap ? *cap : 64;
-    while (ncap < used + need)
-        ncap = ncap > SIZE_MAX / 2 / size ? used + need : ncap * 2;
-    void *np = realloc(*ptr, ncap * size);
-    if (np == NULL)
-        return -1;
-    *ptr = np;
-    *cap = ncap;
-    return 0;
-}
-
-static char *put_uint(char *p, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *p++ = tmp[--n];
-    return p;
-}
-
-/* Worst case for "*<n>\r\n" or "$<n>\r\n". */
-#define HEADER_MAX 24
-
-static char *put_header(char *p, char kind, uint64_t n)
-{
-    *p++ = kind;
-    p = put_uint(p, n);
-    *p++ = '\r';
-    *p++ = '\n';
-    return p;
-}
-
 static int put_bulk(buf_t *b, const char *s, size_t len)
 {
-    if (reserve((void **)&b->p, &b->cap, b->len, len + HEADER_MAX + 2, 1))
+    if (emq_reserve((void **)&b->p, &b->cap, b->len, len + EMQ_HEADER_MAX + 2, 1))
         return -1;
-    char *p = put_header(b->p + b->len, '$', len);
+    char *p = emq_put_header(b->p + b->len, '$', len);
     memcpy(p, s, len);
     p += len;
     *p++ = '\r';
     *p++ = '\n';
     b->len = (size_t)(p - b->p);
     return 0;
-}
-
-/* ---- reply flattening --------------------------------------------------- */
-
-static void replies_reset(emq_replies *r)
-{
-    r->nreplies = 0;
-    r->all_int = 1;
-    r->nnodes = 0;
-    r->datalen = 0;
-}
-
-void emq_replies_free(emq_replies *r)
-{
-    free(r->ints);
-    free(r->nodes);
-    free(r->data);
-    memset(r, 0, sizeof *r);
-}
-
-static int add_node(emq_replies *r, int64_t type, int64_t a, int64_t b)
-{
-    if (reserve((void **)&r->nodes, &r->nodes_cap, r->nnodes * 3, 3, sizeof(int64_t)))
-        return -1;
-    int64_t *n = r->nodes + r->nnodes * 3;
-    n[0] = type;
-    n[1] = a;
-    n[2] = b;
-    r->nnodes++;
-    return 0;
-}
-
-static int add_string(emq_replies *r, int64_t type, const char *s, size_t len)
-{
-    if (reserve((void **)&r->data, &r->data_cap, r->datalen, len, 1))
-        return -1;
-    if (len)
-        memcpy(r->data + r->datalen, s, len);
-    int rc = add_node(r, type, (int64_t)r->datalen, (int64_t)len);
-    r->datalen += len;
-    return rc;
-}
-
-static int flatten(emq_replies *r, const redisReply *x)
-{
-    switch (x->type) {
-    case REDIS_REPLY_INTEGER:
-        return add_node(r, EMQ_R_INT, x->integer, 0);
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-#ifdef REDIS_REPLY_VERB
-    case REDIS_REPLY_VERB:
-#endif
-        return add_string(r, EMQ_R_BYTES, x->str, x->len);
-    case REDIS_REPLY_ERROR:
-        return add_string(r, EMQ_R_ERROR, x->str, x->len);
-    case REDIS_REPLY_NIL:
-        return add_node(r, EMQ_R_NIL, 0, 0);
-#ifdef REDIS_REPLY_BOOL
-    case REDIS_REPLY_BOOL:
-        return add_node(r, EMQ_R_INT, x->integer, 0);
-#endif
-#ifdef REDIS_REPLY_DOUBLE /* hiredis >= 1.0 keeps the server's text in str */
-    case REDIS_REPLY_DOUBLE:
-        return add_string(r, EMQ_R_DOUBLE, x->str, x->len);
-#endif
-#ifdef REDIS_REPLY_BIGNUM
-    case REDIS_REPLY_BIGNUM:
-        return add_string(r, EMQ_R_BIGNUM, x->str, x->len);
-#endif
-    case REDIS_REPLY_ARRAY:
-#ifdef REDIS_REPLY_MAP /* RESP3 aggregates become flat arrays */
-    case REDIS_REPLY_MAP:
-    case REDIS_REPLY_SET:
-#endif
-#ifdef REDIS_REPLY_PUSH
-    case REDIS_REPLY_PUSH:
-#endif
-#ifdef REDIS_REPLY_ATTR
-    case REDIS_REPLY_ATTR:
-#endif
-        if (add_node(r, EMQ_R_ARRAY, (int64_t)x->elements, 0))
-            return -1;
-        for (size_t i = 0; i < x->elements; i++)
-            if (flatten(r, x->element[i]))
-                return -1;
-        return 0;
-    default: {
-        static const char msg[] = "EMQ unsupported reply type";
-        return add_string(r, EMQ_R_ERROR, msg, sizeof msg - 1);
-    }
-    }
 }
 
 /* ---- I/O ---------------------------------------------------------------- */
@@ -214,7 +80,7 @@ static int run_batch(emq_conn *c, const char *prefix, size_t prefixlen, size_t n
     buf_t b = {NULL, 0, 0};
     size_t sent = 0, cmd = 0, arg = 0;
 
-    replies_reset(out);
+    emq_replies_reset(out);
     for (size_t i = 0; argcs && i < ncmds; i++)
         if (argcs[i] + nfixed == 0) /* "*0" gets no reply: we would wait forever */
             return EMQ_EINVAL;
@@ -225,7 +91,7 @@ static int run_batch(emq_conn *c, const char *prefix, size_t prefixlen, size_t n
             strcpy(c->err, "not connected");
         return EMQ_EUNSENT;
     }
-    if (reserve((void **)&out->ints, &out->ints_cap, 0, ncmds ? ncmds : 1, sizeof(int64_t)))
+    if (emq_reserve((void **)&out->ints, &out->ints_cap, 0, ncmds ? ncmds : 1, sizeof(int64_t)))
         return EMQ_ENOMEM;
 
     while (cmd < ncmds) {
@@ -233,9 +99,9 @@ static int run_batch(emq_conn *c, const char *prefix, size_t prefixlen, size_t n
         b.len = 0;
         while (cmd < ncmds && b.len < CHUNK_BYTES) {
             size_t k = argcs ? argcs[cmd] : argc;
-            if (reserve((void **)&b.p, &b.cap, b.len, HEADER_MAX + prefixlen, 1))
+            if (emq_reserve((void **)&b.p, &b.cap, b.len, EMQ_HEADER_MAX + prefixlen, 1))
                 goto nomem;
-            char *p = put_header(b.p + b.len, '*', k + nfixed);
+            char *p = emq_put_header(b.p + b.len, '*', k + nfixed);
             memcpy(p, prefix, prefixlen);
             b.len = (size_t)(p - b.p) + prefixlen;
             for (size_t j = 0; j < k; j++, arg++) {
@@ -255,7 +121,7 @@ static int run_batch(emq_conn *c, const char *prefix, size_t prefixlen, size_t n
             int is_int = x->type == REDIS_REPLY_INTEGER;
             out->ints[i] = is_int ? x->integer : 0;
             out->all_int &= is_int;
-            int rc = flatten(out, x);
+            int rc = emq_flatten(out, x);
             freeReplyObject(reply);
             out->nreplies++;
             if (rc) {
@@ -283,8 +149,8 @@ int emq_evalsha_batch(emq_conn *c, const char *sha, size_t shalen, int64_t numke
 {
     /* The three leading arguments are the same for every call: encode once. */
     char num[24];
-    char *end = numkeys < 0 ? (num[0] = '-', put_uint(num + 1, (uint64_t)0 - (uint64_t)numkeys))
-                            : put_uint(num, (uint64_t)numkeys);
+    char *end = numkeys < 0 ? (num[0] = '-', emq_put_uint(num + 1, (uint64_t)0 - (uint64_t)numkeys))
+                            : emq_put_uint(num, (uint64_t)numkeys);
     buf_t pre = {NULL, 0, 0};
     if (put_bulk(&pre, "EVALSHA", 7) || put_bulk(&pre, sha, shalen)
         || put_bulk(&pre, num, (size_t)(end - num))) {
