@@ -5,7 +5,7 @@
     q.enqueue({"to": "ada@example.com"})
     emqfast.Worker(q, lambda job: send(job.payload)).run()
 """
-from . import backend as _backend
+from . import backend  # a module you can call: emqfast.backend() -> 'c' | 'python'
 from .backoff import Backoff
 from .bulk import promote_many
 from .connection import connect
@@ -17,11 +17,6 @@ from .leaderboard import Entry, Leaderboard
 from .queue import Queue
 from .version import KEYSPACE_VERSION, __version__
 from .worker import Worker, WorkerStats
-
-
-def backend() -> str:
-    """Which backend is live: ``'c'`` (the C core) or ``'python'`` (its pure twin)."""
-    return _backend.current()
 
 
 __all__ = [

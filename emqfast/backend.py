@@ -97,3 +97,18 @@ def batcher_for(client):
                 log.info("emqfast: C batcher unavailable for this connection (%s); "
                          "using redis-py", reason)
     return _pure_wire.Batcher.from_redis(client)
+
+
+class _CallableModule(ModuleType):
+    """``emqfast.backend`` is both this module and the public ``emqfast.backend()``
+    call (which backend is live). Without this, the function defined in the
+    package would shadow the module, and ``from emqfast import backend`` would
+    hand callers a function instead of ``use``/``impl``/``batcher_for``."""
+
+    def __call__(self) -> str:
+        return current()
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -359,7 +359,7 @@ def import_handler(spec: str) -> Callable:
 def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
            shutdown_timeout: float, burst: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
-    from . import backend as live_backend  # the package's backend() function
+    from . import backend as live_backend  # callable: the live backend name
     from .worker import Worker
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
