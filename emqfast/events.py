@@ -89,13 +89,25 @@ def check_position(since: Any) -> str:
     return since
 
 
+def block_chunk_ms(client: Any) -> int:
+    """Longest XREAD BLOCK safe on ``client``: :data:`BLOCK_CHUNK_MS`, or half its
+    socket timeout when that is shorter (a block outliving it would raise TimeoutError)."""
+    pool = getattr(client, "connection_pool", None)
+    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout") if pool else None
+    if not timeout:
+        return BLOCK_CHUNK_MS
+    return max(1, min(BLOCK_CHUNK_MS, int(timeout * 500)))
+
+
 class Waits:
     """How long each XREAD of an iteration blocks, for ``block_ms`` per wait
-    (None: never block; 0: forever). :meth:`next` is None (do not block), a
-    chunk in ms, or -1 when this wait has used up ``block_ms``."""
+    (None: never block; 0: forever), in chunks of at most ``chunk_ms``.
+    :meth:`next` is None (do not block), a chunk in ms, or -1 when this wait
+    has used up ``block_ms``."""
 
-    def __init__(self, block_ms: Optional[int]):
+    def __init__(self, block_ms: Optional[int], chunk_ms: int = BLOCK_CHUNK_MS):
         self.block_ms = block_ms
+        self.chunk_ms = chunk_ms
         self.restart()
 
     def restart(self) -> None:
@@ -106,11 +118,11 @@ class Waits:
         if self.block_ms is None:
             return None
         if self.block_ms == 0:
-            return BLOCK_CHUNK_MS
+            return self.chunk_ms
         left = self.block_ms - (time.monotonic() - self.started) * 1000
         if left <= 0:
             return -1
-        return max(1, min(BLOCK_CHUNK_MS, int(left)))
+        return max(1, min(self.chunk_ms, int(left)))
 
 
 def last_id_op(keys: QueueKeys) -> Op:

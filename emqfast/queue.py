@@ -379,7 +379,7 @@ class Queue:
             check_int(block_ms, "block_ms", 0, 1 << 40)
         if since == "$":
             since = self.last_event_id()
-        waits = events_mod.Waits(block_ms)
+        waits = events_mod.Waits(block_ms, events_mod.block_chunk_ms(self.redis))
         while True:
             wait = waits.next()
             if wait == -1:

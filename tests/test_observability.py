@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import pytest
+import redis
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -293,3 +294,31 @@ def test_aio_worker_plain_handler_can_report_progress(redis_url, qname):
 
     job = asyncio.run(asyncio.wait_for(main(), 60))
     assert job.state == "completed" and job.last_progress == [1, 2]
+
+
+def test_blocking_reads_stay_under_the_clients_socket_timeout(redis_url, qname):
+    """A wait longer than the client's socket timeout is a series of shorter server-side
+    blocks, not a TimeoutError."""
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url, socket_timeout=0.3))
+    q.enqueue("a")
+    began = time.monotonic()
+    got = list(q.events(block_ms=1000))
+    assert [e.name for e in got] == ["enqueued"]
+    assert time.monotonic() - began >= 1.0  # it did wait the whole second for more
+
+
+def test_aio_coroutine_handler_is_told_to_await_progress(redis_url, qname):
+    async def main():
+        q = emq.Queue(qname, emq.connect(redis_url))
+        ref = await q.enqueue("x", attempts=1)
+
+        async def handler(job):
+            job.progress(1)  # the blocking form would stall the loop: refused
+
+        await emq.Worker(q, handler).run_until_idle(timeout_s=30)
+        job = await q.get(ref.id)
+        await q.aclose()
+        return job
+
+    job = asyncio.run(asyncio.wait_for(main(), 60))
+    assert job.state == "failed" and "progress_async" in job.error

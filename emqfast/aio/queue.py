@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Dict, Iterable, Optional
 
 from .. import bulk
-from ..events import Event, Waits, check_position
+from ..events import Event, Waits, block_chunk_ms, check_position
 from ..leaderboard import Leaderboard as _SyncLeaderboard
 from ..ops import Op, run_async
 from ..queue import Queue as _SyncQueue, check_int
@@ -42,7 +42,7 @@ class Queue(_SyncQueue):
             check_int(block_ms, "block_ms", 0, 1 << 40)
         if since == "$":
             since = await self.last_event_id()
-        waits = Waits(block_ms)
+        waits = Waits(block_ms, block_chunk_ms(self.redis))
         while True:
             wait = waits.next()
             if wait == -1:

@@ -260,7 +260,8 @@ class Worker:
             job._extend_async = self._extender(job.id, token)
             job._extend = self._threadsafe_extender(job._extend_async)
             job._progress_async = self._progresser(job.id, token)
-            job._progress = self._threadsafe_extender(job._progress_async)
+            job._progress = self._threadsafe_extender(job._progress_async,
+                                                      "await job.progress_async(value)")
             running = _Running(job, token, now)
             self._running[job.id] = running
             running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
@@ -304,7 +305,9 @@ class Worker:
             await call.script.call_async(self._redis, call.keys, call.args)
         return progress
 
-    def _threadsafe_extender(self, extend: Callable[[int], Any]) -> Callable[[int], None]:
+    def _threadsafe_extender(self, extend: Callable[[Any], Any],
+                             instead: str = "await job.extend_lease_async(ms)"
+                             ) -> Callable[[Any], None]:
         loop = self._loop
 
         def blocking(ms: int) -> None:  # for plain handlers running in the executor
@@ -314,7 +317,7 @@ class Worker:
                 assert loop is not None
                 asyncio.run_coroutine_threadsafe(extend(ms), loop).result()
                 return
-            raise RuntimeError("in a coroutine handler use `await job.extend_lease_async(ms)`")
+            raise RuntimeError(f"in a coroutine handler use `{instead}`")
         return blocking
 
     # --- acknowledging outcomes ------------------------------------------------------------
