@@ -199,3 +199,15 @@ def with_backend(name: Optional[str]) -> str:
     from emqfast.backend import current, use  # (emqfast.backend the attribute is a function)
 
     return use(name) if name else current()
+
+def fmt(value: Optional[float], unit: str = "") -> str:
+    """A figure for the table."""
+    if value is None:
+        return "-"
+    if unit in ("jobs/s", "calls/s") or abs(value) >= 1000:
+        text = f"{value:,.0f}"
+    elif abs(value) >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return f"{text} {unit}".strip()

@@ -3,19 +3,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from .common import Result
+from .common import Result, fmt
 
 
-def _fmt(value: Optional[float], unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit in ("jobs/s", "calls/s") or abs(value) >= 1000:
-        text = f"{value:,.0f}"
-    elif abs(value) >= 10:
-        text = f"{value:.1f}"
-    else:
-        text = f"{value:.2f}"
-    return f"{text} {unit}"
 
 
 def fmt_ratio(ratio: Optional[float]) -> str:
@@ -38,7 +28,7 @@ def to_markdown(results: List[Result], machine: Dict[str, str], command: str,
              "| CPU µs/job client / Redis | verified |",
              "|---|---|---:|---|---:|---|:-:|---:|---|"]
     for r in results:
-        ref = _fmt(r.reference, r.unit) if r.reference is not None else ""
+        ref = fmt(r.reference, r.unit) if r.reference is not None else ""
         if r.reference_label:
             ref = f"{ref} ({r.reference_label})" if ref else r.reference_label
         ok = {True: "yes", False: "**no**", None: ""}[r.ok]
@@ -48,7 +38,7 @@ def to_markdown(results: List[Result], machine: Dict[str, str], command: str,
                    f"{r.details['redis_cpu_us_per_job']:.1f}")
         ratio = fmt_ratio(r.ratio)
         lines.append("| " + " | ".join(_cell(x) for x in (
-            r.workload, r.name, _fmt(r.value, r.unit), ref, ratio, r.target, ok, cpu,
+            r.workload, r.name, fmt(r.value, r.unit), ref, ratio, r.target, ok, cpu,
             r.verified)) + " |")
     for failure in failures:
         lines.append(f"\nFAILED: {failure}")

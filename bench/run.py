@@ -36,7 +36,7 @@ from rich.table import Table
 import emqfast
 
 from . import backends, drain, enqueue, memory, micro, peers, promote, report, scale, server, wake
-from .common import Ctx, Result, VerificationError, with_backend
+from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "enqueue": enqueue.run,
@@ -117,17 +117,6 @@ def machine(srv: server.BenchServer) -> Dict[str, str]:
     }
 
 
-def fmt(value: Optional[float], unit: str = "") -> str:
-    """A figure for the table."""
-    if value is None:
-        return "-"
-    if unit in ("jobs/s", "calls/s") or abs(value) >= 1000:
-        text = f"{value:,.0f}"
-    elif abs(value) >= 10:
-        text = f"{value:.1f}"
-    else:
-        text = f"{value:.2f}"
-    return f"{text} {unit}".strip()
 
 
 def table(results: List[Result]) -> Table:
