@@ -63,12 +63,29 @@ def check_schedule_name(name: str) -> str:
     return name
 
 
+def check_group_name(name: str) -> str:
+    """Validate a group (lane) name: non-empty text, no ``{``/``}`` and no NUL, at most
+    200 UTF-8 bytes. It is the suffix of the lane key ``emq:{q}:g:<group>:pending``, and
+    claim.lua files active grouped jobs under ``<group>\\0<job id>`` (so no NUL inside)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("group name must be a non-empty str")
+    if "{" in name or "}" in name or "\0" in name:
+        raise InvalidInput("group name must not contain '{', '}' or NUL")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("group name must be valid unicode text") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"group name longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
 class QueueKeys:
     """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
 
     __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
                  "completed", "failed", "marker", "counter", "repeat", "events", "metrics",
-                 "rate")
+                 "rate", "groups", "gactive", "glimit")
 
     def __init__(self, name: str):
         self.name = check_queue_name(name)
@@ -87,6 +104,9 @@ class QueueKeys:
         self.events = b + "events"        # stream: job events
         self.metrics = b + "metrics"      # hash: counters and latency histogram buckets
         self.rate = b + "rate"            # string: jobs started in the current rate window
+        self.groups = b + "groups"        # zset: ring of groups with waiting jobs (score = turn)
+        self.gactive = b + "gactive"      # zset (lex): "<group>\0<id>" per active job of a capped group
+        self.glimit = b + "glimit"        # hash: group -> concurrency cap
 
     def job(self, job_id: str) -> str:
         """Hash holding one job's payload, options and outcome."""
@@ -96,6 +116,10 @@ class QueueKeys:
         """:meth:`job` for many ids."""
         b = self.base + "job:"
         return [b + j for j in job_ids]
+
+    def group_pending(self, group: str) -> str:
+        """Lane of one group: its waiting jobs (zset, same scores as ``pending``)."""
+        return self.base + "g:" + group + ":pending"
 
     def schedule(self, name: str) -> str:
         """Hash holding one repeatable schedule's options."""

@@ -3,7 +3,9 @@
 -- touching job hashes (their keys are unknown until the pop); start.lua then
 -- stamps each claimed job, with its key declared. A queue-wide rate limit (meta
 -- 'rate_max' jobs per 'rate_window' ms, set by configure.lua) caps how many jobs
--- are claimed in any sliding window on the server clock.
+-- are claimed in any sliding window on the server clock. With the optional group
+-- keys it also serves group lanes: one job per ready group (and one from the flat
+-- pending set) per turn, skipping groups at their concurrency cap.
 --
 -- KEYS[1] pending zset   emq:{q}:pending
 -- KEYS[2] active zset    emq:{q}:active   (score = lease deadline, server ms)
@@ -16,19 +18,33 @@
 -- ARGV[1] max jobs to claim (>= 1)
 -- ARGV[2] lease length ms
 -- ARGV[3] worker id (prefix of the lease tokens)
+-- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, then one lane emq:{q}:g:<group>:pending per group name ARGV[8..]
 -- ARGV[4] keyspace version of the caller
--- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}
+-- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, then ARGV[8..] the group names of the lanes KEYS[12..] (from the previous claim's reply; re-checked)
+-- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}, and with the group
+--          keys one last element: the names of the next ready groups (ring head, ARGV[5] of them)
 --          status 1 = claimed (maybe 0 jobs), 0 = queue paused, 2 = rate limited (jobs
 --          wait but the window admits none now; nothing claimed);
 --          next_due_ms = run-at of the earliest delayed job, -1 when none; with status 2
 --          the window's opening instead when that comes first (the marker is set then too).
 -- Errors:  EMQINPUT bad count or lease; EMQVERSION keyspace of another major version
 --@include common
+--@include groups
 
 local n = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 if not n or n < 1 or not lease or lease < 1 then
   return redis.error_reply('EMQINPUT claim needs count >= 1 and lease >= 1 ms')
+end
+local grouped = #KEYS >= 11
+local ring_head, cap_poll, quantum = 0, 0, 0
+if #KEYS > 8 then
+  ring_head, cap_poll, quantum = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  if not grouped or #ARGV - 7 ~= #KEYS - 11 or not ring_head or ring_head < 1
+      or not cap_poll or cap_poll < 1 or not quantum or quantum < 1 then
+    return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, group settings ' ..
+      'and one lane per group name')
+  end
 end
 local err = emq_fence(KEYS[4], ARGV[4])
 if err then return redis.error_reply(err) end
@@ -39,9 +55,14 @@ local next_due = -1
 if head[2] then next_due = emq_unpack_delayed(head[2]) end
 
 local out = {now, 1, next_due}
+-- The reply, with the next ready groups appended when the caller serves groups.
+local function finish()
+  if grouped then out[#out + 1] = redis.call('ZRANGE', KEYS[9], 0, ring_head - 1) end
+  return out
+end
 if redis.call('HGET', KEYS[4], 'paused') == '1' then
   out[2] = 0
-  return out
+  return finish()
 end
 
 -- The rate window: members are the jobs claimed in the last rate_window ms.
@@ -59,18 +80,96 @@ local function opens_at()
   return tonumber(oldest[2]) + window
 end
 if room <= 0 then
-  if redis.call('ZCARD', KEYS[1]) > 0 then
+  if redis.call('ZCARD', KEYS[1]) > 0 or (grouped and redis.call('ZCARD', KEYS[9]) > 0) then
     local open = opens_at()
     emq_wake_at(KEYS[5], open)  -- blocked workers wake when the window opens: no polling
     out[2] = 2
     if next_due == -1 or open < next_due then out[3] = open end
   end
-  return out
+  return finish()
 end
 
-local popped = redis.call('ZPOPMIN', KEYS[1], math.min(n, room))
+-- Room left in group g under its cap (nil cap: unlimited). Active jobs of capped groups
+-- are members "<g>\0<id>" of gactive; one whose lease is gone (completed, failed,
+-- released, reaped) is pruned here, so no finishing script needs the group's keys.
+local function group_room(g, prune)
+  local cap = tonumber(redis.call('HGET', KEYS[11], g) or '')
+  if not cap then return nil end
+  local lo, hi = '[' .. g .. '\0', '[' .. g .. '\0\255'
+  local active = redis.call('ZLEXCOUNT', KEYS[10], lo, hi)
+  if active >= cap and prune then
+    for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[10], lo, hi)) do
+      if redis.call('HEXISTS', KEYS[3], string.sub(m, #g + 2)) == 0 then
+        redis.call('ZREM', KEYS[10], m)
+        active = active - 1
+      end
+    end
+  end
+  return cap - active
+end
+
+local want = math.min(n, room)
+local popped, capped, unpassed = {}, false, false
+if not grouped then
+  popped = redis.call('ZPOPMIN', KEYS[1], want)
+else
+  -- Sources in turn order: the flat pending set counts as one more group.
+  local sources = {{k = 1, g = false}}  -- k: index of the source's key in KEYS
+  local passed = {}
+  for i = 12, #KEYS do
+    local g = ARGV[i - 4]
+    passed[g] = true
+    if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, g = g} end
+  end
+  local live = #sources
+  local first = true
+  while #popped / 2 < want and live > 0 do
+    live = 0
+    for _, s in ipairs(sources) do
+      if #popped / 2 >= want then break end
+      if not s.done then
+        local g = s.g
+        local left = g and group_room(g, first)
+        if left and left <= 0 then
+          s.done, capped = true, true
+        else
+          local take = math.min(quantum, want - #popped / 2, left or quantum)
+          local some = redis.call('ZPOPMIN', KEYS[s.k], take)
+          for j = 1, #some, 2 do
+            popped[#popped + 1], popped[#popped + 2] = some[j], some[j + 1]
+            if left then redis.call('ZADD', KEYS[10], 0, g .. '\0' .. some[j]) end
+          end
+          if some[1] then
+            s.served = true
+            live = live + 1
+          else
+            s.done = true
+            if g then redis.call('ZREM', KEYS[9], g) end  -- empty lane leaves the ring
+          end
+        end
+      end
+    end
+    first = false
+  end
+  -- Served and capped groups go to the back of the ring: the next turn starts elsewhere.
+  for _, s in ipairs(sources) do
+    if s.g and (s.served or s.done) and redis.call('ZSCORE', KEYS[9], s.g) then
+      emq_ring_back(KEYS[9], s.g, true)
+    end
+  end
+  for _, g in ipairs(redis.call('ZRANGE', KEYS[9], 0, ring_head - 1)) do
+    if not passed[g] then unpassed = true end
+  end
+end
 local count = #popped / 2
-if count == 0 then return out end
+if count == 0 then
+  if unpassed and not capped then
+    out[3] = now
+  elseif capped and (next_due == -1 or next_due > now + cap_poll) then
+    out[3] = now + cap_poll
+  end
+  return finish()
+end
 
 -- One counter draw for the whole batch: tokens are unique fencing numbers.
 local last = redis.call('INCRBY', KEYS[7], count)
@@ -96,11 +195,15 @@ if limited then
 end
 -- More work left: pass the wake-up on to the next idle worker (or, the window
 -- now full, have it woken when the window opens).
-if redis.call('ZCARD', KEYS[1]) > 0 then
+local more = redis.call('ZCARD', KEYS[1]) > 0
+if grouped and not more then
+  more = (count == want or unpassed) and redis.call('ZCARD', KEYS[9]) > 0
+end
+if more then
   if limited and room - count <= 0 then
     emq_wake_at(KEYS[5], opens_at())
   else
     emq_wake(KEYS[5])
   end
 end
-return out
+return finish()

@@ -1,0 +1,73 @@
+-- enqueue_group.lua: admit one job of a group: due now, it waits in its group's lane
+-- (and the group joins the ring of ready groups); later, it is parked on the delayed
+-- set like any job (promote sends it to its lane when due).
+--
+-- KEYS[1] job hash       emq:{q}:job:<id>
+-- KEYS[2] lane zset      emq:{q}:g:<group>:pending
+-- KEYS[3] delayed zset   emq:{q}:delayed
+-- KEYS[4] marker zset    emq:{q}:marker
+-- KEYS[5] meta hash      emq:{q}:meta
+-- KEYS[6] counter        emq:{q}:counter
+-- KEYS[7] events stream  emq:{q}:events
+-- KEYS[8] groups zset    emq:{q}:groups   (ring of ready groups)
+-- ARGV[1] job id (must start with JOB)
+-- ARGV[2] payload bytes
+-- ARGV[3] payload encoding: 'j' JSON text, 'b' raw bytes
+-- ARGV[4] options (JSON object, opaque to Lua)
+-- ARGV[5] priority, integer 0 .. 2^21-1
+-- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
+-- ARGV[7] run-at or delay in ms ('0' for mode 'now')
+-- ARGV[8] keyspace version of the caller
+-- ARGV[9] group name (validated by the caller: no braces, no NUL)
+-- Returns: 1 admitted to its lane, 2 admitted as scheduled, 0 duplicate id (nothing written)
+-- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
+--          EMQINPUT malformed mode/number or empty group; EMQVERSION keyspace of another major version
+--@include common
+--@include admit
+--@include groups
+
+local id = ARGV[1]
+if string.sub(id, 1, 3) ~= 'JOB' then
+  return redis.error_reply('EMQKIND job id must start with JOB')
+end
+local priority = tonumber(ARGV[5])
+if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
+  return redis.error_reply('EMQRANGE priority must be an integer in [0, 2097151]')
+end
+local mode = ARGV[6]
+local value = tonumber(ARGV[7])
+if not value or value % 1 ~= 0 or (mode ~= 'now' and mode ~= 'at' and mode ~= 'in') then
+  return redis.error_reply('EMQINPUT mode must be now/at/in with an integer ms value')
+end
+if value < 0 then
+  return redis.error_reply('EMQRANGE delay / run-at must not be negative')
+end
+local group = ARGV[9]
+if not group or group == '' then
+  return redis.error_reply('EMQINPUT a grouped job needs a group name')
+end
+
+-- Validate everything before the first write: bad input leaves Redis untouched.
+local now = emq_now()
+local run_at = now
+if mode == 'at' then run_at = value elseif mode == 'in' then run_at = now + value end
+if run_at - EMQ_EPOCH > EMQ_MAX_OFFSET then
+  return redis.error_reply('EMQRANGE run-at beyond the exact range of delayed scores')
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local err = emq_fence(KEYS[5], ARGV[8])
+if err then return redis.error_reply(err) end
+
+-- the shared admission, with the lane standing in for the flat pending set
+local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
+  ARGV[4], priority, run_at, now)
+redis.call('HSET', KEYS[1], 'group', group)
+emq_event(KEYS[7], emq_events_cap(KEYS[5]), 'enqueued', 'id', id, 'state', state,
+  'group', group)
+if state == 'scheduled' then
+  return 2
+end
+emq_ring_back(KEYS[8], group, false)
+return 1
