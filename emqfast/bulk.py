@@ -2,18 +2,22 @@
 
 :func:`promote_many` is ``Queue.promote`` for a thousand queues at once: one
 pipelined pass of ``due.lua`` (read-only, on the server clock) learns every
-queue's due ids, then one pipelined pass of ``promote.lua`` releases them, with
-every job key declared. Both passes go through the live backend's Batcher
-(hiredis under the C backend), so the cost per queue is framing, not a round trip.
+queue's due ids, one pipelined HGET pass reads their groups (a grouped job rejoins
+its lane, see :mod:`emqfast.groups`), then one pipelined pass of ``promote.lua``
+releases them, with every job key declared. The script passes go through the live
+backend's Batcher (hiredis under the C backend), so the cost per queue is framing,
+not a round trip.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Union
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import backend
 from .errors import InvalidInput
 from .keys import QueueKeys
-from .ops import Batch, Call, Op, run
+from .groups import lane_moves
+from .ops import Batch, Call, Cmd, Op, run
 from .scripts import load
 from .version import KEYSPACE_VERSION
 
@@ -40,27 +44,41 @@ def _text(value: Any) -> str:
 
 
 def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
-    """The operation behind :func:`promote_many` (both facades): two pipelined passes."""
+    """The operation behind :func:`promote_many` (both facades): pipelined passes (due ids,
+    their groups, the moves)."""
     moved = {k.name: 0 for k in keys}
     if not keys:
         return moved
     due = yield Batch([Call(_DUE, [k.delayed], [limit, 1]) for k in keys], wire=True)
-    calls, owners = [], []
+    found: List[Tuple[QueueKeys, List[str]]] = []
     for k, reply in zip(keys, due):
         if isinstance(reply, Exception):
             raise reply
         ids = [_text(i) for i in reply[1:]]
         if ids:
-            # the same call Queue.promote makes (tests hold the two in step)
-            calls.append(Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, k.events,
-                                             *k.jobs(ids)],
-                              [KEYSPACE_VERSION, *ids]))
-            owners.append(k.name)
+            found.append((k, ids))
+    if not found:
+        return moved
+    # A grouped job rejoins its lane: read every due job's group in one pipelined pass.
+    groups = yield Batch([Cmd.of("HGET", key, "group") for k, ids in found for key in k.jobs(ids)])
+    calls, owners, at = [], [], 0
+    for k, ids in found:
+        by_group: Dict[Optional[str], List[str]] = defaultdict(list)
+        for job_id, g in zip(ids, groups[at:at + len(ids)]):
+            by_group[_text(g) if g is not None else None].append(job_id)
+        at += len(ids)
+        # the same calls Queue.promote makes (tests hold the two in step)
+        for call in lane_moves(k, by_group, lambda pending, ids_, k=k: Call(
+                _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
+                [KEYSPACE_VERSION, *ids_])):
+            calls.append(call)
+            owners.append(k.name if call.script is _PROMOTE else None)
     # One round trip per distinct due count (a single one when every queue had `limit`).
     for name, reply in zip(owners, (yield Batch(calls, wire=True))):
         if isinstance(reply, Exception):
             raise reply
-        moved[name] += int(reply)
+        if name is not None:  # None: a ring join, not a count
+            moved[name] += int(reply)
     return moved
 
 

@@ -13,7 +13,8 @@ from .backoff import DEFAULT_BACKOFF, Backoff
 from .connection import resolve
 from .errors import InvalidInput, JobNotFound, RangeError
 from .job import Job, JobRef
-from .keys import QueueKeys, check_job_id
+from .keys import QueueKeys, check_group_name, check_job_id
+from . import groups as groups_mod
 from .scripts import load, map_error
 from .version import KEYSPACE_VERSION
 
@@ -26,6 +27,7 @@ _PAUSE = load("pause")
 _TRIM = load("trim")
 _RETRY = load("retry")
 _CONFIGURE = load("configure")
+_ENQUEUE_GROUP = load("enqueue_group")
 
 MAX_ATTEMPTS = 1_000_000
 # enqueue.lua's reply -> JobRef.status (0 = the id already existed)
@@ -69,6 +71,7 @@ class Queue:
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 0, 512 << 20)
         self._batcher: Any = None
         self._schedules: Any = None
+        self._groups: Any = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -79,14 +82,15 @@ class Queue:
 
     # --- enqueue -------------------------------------------------------------
     def _options(self, priority: int, attempts: Optional[int],
-                 backoff: Optional[Backoff]) -> bytes:
+                 backoff: Optional[Backoff], group: Optional[str] = None) -> bytes:
         check_int(priority, "priority", 0, PRIORITY_MAX)
+        extra = {} if group is None else {"g": check_group_name(group)}  # the worker reads it
         attempts = self.default_attempts if attempts is None else \
             check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
         backoff = self.default_backoff if backoff is None else backoff
         if not isinstance(backoff, Backoff):
             raise InvalidInput("backoff must be an emqfast.Backoff")
-        return json.dumps({"a": attempts, "p": priority, "b": backoff.to_json()},
+        return json.dumps({"a": attempts, "p": priority, "b": backoff.to_json(), **extra},
                           separators=(",", ":")).encode()
 
     @staticmethod
@@ -106,19 +110,31 @@ class Queue:
     @operation
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
-                delay_ms: Optional[int] = None, run_at_ms: Optional[int] = None) -> JobRef:
+                delay_ms: Optional[int] = None, run_at_ms: Optional[int] = None,
+                group: Optional[str] = None) -> JobRef:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
         enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
+        With ``group`` the job waits in that group's lane (see :mod:`emqfast.groups`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
-        opts = self._options(priority, attempts, backoff)
+        opts = self._options(priority, attempts, backoff, group)
         mode, value = self._when(delay_ms, run_at_ms)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        if group is not None:
+            reply = yield self._grouped_call(job_id, data, enc, opts, priority, mode, value, group)
+            return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
         reply = yield Call(_ENQUEUE, [self.keys.job(job_id), *self._fixed_keys()],
                            [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
         return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
+
+    def _grouped_call(self, job_id: str, data: bytes, enc: Any, opts: bytes, priority: int,
+                      mode: bytes, value: int, group: str) -> Call:
+        k = self.keys
+        return Call(_ENQUEUE_GROUP, [k.job(job_id), k.group_pending(group), k.delayed, k.marker,
+                                     k.meta, k.counter, k.events, k.groups],
+                    [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION, group])
 
     def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (epoch ms, compared with the server clock)."""
@@ -132,19 +148,21 @@ class Queue:
     def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[int] = None,
-                     run_at_ms: Optional[int] = None) -> List[JobRef]:
+                     run_at_ms: Optional[int] = None,
+                     group: Optional[str] = None) -> List[JobRef]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
         writes nothing. Under the C backend the batch is framed and sent by hiredis;
         under :mod:`emqfast.aio` it goes through ``redis.asyncio`` pipelines (the
-        C Batcher is a blocking socket).
+        C Batcher is a blocking socket). With ``group`` every job joins that group's
+        lane (pipelined calls of enqueue_group.lua).
         """
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)):
             # a lone payload would be split into characters / bytes / keys
             raise InvalidInput("enqueue_many takes an iterable of payloads, not one payload")
         encoded = [codec.encode(p, self.max_payload_bytes) for p in payloads]
-        opts = self._options(priority, attempts, backoff)
+        opts = self._options(priority, attempts, backoff, group)
         mode, value = self._when(delay_ms, run_at_ms)
         if job_ids is None:
             job_ids = ids.new_ids(len(encoded))
@@ -152,6 +170,18 @@ class Queue:
             job_ids = [check_job_id(j) for j in job_ids]
             if len(job_ids) != len(encoded):
                 raise InvalidInput("job_ids and payloads differ in length")
+        if group is not None:
+            replies = []
+            for start in range(0, len(job_ids), ENQUEUE_CHUNK):
+                replies += yield Batch([self._grouped_call(j, data, enc, opts, priority, mode,
+                                                           value, group)
+                                        for j, (data, enc) in zip(job_ids[start:start + ENQUEUE_CHUNK],
+                                                                  encoded[start:start + ENQUEUE_CHUNK])],
+                                       wire=True)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise map_error(reply)
+            return [JobRef(j, _ADMITTED.get(int(r), "duplicate")) for j, r in zip(job_ids, replies)]
         tail = [opts, str(priority).encode(), mode, str(value).encode(), KEYSPACE_VERSION.encode()]
         # Only the job key, id, payload and encoding differ between jobs: they travel as
         # columns, every other argument once (the C batcher frames and streams each call).
@@ -196,9 +226,16 @@ class Queue:
         due = [i.decode() for i in reply[1:]]
         if not due:
             return 0
-        return int((yield Call(_PROMOTE, [k.delayed, k.pending, k.marker, k.meta, k.events,
-                                               *k.jobs(due)],
-                               [KEYSPACE_VERSION, *due])))
+        # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
+        # standing in for its pending set
+        by_group = yield from groups_mod.groups_of(k, due)
+        calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
+            _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
+            [KEYSPACE_VERSION, *ids_]))
+        if len(calls) == 1:
+            return int((yield calls[0]))
+        replies = yield Batch(calls)
+        return _moved(calls, replies, sum)
 
     @operation
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
@@ -210,12 +247,17 @@ class Queue:
         expired = [i.decode() for i in reply[1:]]
         if not expired:
             return 0, 0
-        requeued, failed = yield Call(
+        by_group = yield from groups_mod.groups_of(k, expired)  # a reaped grouped job rejoins its lane
+        calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
             _REAP,
-            [k.active, k.leases, k.pending, k.failed, k.marker, k.meta, k.events, k.metrics,
-             *k.jobs(expired)],
-            [max_stalled, KEYSPACE_VERSION, *expired])
-        return int(requeued), int(failed)
+            [k.active, k.leases, pending, k.failed, k.marker, k.meta, k.events, k.metrics,
+             *k.jobs(ids_)],
+            [max_stalled, KEYSPACE_VERSION, *ids_]))
+        if len(calls) == 1:
+            requeued, failed = yield calls[0]
+            return int(requeued), int(failed)
+        replies = yield Batch(calls)
+        return _moved(calls, replies, groups_mod.split_counts)
 
     @operation
     def server_time_ms(self) -> int:
@@ -266,7 +308,9 @@ class Queue:
         """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
         check_job_id(job_id)
         k = self.keys
-        return bool((yield Call(_CANCEL, [k.job(job_id), k.pending, k.delayed, k.meta, k.events],
+        group = yield Cmd.of("HGET", k.job(job_id), "group")  # a grouped job waits in its lane
+        pending = k.pending if group is None else k.group_pending(group.decode())
+        return bool((yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events],
                                 [job_id, KEYSPACE_VERSION])))
 
     @operation
@@ -274,8 +318,15 @@ class Queue:
         """Send a failed job back to pending with a fresh set of attempts."""
         check_job_id(job_id)
         k = self.keys
-        yield Call(_RETRY, [k.job(job_id), k.failed, k.pending, k.marker, k.meta, k.events],
-                   [job_id, KEYSPACE_VERSION])
+        by_group = yield from groups_mod.groups_of(k, [job_id])  # a grouped job rejoins its lane
+        calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
+            _RETRY, [k.job(job_id), k.failed, pending, k.marker, k.meta, k.events],
+            [job_id, KEYSPACE_VERSION]))
+        if len(calls) == 1:
+            yield calls[0]
+            return
+        replies = yield Batch(calls)
+        _moved(calls, replies, lambda _: None)
 
     @operation
     def pause(self) -> None:
@@ -403,12 +454,28 @@ class Queue:
         return (yield from metrics_mod.snapshot_op(self.keys))
 
     @property
+    def groups(self) -> "groups_mod.Groups":
+        """Group lanes of this queue: caps and counts (see :mod:`emqfast.groups`)."""
+        if getattr(self, "_groups", None) is None:
+            self._groups = groups_mod.Groups(self)
+        return self._groups
+
+    @property
     def schedules(self) -> Any:
         """Repeatable schedules of this queue (see :mod:`emqfast.schedules`)."""
         if self._schedules is None:
             from .schedules import Schedules
             self._schedules = Schedules(self)
         return self._schedules
+
+
+def _moved(calls: List[Call], replies: List[Any], combine: Any) -> Any:
+    """Combine the replies of a ring join + lane moves batch (raising the first error)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    moves = replies[1:] if calls[0].script.name == "group_join" else replies
+    return combine(moves)
 
 
 def _chunks(items: List[Any], size: int) -> Iterable[List[Any]]:

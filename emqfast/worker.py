@@ -104,6 +104,7 @@ class Worker:
         self._ready: "deque[Tuple[Job, str]]" = deque()  # claimed, waiting for a handler thread
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
         self._waiter: Optional[MarkerWaiter] = None
+        self._groups: List[str] = []  # ready groups named by the last claim
         self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -193,8 +194,11 @@ class Worker:
         # Idleness must be judged from before the claim: an outcome written after
         # it (a retry re-parked on the delayed set) is not in this claim's reply.
         idle_before_claim = self._idle()
-        claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name)
-        now, status, next_due, pairs = core.parse_claim(claim.script(self._redis, *claim[1:]))
+        claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
+                                 self._groups)
+        reply = claim.script(self._redis, *claim[1:])
+        now, status, next_due, pairs = core.parse_claim(reply)
+        self._groups = core.claim_groups(reply)  # the lanes to serve next turn
         self._server_offset_ms = now - time.monotonic() * 1000
         if pairs:
             self._start(pairs)
@@ -442,7 +446,7 @@ class Worker:
         pool, self._pool = self._pool, None
         end = time.monotonic() + self.shutdown_timeout_s
         with self._lock:  # claimed but not started yet: hand back now instead of running
-            waiting = [(job.id, token) for job, token in self._ready]
+            waiting = [(job.id, token, core.job_group(job)) for job, token in self._ready]
             self._ready.clear()
         self._release(waiting)
         if self._waiter is not None:
@@ -453,7 +457,8 @@ class Worker:
                 if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
                     break
                 self._lock.wait(min(0.1, max(end - time.monotonic(), 0.001)))
-            leftover = [(job_id, r.token) for job_id, r in self._running.items()]
+            leftover = [(job_id, r.token, core.job_group(r.job))
+                        for job_id, r in self._running.items()]
         self._release(leftover)  # handlers that did not finish in time
         self._acks.put(None)
         if self._acker is not None:
@@ -461,18 +466,19 @@ class Worker:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _release(self, pairs: List[Tuple[str, str]]) -> None:
-        """Give claimed jobs back to pending in one round trip (the reaper covers failures)."""
+    def _release(self, pairs: List[Tuple[str, str, Optional[str]]]) -> None:
+        """Give claimed jobs back to pending (grouped ones to their lanes) in one round
+        trip (the reaper covers failures)."""
         if not pairs:
             return
-        calls = [core.release_call(self._keys, job_id, token) for job_id, token in pairs]
+        calls, skip = core.release_calls(self._keys, pairs)
         try:
-            replies = run_pipeline(self._redis, calls)
+            replies = run_pipeline(self._redis, calls)[skip:]
         except redis.RedisError as exc:
             log.warning("emqfast: could not release %d jobs (%s); the reaper will", len(pairs), exc)
             return
         with self._lock:
-            for (job_id, _), reply in zip(pairs, replies):
+            for (job_id, _, _), reply in zip(pairs, replies):
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):

@@ -29,6 +29,13 @@ _EXTEND = load("extend")
 _RELEASE = load("release")
 _PROGRESS = load("progress")
 
+# Group lanes (claim.lua): how many ready groups a claim reply names for the next turn,
+# how soon a worker that found only capped groups polls again (a finishing job does not
+# know its group's keys, so a freed slot wakes nobody), and jobs per group per turn.
+RING_HEAD = 16
+CAP_POLL_MS = 50
+GROUP_QUANTUM = 1
+
 Pair = Tuple[str, str]  # (job id, lease token)
 # An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
 Outcome = tuple
@@ -36,21 +43,35 @@ Outcome = tuple
 
 # --- claim and start ----------------------------------------------------------------------
 
-def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str) -> Call:
+def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str,
+               groups: Sequence[str] = ()) -> Call:
     """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms`` (fewer when
-    the queue's rate limit says so)."""
+    the queue's rate limit says so), round-robin across the flat pending set and the
+    lanes of ``groups`` (the ready groups the previous reply named: a stale list is
+    harmless, the script re-checks the ring and each group's cap)."""
     return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter,
-                         k.rate],
-                [n, lease_ms, worker, KEYSPACE_VERSION])
+                         k.rate, k.groups, k.gactive, k.glimit,
+                         *[k.group_pending(g) for g in groups]],
+                [n, lease_ms, worker, KEYSPACE_VERSION, RING_HEAD, CAP_POLL_MS, GROUP_QUANTUM,
+                 *groups])
 
 
 def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
     """``(server now ms, status, next due ms or -1, [(job id, token), ...])``.
 
     Status 1 claimed, 0 paused, 2 rate limited (next due is then the window's opening
-    when that comes first: the wait plan sleeps on the marker until it)."""
-    pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, len(reply), 2)]
+    when that comes first: the wait plan sleeps on the marker until it). The trailing
+    ready-groups list (see :func:`claim_groups`) is skipped."""
+    end = len(reply) - 1 if len(reply) % 2 == 0 and isinstance(reply[-1], list) else len(reply)
+    pairs = [(reply[i].decode(), reply[i + 1].decode()) for i in range(3, end, 2)]
     return int(reply[0]), int(reply[1]), int(reply[2]), pairs
+
+
+def claim_groups(reply: Sequence[Any]) -> List[str]:
+    """The ready groups a claim reply names (pass them to the next :func:`claim_call`)."""
+    if len(reply) % 2 == 0 and isinstance(reply[-1], list):
+        return [g.decode() for g in reply[-1]]
+    return []
 
 
 def start_call(k: QueueKeys, pairs: Sequence[Pair]) -> Call:
@@ -95,6 +116,10 @@ def outcome_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, Optional[bool]]:
                     [job.id, token, outcome[3], KEYSPACE_VERSION]), None
     exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
     delay = retry_delay_ms(job, may_retry)
+    if delay == 0 and job_group(job) is not None:
+        # fail.lua re-pends a zero-delay retry on the flat pending set; a grouped job
+        # must rejoin its lane, which promote does (it knows the job's group)
+        delay = 1
     message = f"{type(exc).__name__}: {exc}"
     return Call(_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed, k.pending,
                         k.marker, k.meta, k.events, k.metrics],
@@ -156,11 +181,28 @@ def progress_call(k: QueueKeys, job_id: str, token: str, value: Any) -> Call:
                 [job_id, token, codec.encode_result(value), KEYSPACE_VERSION])
 
 
-def release_call(k: QueueKeys, job_id: str, token: str) -> Call:
-    """release.lua: hand a claimed job back to pending (only with its lease token)."""
-    return Call(_RELEASE, [k.job(job_id), k.active, k.leases, k.pending, k.marker, k.meta,
+def release_call(k: QueueKeys, job_id: str, token: str, group: Optional[str] = None) -> Call:
+    """release.lua: hand a claimed job back to pending, or to its group's lane (only with
+    its lease token)."""
+    pending = k.pending if group is None else k.group_pending(group)
+    return Call(_RELEASE, [k.job(job_id), k.active, k.leases, pending, k.marker, k.meta,
                            k.events],
                 [job_id, token, KEYSPACE_VERSION])
+
+
+def release_calls(k: QueueKeys, held: Sequence[Tuple[str, str, Optional[str]]]
+                  ) -> Tuple[List[Call], int]:
+    """The calls releasing ``(job id, token, group or None)`` s, and how many leading
+    replies to skip: a grouped job's group joins the ring first, so its lane is served."""
+    from .groups import join_call  # groups imports ops/scripts only; no cycle at import time
+    groups = sorted({g for _, _, g in held if g is not None})
+    calls = [join_call(k, groups)] if groups else []
+    return calls + [release_call(k, job_id, token, g) for job_id, token, g in held], len(calls)
+
+
+def job_group(job: Job) -> Optional[str]:
+    """The group a running job was enqueued with (kept in its options), or None."""
+    return job.extra.get("g")
 
 
 # --- waiting ------------------------------------------------------------------------------

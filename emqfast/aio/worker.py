@@ -100,6 +100,7 @@ class Worker:
         self._ack_ready: Optional[asyncio.Event] = None
         self._next_beat = 0.0
         self._next_trim = 0.0
+        self._groups: List[str] = []  # ready groups named by the last claim
         self._due_hint: Optional[int] = None
         self._server_offset_ms = 0.0
         self._next_schedule_ms: Optional[float] = None
@@ -198,9 +199,11 @@ class Worker:
             await self._wait_changed(self.beat_s)
             return False
         idle_before_claim = self._idle()  # an outcome written after the claim is not in it
-        claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name)
-        now, status, next_due, pairs = core.parse_claim(
-            await claim.script.call_async(self._redis, claim.keys, claim.args))
+        claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
+                                 self._groups)
+        reply = await claim.script.call_async(self._redis, claim.keys, claim.args)
+        now, status, next_due, pairs = core.parse_claim(reply)
+        self._groups = core.claim_groups(reply)  # the lanes to serve next turn
         self._server_offset_ms = now - time.monotonic() * 1000
         if pairs:
             await self._start(pairs)
@@ -430,7 +433,7 @@ class Worker:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - already logged
                 pass
-        await self._release([(job_id, r.token) for job_id, r in late])
+        await self._release([(job_id, r.token, core.job_group(r.job)) for job_id, r in late])
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             try:
@@ -438,17 +441,18 @@ class Worker:
             except (redis.RedisError, OSError):
                 pass
 
-    async def _release(self, pairs: List[Tuple[str, str]]) -> None:
-        """Give jobs back to pending in one round trip (the reaper covers failures)."""
+    async def _release(self, pairs: List[Tuple[str, str, Optional[str]]]) -> None:
+        """Give jobs back to pending (grouped ones to their lanes) in one round trip (the
+        reaper covers failures)."""
         if not pairs:
             return
-        calls = [core.release_call(self._keys, job_id, token) for job_id, token in pairs]
+        calls, skip = core.release_calls(self._keys, pairs)
         try:
-            replies = await run_pipeline_async(self._redis, calls)
+            replies = (await run_pipeline_async(self._redis, calls))[skip:]
         except redis.RedisError as exc:
             log.warning("emqfast: could not release %d jobs (%s); the reaper will", len(pairs), exc)
             return
-        for (job_id, _), reply in zip(pairs, replies):
+        for (job_id, _, _), reply in zip(pairs, replies):
             if reply == 1:
                 self.stats.released += 1
             elif isinstance(reply, Exception):

@@ -1,0 +1,107 @@
+"""Group lanes: per-tenant waiting lines with a concurrency cap, served in turn.
+
+A job enqueued with ``group="tenant-42"`` waits in its group's lane
+(``emq:{q}:g:<group>:pending``) instead of the flat pending set; the group sits on
+the ring of ready groups (``emq:{q}:groups``). ``claim.lua`` takes one job per
+ready group (and one from the flat pending set) per turn, so a tenant with 100k
+jobs cannot starve one with 10, and skips groups at their cap
+(:meth:`Groups.set_concurrency`). Active jobs of capped groups are tracked in
+``emq:{q}:gactive`` and pruned by lease, so finishing scripts need no group keys.
+
+This module holds the ``q.groups`` facade and the sans-IO helpers that route
+jobs coming back from delayed / active / failed into their lanes.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from .keys import QueueKeys, check_group_name
+from .ops import Batch, Call, Cmd, Op, operation
+from .scripts import load
+from .version import KEYSPACE_VERSION
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+_JOIN = load("group_join")
+_LIMIT = load("group_limit")
+MAX_CONCURRENCY = 1 << 31
+
+
+def groups_of(k: QueueKeys, job_ids: Sequence[str]) -> Op:
+    """``{group or None: [ids]}`` for ``job_ids`` (one pipelined HGET per id)."""
+    found = yield Batch([Cmd.of("HGET", key, "group") for key in k.jobs(job_ids)])
+    by: Dict[Optional[str], List[str]] = defaultdict(list)
+    for job_id, g in zip(job_ids, found):
+        by[g.decode() if g is not None else None].append(job_id)
+    return by
+
+
+def join_call(k: QueueKeys, groups: Sequence[str]) -> Call:
+    """group_join.lua: put ``groups`` on the ring (sent before moving jobs into their lanes)."""
+    return Call(_JOIN, [k.groups, k.meta], [KEYSPACE_VERSION, *groups])
+
+
+def lane_moves(k: QueueKeys, by_group: Dict[Optional[str], List[str]],
+               move: Any) -> List[Call]:
+    """The calls that move jobs into their lanes: ``move(pending_key, ids)`` per group
+    (the flat pending set for ungrouped ids), preceded by one ring join when any job
+    is grouped, so that a lane never fills while its group is off the ring."""
+    groups = [g for g in by_group if g is not None]
+    calls = [join_call(k, groups)] if groups else []
+    for g, ids in by_group.items():
+        calls.append(move(k.pending if g is None else k.group_pending(g), ids))
+    return calls
+
+
+class Groups:
+    """``q.groups``: caps and counts of a queue's group lanes (sync or awaited under aio)."""
+
+    def __init__(self, queue: "Queue"):
+        self.queue = queue
+        self.keys = queue.keys
+
+    def _drive(self, op: Op) -> Any:
+        return self.queue._drive(op)
+
+    @operation
+    def set_concurrency(self, group: str, n: Optional[int]) -> None:
+        """Let at most ``n`` jobs of ``group`` be active at once across all workers
+        (``None`` removes the cap). Jobs already running when a cap is first set are
+        not counted against it."""
+        from .queue import check_int
+        check_group_name(group)
+        cap = 0 if n is None else check_int(n, "n", 1, MAX_CONCURRENCY)
+        k = self.keys
+        yield Call(_LIMIT, [k.glimit, k.meta, k.marker], [KEYSPACE_VERSION, group, cap])
+
+    @operation
+    def concurrency(self, group: str) -> Optional[int]:
+        """The group's cap, or None when it has none."""
+        check_group_name(group)
+        got = yield Cmd.of("HGET", self.keys.glimit, group)
+        return int(got) if got is not None else None
+
+    @operation
+    def counts(self, group: str) -> Dict[str, int]:
+        """``{"pending": jobs waiting in the lane, "active": running jobs counted
+        against the cap}`` (active is only tracked while the group has a cap, and may
+        include finished jobs until the next claim prunes them)."""
+        check_group_name(group)
+        k = self.keys
+        pending, active = yield Batch([
+            Cmd.of("ZCARD", k.group_pending(group)),
+            Cmd.of("ZLEXCOUNT", k.gactive, f"[{group}\0".encode(),
+                   f"[{group}\0".encode() + b"\xff")])
+        return {"pending": int(pending), "active": int(active)}
+
+    @operation
+    def list(self) -> List[str]:
+        """Groups with jobs waiting in their lanes, in serving order."""
+        return [g.decode() for g in (yield Cmd.of("ZRANGE", self.keys.groups, 0, -1))]
+
+
+def split_counts(replies: Sequence[Any]) -> Tuple[int, int]:
+    """Sum of ``(requeued, failed)`` pairs from several reap.lua replies."""
+    return (sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies))
