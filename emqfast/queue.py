@@ -318,15 +318,17 @@ class Queue:
         """Send a failed job back to pending with a fresh set of attempts."""
         check_job_id(job_id)
         k = self.keys
-        by_group = yield from groups_mod.groups_of(k, [job_id])  # a grouped job rejoins its lane
-        calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
-            _RETRY, [k.job(job_id), k.failed, pending, k.marker, k.meta, k.events],
-            [job_id, KEYSPACE_VERSION]))
-        if len(calls) == 1:
-            yield calls[0]
+        group, failed = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),
+                                     Cmd.of("ZSCORE", k.failed, job_id)])
+        pending = k.pending if group is None else k.group_pending(group.decode())
+        call = Call(_RETRY, [k.job(job_id), k.failed, pending, k.marker, k.meta, k.events],
+                    [job_id, KEYSPACE_VERSION])
+        if group is None or failed is None:
+            yield call  # ungrouped, or refused by retry.lua (nothing written)
             return
-        replies = yield Batch(calls)
-        _moved(calls, replies, lambda _: None)
+        # a grouped job rejoins its lane, its group on the ring first
+        calls = [groups_mod.join_call(k, [group.decode()]), call]
+        _moved(calls, (yield Batch(calls)), lambda _: None)
 
     @operation
     def pause(self) -> None:

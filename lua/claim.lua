@@ -122,6 +122,7 @@ else
     if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, g = g} end
   end
   local live = #sources
+  local open = #sources  -- sources not yet empty or capped
   local first = true
   while #popped / 2 < want and live > 0 do
     live = 0
@@ -131,9 +132,12 @@ else
         local g = s.g
         local left = g and group_room(g, first)
         if left and left <= 0 then
-          s.done, capped = true, true
+          s.done, capped, open = true, true, open - 1
         else
-          local take = math.min(quantum, want - #popped / 2, left or quantum)
+          -- the last open source takes the rest in one pop (the flat-only hot path)
+          local turn = quantum
+          if open == 1 then turn = want end
+          local take = math.min(turn, want - #popped / 2, left or turn)
           local some = redis.call('ZPOPMIN', KEYS[s.k], take)
           for j = 1, #some, 2 do
             popped[#popped + 1], popped[#popped + 2] = some[j], some[j + 1]
@@ -143,7 +147,7 @@ else
             s.served = true
             live = live + 1
           else
-            s.done = true
+            s.done, open = true, open - 1
             if g then redis.call('ZREM', KEYS[9], g) end  -- empty lane leaves the ring
           end
         end

@@ -239,3 +239,29 @@ def test_promote_many_sends_grouped_jobs_to_their_lanes(redis_url, qname, r):
     assert q.job_ids("pending") == [flat.id]
     assert r.zrange(q.keys.group_pending("g1"), 0, -1) == [grouped.id.encode()]
     assert q.groups.list() == ["g1"]
+
+
+def test_retry_of_a_grouped_job_that_did_not_fail_writes_nothing(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue("waiting", group="g1")
+    r.zrem(q.keys.groups, "g1")  # so a stray ring join would show in the dump
+    before = dump_queue(r, qname)
+    with pytest.raises(emqfast.errors.JobStateError):
+        q.retry(ref.id)
+    assert dump_queue(r, qname) == before
+
+
+def test_a_batch_claim_of_flat_jobs_is_one_pop(redis_url, qname, r):
+    """With no ready group the flat set is the last open source: one ZPOPMIN takes the
+    whole batch (the hot path stays a single pop, not one per job)."""
+    q = make_queue(redis_url, qname)
+    q.enqueue_many(list(range(30)))
+    w = emqfast.worker_core
+
+    def pops() -> int:
+        return r.info("commandstats").get("cmdstat_zpopmin", {}).get("calls", 0)
+    before = pops()
+    call = w.claim_call(q.keys, 25, 10_000, "w", [])
+    _, _, _, pairs = w.parse_claim(call.script(q.redis, call.keys, call.args))
+    assert len(pairs) == 25
+    assert pops() - before == 1
