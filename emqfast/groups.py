@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 _JOIN = load("group_join")
 _LIMIT = load("group_limit")
+_RATE = load("group_rate")
 MAX_CONCURRENCY = 1 << 31
+MAX_WINDOW_MS = 1 << 40
 
 
 def groups_of(k: QueueKeys, job_ids: Sequence[str]) -> Op:
@@ -82,6 +84,36 @@ class Groups:
         check_group_name(group)
         got = yield Cmd.of("HGET", self.keys.glimit, group)
         return int(got) if got is not None else None
+
+    @operation
+    def set_rate_limit(self, group: str, max_jobs: int, window_ms: int) -> None:
+        """Let workers start at most ``max_jobs`` jobs of ``group`` in any ``window_ms``
+        (a sliding window on the Redis server clock, enforced in claim.lua; while the
+        group's window is full its lane is skipped and other groups are served)."""
+        from .queue import check_int
+        check_group_name(group)
+        check_int(max_jobs, "max_jobs", 1, MAX_CONCURRENCY)
+        check_int(window_ms, "window_ms", 1, MAX_WINDOW_MS)
+        k = self.keys
+        yield Call(_RATE, [k.grate, k.meta, k.marker],
+                   [KEYSPACE_VERSION, group, max_jobs, window_ms])
+
+    @operation
+    def clear_rate_limit(self, group: str) -> None:
+        """Remove ``group``'s rate limit (wakes a worker waiting on it)."""
+        check_group_name(group)
+        k = self.keys
+        yield Call(_RATE, [k.grate, k.meta, k.marker], [KEYSPACE_VERSION, group, 0, 0])
+
+    @operation
+    def rate_limit(self, group: str) -> Optional[Tuple[int, int]]:
+        """``(max_jobs, window_ms)`` of ``group``, or None when it has no rate limit."""
+        check_group_name(group)
+        got = yield Cmd.of("HGET", self.keys.grate, group)
+        if got is None:
+            return None
+        max_jobs, window_ms = got.decode().split(":")
+        return int(max_jobs), int(window_ms)
 
     @operation
     def counts(self, group: str) -> Dict[str, int]:

@@ -85,7 +85,7 @@ class QueueKeys:
 
     __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
                  "completed", "failed", "marker", "counter", "repeat", "events", "metrics",
-                 "rate", "groups", "gactive", "glimit")
+                 "rate", "groups", "gactive", "glimit", "grate")
 
     def __init__(self, name: str):
         self.name = check_queue_name(name)
@@ -107,6 +107,7 @@ class QueueKeys:
         self.groups = b + "groups"        # zset: ring of groups with waiting jobs (score = turn)
         self.gactive = b + "gactive"      # zset (lex): "<group>\0<id>" per active job of a capped group
         self.glimit = b + "glimit"        # hash: group -> concurrency cap
+        self.grate = b + "grate"          # hash: group -> "max:window" rate limit
 
     def job(self, job_id: str) -> str:
         """Hash holding one job's payload, options and outcome."""
@@ -120,6 +121,10 @@ class QueueKeys:
     def group_pending(self, group: str) -> str:
         """Lane of one group: its waiting jobs (zset, same scores as ``pending``)."""
         return self.base + "g:" + group + ":pending"
+
+    def group_rate(self, group: str) -> str:
+        """One group's rate window: lease token -> claim instant (zset, last window only)."""
+        return self.base + "g:" + group + ":rate"
 
     def schedule(self, name: str) -> str:
         """Hash holding one repeatable schedule's options."""

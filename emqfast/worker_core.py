@@ -46,12 +46,12 @@ Outcome = tuple
 def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str,
                groups: Sequence[str] = ()) -> Call:
     """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms`` (fewer when
-    the queue's rate limit says so), round-robin across the flat pending set and the
-    lanes of ``groups`` (the ready groups the previous reply named: a stale list is
+    the queue's or a group's rate limit says so), round-robin across the flat pending set
+    and the lanes of ``groups`` (the ready groups the previous reply named: a stale list is
     harmless, the script re-checks the ring and each group's cap)."""
     return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter,
-                         k.rate, k.groups, k.gactive, k.glimit,
-                         *[k.group_pending(g) for g in groups]],
+                         k.rate, k.groups, k.gactive, k.glimit, k.grate,
+                         *[key for g in groups for key in (k.group_pending(g), k.group_rate(g))]],
                 [n, lease_ms, worker, KEYSPACE_VERSION, RING_HEAD, CAP_POLL_MS, GROUP_QUANTUM,
                  *groups])
 
@@ -59,7 +59,8 @@ def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str,
 def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
     """``(server now ms, status, next due ms or -1, [(job id, token), ...])``.
 
-    Status 1 claimed, 0 paused, 2 rate limited (next due is then the window's opening
+    Status 1 claimed, 0 paused, 2 rate limited by the queue's window or, with nothing
+    claimed, by the served groups' windows (next due is then the earliest opening
     when that comes first: the wait plan sleeps on the marker until it). The trailing
     ready-groups list (see :func:`claim_groups`) is skipped."""
     end = len(reply) - 1 if len(reply) % 2 == 0 and isinstance(reply[-1], list) else len(reply)

@@ -5,7 +5,8 @@
 -- 'rate_max' jobs per 'rate_window' ms, set by configure.lua) caps how many jobs
 -- are claimed in any sliding window on the server clock. With the optional group
 -- keys it also serves group lanes: one job per ready group (and one from the flat
--- pending set) per turn, skipping groups at their concurrency cap.
+-- pending set) per turn, skipping groups at their concurrency cap, and groups whose own
+-- rate window (grate hash: group -> "max:window") is full; those wait for its opening.
 --
 -- KEYS[1] pending zset   emq:{q}:pending
 -- KEYS[2] active zset    emq:{q}:active   (score = lease deadline, server ms)
@@ -18,15 +19,17 @@
 -- ARGV[1] max jobs to claim (>= 1)
 -- ARGV[2] lease length ms
 -- ARGV[3] worker id (prefix of the lease tokens)
--- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, then one lane emq:{q}:g:<group>:pending per group name ARGV[8..]
+-- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, KEYS[12] grate hash emq:{q}:grate, then per group name ARGV[8..] two keys: its lane emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate
 -- ARGV[4] keyspace version of the caller
--- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, then ARGV[8..] the group names of the lanes KEYS[12..] (from the previous claim's reply; re-checked)
+-- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, then ARGV[8..] the group names of the lane/rate key pairs KEYS[13..] (from the previous claim's reply; re-checked)
 -- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}, and with the group
 --          keys one last element: the names of the next ready groups (ring head, ARGV[5] of them)
 --          status 1 = claimed (maybe 0 jobs), 0 = queue paused, 2 = rate limited (jobs
---          wait but the window admits none now; nothing claimed);
+--          wait but the queue's window, or every served group's window, admits none now;
+--          nothing claimed);
 --          next_due_ms = run-at of the earliest delayed job, -1 when none; with status 2
---          the window's opening instead when that comes first (the marker is set then too).
+--          the (earliest) window's opening instead when that comes first (the marker is set
+--          then too).
 -- Errors:  EMQINPUT bad count or lease; EMQVERSION keyspace of another major version
 --@include common
 --@include groups
@@ -36,14 +39,14 @@ local lease = tonumber(ARGV[2])
 if not n or n < 1 or not lease or lease < 1 then
   return redis.error_reply('EMQINPUT claim needs count >= 1 and lease >= 1 ms')
 end
-local grouped = #KEYS >= 11
+local grouped = #KEYS >= 12
 local ring_head, cap_poll, quantum = 0, 0, 0
 if #KEYS > 8 then
   ring_head, cap_poll, quantum = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  if not grouped or #ARGV - 7 ~= #KEYS - 11 or not ring_head or ring_head < 1
+  if not grouped or 2 * (#ARGV - 7) ~= #KEYS - 12 or not ring_head or ring_head < 1
       or not cap_poll or cap_poll < 1 or not quantum or quantum < 1 then
-    return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, group settings ' ..
-      'and one lane per group name')
+    return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, grate, group ' ..
+      'settings and a lane and rate key per group name')
   end
 end
 local err = emq_fence(KEYS[4], ARGV[4])
@@ -108,18 +111,37 @@ local function group_room(g, prune)
   return cap - active
 end
 
+-- Room left in group g's own rate window (nil: no limit), and when it next opens.
+-- rkey holds the group's claims of the last window (lease token -> claim instant).
+local function group_rate_room(g, rkey)
+  local spec = redis.call('HGET', KEYS[12], g)
+  if not spec then return nil end
+  local gmax, gwin = string.match(spec, '^(%d+):(%d+)$')
+  gmax, gwin = tonumber(gmax), tonumber(gwin)
+  if not gmax or not gwin or gmax < 1 or gwin < 1 then return nil end
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', now - gwin)
+  local used = redis.call('ZCARD', rkey)
+  local opens = now
+  if used > 0 then
+    opens = tonumber(redis.call('ZRANGE', rkey, 0, 0, 'WITHSCORES')[2]) + gwin
+  end
+  return gmax - used, opens, gwin
+end
+
 local want = math.min(n, room)
 local popped, capped, unpassed = {}, false, false
+local rate_open = nil        -- earliest opening of a group window that turned a group away
+local rated = {}             -- per popped job (by index): its group's source when rate-limited
 if not grouped then
   popped = redis.call('ZPOPMIN', KEYS[1], want)
 else
   -- Sources in turn order: the flat pending set counts as one more group.
   local sources = {{k = 1, g = false}}  -- k: index of the source's key in KEYS
   local passed = {}
-  for i = 12, #KEYS do
-    local g = ARGV[i - 4]
+  for i = 13, #KEYS, 2 do
+    local g = ARGV[8 + (i - 13) / 2]
     passed[g] = true
-    if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, g = g} end
+    if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, r = i + 1, g = g} end
   end
   local live = #sources
   local open = #sources  -- sources not yet empty or capped
@@ -131,18 +153,28 @@ else
       if not s.done then
         local g = s.g
         local left = g and group_room(g, first)
+        if g and s.rleft == nil then
+          local rl, opens, gwin = group_rate_room(g, KEYS[s.r])
+          s.rleft, s.opens, s.gwin = rl or false, opens, gwin
+        end
         if left and left <= 0 then
           s.done, capped, open = true, true, open - 1
+        elseif g and s.rleft and s.rleft <= 0 then
+          -- its window is full: skip it, and remember when it opens
+          s.done, open = true, open - 1
+          if not rate_open or s.opens < rate_open then rate_open = s.opens end
         else
           -- the last open source takes the rest in one pop (the flat-only hot path)
           local turn = quantum
           if open == 1 then turn = want end
-          local take = math.min(turn, want - #popped / 2, left or turn)
+          local take = math.min(turn, want - #popped / 2, left or turn, (g and s.rleft) or turn)
           local some = redis.call('ZPOPMIN', KEYS[s.k], take)
           for j = 1, #some, 2 do
             popped[#popped + 1], popped[#popped + 2] = some[j], some[j + 1]
             if left then redis.call('ZADD', KEYS[10], 0, g .. '\0' .. some[j]) end
+            if g and s.rleft then rated[#popped / 2] = s end
           end
+          if g and s.rleft then s.rleft = s.rleft - #some / 2 end
           if some[1] then
             s.served = true
             live = live + 1
@@ -172,6 +204,12 @@ if count == 0 then
   elseif capped and (next_due == -1 or next_due > now + cap_poll) then
     out[3] = now + cap_poll
   end
+  if rate_open and not (unpassed and not capped) then
+    -- only group windows held jobs back: sleep on the marker until the first opens
+    emq_wake_at(KEYS[5], rate_open)
+    out[2] = 2
+    if out[3] == -1 or rate_open < out[3] then out[3] = rate_open end
+  end
   return finish()
 end
 
@@ -197,6 +235,13 @@ if limited then
   redis.call('ZADD', KEYS[8], unpack(rargs))
   redis.call('PEXPIRE', KEYS[8], window)  -- nothing outlives the window it counts for
 end
+-- Each rate-limited group's window counts its claims too (same token -> instant pairs).
+local touched = {}
+for i, s in pairs(rated) do
+  redis.call('ZADD', KEYS[s.r], now, out[3 + 2 * i])
+  touched[s] = true
+end
+for s in pairs(touched) do redis.call('PEXPIRE', KEYS[s.r], s.gwin) end
 -- More work left: pass the wake-up on to the next idle worker (or, the window
 -- now full, have it woken when the window opens).
 local more = redis.call('ZCARD', KEYS[1]) > 0
