@@ -49,24 +49,35 @@ def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
     moved = {k.name: 0 for k in keys}
     if not keys:
         return moved
-    due = yield Batch([Call(_DUE, [k.delayed], [limit, 1]) for k in keys], wire=True)
+    due = yield Batch([Call(_DUE, [k.delayed, k.meta], [limit, 1]) for k in keys], wire=True)
     found: List[Tuple[QueueKeys, List[str]]] = []
+    grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
     for k, reply in zip(keys, due):
         if isinstance(reply, Exception):
             raise reply
-        ids = [_text(i) for i in reply[1:]]
+        ids = [_text(i) for i in reply[2:]]
         if ids:
             found.append((k, ids))
+            if reply[1]:
+                grouped.append((k, ids))
     if not found:
         return moved
-    # A grouped job rejoins its lane: read every due job's group in one pipelined pass.
-    groups = yield Batch([Cmd.of("HGET", key, "group") for k, ids in found for key in k.jobs(ids)])
-    calls, owners, at = [], [], 0
+    # A grouped job rejoins its lane: read the due jobs' groups in one pipelined pass,
+    # only for queues that ever held grouped jobs.
+    groups = (yield Batch([Cmd.of("HGET", key, "group")
+                           for k, ids in grouped for key in k.jobs(ids)])) if grouped else []
+    group_of: Dict[str, Dict[str, Optional[str]]] = {}
+    at = 0
+    for k, ids in grouped:
+        group_of[k.name] = {j: (_text(g) if g is not None else None)
+                            for j, g in zip(ids, groups[at:at + len(ids)])}
+        at += len(ids)
+    calls, owners = [], []
     for k, ids in found:
         by_group: Dict[Optional[str], List[str]] = defaultdict(list)
-        for job_id, g in zip(ids, groups[at:at + len(ids)]):
-            by_group[_text(g) if g is not None else None].append(job_id)
-        at += len(ids)
+        known = group_of.get(k.name, {})
+        for job_id in ids:
+            by_group[known.get(job_id)].append(job_id)
         # the same calls Queue.promote makes (tests hold the two in step)
         for call in lane_moves(k, by_group, lambda pending, ids_, k=k: Call(
                 _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],

@@ -222,13 +222,13 @@ class Queue:
         """Release due delayed jobs to pending (server clock); returns how many moved."""
         check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = yield Call(_DUE, [k.delayed], [limit, 1])
-        due = [i.decode() for i in reply[1:]]
+        reply = yield Call(_DUE, [k.delayed, k.meta], [limit, 1])
+        due = [i.decode() for i in reply[2:]]
         if not due:
             return 0
         # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
-        # standing in for its pending set
-        by_group = yield from groups_mod.groups_of(k, due)
+        # standing in for its pending set (queues that never had groups skip the lookup)
+        by_group = (yield from groups_mod.groups_of(k, due)) if reply[1] else {None: due}
         calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
             _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
             [KEYSPACE_VERSION, *ids_]))
@@ -243,11 +243,12 @@ class Queue:
         check_int(max_stalled, "max_stalled", 0, 1_000_000)
         check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = yield Call(_DUE, [k.active], [limit, 0])
-        expired = [i.decode() for i in reply[1:]]
+        reply = yield Call(_DUE, [k.active, k.meta], [limit, 0])
+        expired = [i.decode() for i in reply[2:]]
         if not expired:
             return 0, 0
-        by_group = yield from groups_mod.groups_of(k, expired)  # a reaped grouped job rejoins its lane
+        # a reaped grouped job rejoins its lane (queues that never had groups skip the lookup)
+        by_group = (yield from groups_mod.groups_of(k, expired)) if reply[1] else {None: expired}
         calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
             _REAP,
             [k.active, k.leases, pending, k.failed, k.marker, k.meta, k.events, k.metrics,

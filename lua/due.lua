@@ -2,9 +2,11 @@
 -- caller can declare their job keys to promote.lua / reap.lua.
 --
 -- KEYS[1] zset: emq:{q}:delayed (packed run-at scores) or emq:{q}:active (lease deadlines)
+-- KEYS[2..] optional: KEYS[2] meta hash emq:{q}:meta; then the reply says whether the
+--          queue has ever held grouped jobs, so callers skip the group lookup if not
 -- ARGV[1] max ids to return
 -- ARGV[2] '1' when KEYS[1] holds packed delayed scores, '0' for plain ms scores
--- Returns: {now_ms, id1, id2, ...} oldest first
+-- Returns: {now_ms, id1, id2, ...} oldest first; with KEYS[2]: {now_ms, grouped 0/1, id1, ...}
 -- Errors:  EMQINPUT bad limit
 --@include common
 
@@ -16,5 +18,8 @@ local now = emq_now()
 local bound = now
 if ARGV[2] == '1' then bound = emq_due_bound(now) end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, limit)
+if KEYS[2] then
+  table.insert(ids, 1, redis.call('HGET', KEYS[2], 'grouped') == '1' and 1 or 0)
+end
 table.insert(ids, 1, now)
 return ids

@@ -64,6 +64,8 @@ if err then return redis.error_reply(err) end
 local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
   ARGV[4], priority, run_at, now)
 redis.call('HSET', KEYS[1], 'group', group)
+-- the queue now has grouped jobs: promote/reap must look up groups (due.lua reports it)
+redis.call('HSET', KEYS[5], 'grouped', '1')
 emq_event(KEYS[7], emq_events_cap(KEYS[5]), 'enqueued', 'id', id, 'state', state,
   'group', group)
 if state == 'scheduled' then
