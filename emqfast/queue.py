@@ -276,11 +276,18 @@ class Queue:
 
     @operation
     def counts(self) -> Dict[str, int]:
-        """Number of jobs per state."""
+        """Number of jobs per state. ``pending`` includes the jobs waiting in group lanes;
+        ``grouped`` is how many of them do (one round trip without groups, two with)."""
         k = self.keys
-        s, p, a, c, f = yield Batch([Cmd.of("ZCARD", key) for key in
-                                     (k.delayed, k.pending, k.active, k.completed, k.failed)])
-        return {"scheduled": s, "pending": p, "active": a, "completed": c, "failed": f}
+        s, p, a, c, f, ring = yield Batch(
+            [Cmd.of("ZCARD", key) for key in (k.delayed, k.pending, k.active, k.completed,
+                                              k.failed)] + [Cmd.of("ZRANGE", k.groups, 0, -1)])
+        grouped = 0
+        if ring:  # a lane holding jobs keeps its group on the ring, so these are all of them
+            lanes = yield Batch([Cmd.of("ZCARD", k.group_pending(g.decode())) for g in ring])
+            grouped = sum(int(n) for n in lanes)
+        return {"scheduled": s, "pending": p + grouped, "grouped": grouped, "active": a,
+                "completed": c, "failed": f}
 
     @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from .job import Job
 
-STATE_STYLES = {"scheduled": "cyan", "pending": "yellow", "active": "blue",
-                "completed": "green", "failed": "red"}
+STATE_STYLES = {"scheduled": "cyan", "pending": "yellow", "grouped": "yellow",
+                "active": "blue", "completed": "green", "failed": "red"}
 
 
 def fmt_ms(epoch_ms: Optional[int], tz: Optional[dt.tzinfo] = None, *, date: bool = True) -> str:
@@ -68,11 +68,15 @@ def short_error(error: Optional[str], width: int = 60) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
+_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed")
+
+
 def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queues") -> Table:
-    """One row per queue: counts per state, paused flag, next due job, schedules."""
+    """One row per queue: counts per state (pending includes the grouped jobs waiting in
+    lanes, also shown on their own), paused flag, next due job, schedules."""
     table = Table(title=title, title_justify="left")
     table.add_column("queue", style="bold", overflow="fold")
-    for state in ("scheduled", "pending", "active", "completed", "failed"):
+    for state in _COLUMNS:
         table.add_column(state, justify="right", style=STATE_STYLES[state])
     table.add_column("paused")
     table.add_column("next due", no_wrap=True)
@@ -80,8 +84,7 @@ def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queu
     for row in rows:
         c = row["counts"]
         nxt = row.get("next_due_ms")
-        table.add_row(row["queue"], *(str(c[s]) for s in
-                                      ("scheduled", "pending", "active", "completed", "failed")),
+        table.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS),
                       "yes" if row.get("paused") else "no",
                       f"{fmt_ms(nxt, date=False)} ({fmt_relative(nxt, now_ms)})" if nxt else "-",
                       str(row.get("schedules", "-")))

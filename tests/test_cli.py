@@ -82,13 +82,14 @@ def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, 
     out = emq("--url", redis_url, "stats", qname)
     assert out.returncode == 0, out.stderr
     row = cells(out.stdout, qname)
-    assert row[1:6] == ["1", "2", "0", "2", "1"]  # scheduled pending active completed failed
-    assert row[6] == "no"
-    assert fmt_ms(q.next_due_ms(), date=False) in row[7] and "in " in row[7]
+    # scheduled pending grouped active completed failed
+    assert row[1:7] == ["1", "2", "0", "0", "2", "1"]
+    assert row[7] == "no"
+    assert fmt_ms(q.next_due_ms(), date=False) in row[8] and "in " in row[8]
 
     everything = emq("stats", "--url", redis_url)  # --url after the command works too
     assert everything.returncode == 0, everything.stderr
-    assert cells(everything.stdout, qname)[1:6] == ["1", "2", "0", "2", "1"]
+    assert cells(everything.stdout, qname)[1:7] == ["1", "2", "0", "0", "2", "1"]
 
 
 def test_stats_watch_refreshes_then_stops(redis_url, populated, qname):
@@ -290,7 +291,7 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
     assert cells(out.stdout, "heartbeat")[1] == "every 1 min"
 
     stats = emq("--url", redis_url, "stats", qname)
-    assert cells(stats.stdout, qname)[8] == "3"
+    assert cells(stats.stdout, qname)[9] == "3"
     assert cells(stats.stdout, "tokyo-report")[2] == "Asia/Tokyo"
 
     empty = emq("--url", redis_url, "schedules", qname + "-none")

@@ -130,7 +130,8 @@ def test_enqueue_get_counts_and_duplicate(q, facade):
     job = q.get("JOB-one")
     assert (job.state, job.payload, job.attempts) == ("pending", {"to": "ada"}, 0)
     assert q.get("JOB-missing") is None
-    assert q.counts() == {"scheduled": 0, "pending": 1, "active": 0, "completed": 0, "failed": 0}
+    assert q.counts() == {"scheduled": 0, "pending": 1, "grouped": 0, "active": 0,
+                          "completed": 0, "failed": 0}
 
 
 def test_priority_order_then_arrival(q):

@@ -73,7 +73,8 @@ def _populate(q: emqfast.Queue) -> dict:
     emqfast.Worker(q, handler).run_until_idle(timeout_s=30)
     ids = {"pending": q.enqueue("p").id, "scheduled": q.enqueue_in("s", 3_600_000).id,
            "completed": done, "failed": doomed}
-    assert q.counts() == {"scheduled": 1, "pending": 1, "active": 0, "completed": 1, "failed": 1}
+    assert q.counts() == {"scheduled": 1, "pending": 1, "grouped": 0, "active": 0,
+                          "completed": 1, "failed": 1}
     return ids
 
 

@@ -119,7 +119,8 @@ def test_stalls_beyond_max_stalled_fail_the_job(r, q):
     job = q.get(ref.id)
     assert (job.state, job.error, job.stalls) == ("failed", "stalled", 2)
     assert q.job_ids("failed") == [ref.id]
-    assert q.counts() == {"scheduled": 0, "pending": 0, "active": 0, "completed": 0, "failed": 1}
+    assert q.counts() == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
+                          "completed": 0, "failed": 1}
     assert r.hlen(q.keys.leases) == 0
 
 

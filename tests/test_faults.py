@@ -157,8 +157,8 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, 
     report(f"worker SIGKILL [{backend}]", jobs=n_jobs, kills=kills, kills_while_holding=kills_holding,
            held_at_death=sum(held.values()), reruns=sum(reruns.values()), lost=lost)
     assert lost == 0 and completed == set(ids)
-    assert counts == {"scheduled": 0, "pending": 0, "active": 0, "completed": n_jobs,
-                      "failed": 0}
+    assert counts == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
+                      "completed": n_jobs, "failed": 0}
     assert set(execs) == set(ids)  # every job ran at least once
     # a job re-runs only if a worker died holding it, at most once per such death
     assert all(reruns[j] <= held[j] for j in reruns), \
@@ -397,4 +397,5 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     assert not twice, twice
     assert set(cancelled) == expected  # every slot from start to the last: no gap, no extra
     assert len(expected) >= n_slots and outages == 2 and kills >= 10
-    assert q.counts() == dict.fromkeys(("scheduled", "pending", "active", "completed", "failed"), 0)
+    assert q.counts() == dict.fromkeys(
+        ("scheduled", "pending", "grouped", "active", "completed", "failed"), 0)

@@ -143,3 +143,61 @@ def test_aio_worker_honours_a_group_rate_limit(redis_url, qname):
     assert _most_in_any_window(times, window - 20) <= n
     assert times[-1] - times[0] >= 3 * window - 20  # 16 jobs of A need four windows
     assert max(j.finished_ms for j in by["B"]) < times[-1] - window  # B is not paced
+
+
+# --- counts(): grouped jobs waiting in lanes are pending too -------------------------------
+
+def test_counts_include_jobs_waiting_in_group_lanes(redis_url, qname, backend):
+    q = make_queue(redis_url, qname)
+    q.enqueue_many(list(range(3)))
+    q.enqueue_many(list(range(4)), group="A")
+    q.enqueue_many(list(range(5)), group="B")
+    assert q.counts() == {"scheduled": 0, "pending": 12, "grouped": 9, "active": 0,
+                          "completed": 0, "failed": 0}
+    _, _, _, pairs = _claim_once(q, ["A", "B"], n=4)
+    assert len(pairs) == 4
+    c = q.counts()
+    assert (c["pending"], c["active"]) == (8, 4)
+    assert c["grouped"] == q.groups.counts("A")["pending"] + q.groups.counts("B")["pending"]
+
+
+def test_counts_of_a_queue_without_groups_stay_one_round_trip(redis_url, qname):
+    q = make_queue(redis_url, qname)
+    q.enqueue_many(list(range(3)))
+    batches = []
+    real = q._drive
+
+    def spy(op):
+        # count the round trips the counts() generator asks for
+        def counting():
+            reply = None
+            try:
+                while True:
+                    step = op.send(reply)
+                    batches.append(step)
+                    reply = yield step
+            except StopIteration as done:
+                return done.value
+        return real(counting())
+
+    q._drive = spy
+    assert q.counts()["pending"] == 3 and q.counts()["grouped"] == 0
+    assert len(batches) == 2  # one per call
+    q.enqueue("g", group="A")
+    batches.clear()
+    assert q.counts()["grouped"] == 1 and len(batches) == 2  # ring, then its lanes
+
+
+def test_stats_table_shows_grouped_jobs(redis_url, qname):
+    from rich.console import Console
+
+    from emqfast.cli import queue_row
+    from emqfast.render import counts_table
+    q = make_queue(redis_url, qname)
+    q.enqueue("flat")
+    q.enqueue_many(list(range(2)), group="A")
+    console = Console(record=True, width=200)
+    console.print(counts_table([queue_row(q)], 0))
+    row = next(line for line in console.export_text().splitlines() if qname in line)
+    cells = [p.strip() for p in row.split("│")][1:-1]
+    assert cells[1:7] == ["0", "3", "2", "0", "0", "0"]  # scheduled pending grouped ...
