@@ -27,32 +27,12 @@
 --@include groups
 
 local id = ARGV[1]
-if string.sub(id, 1, 3) ~= 'JOB' then
-  return redis.error_reply('EMQKIND job id must start with JOB')
-end
-local priority = tonumber(ARGV[5])
-if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
-  return redis.error_reply('EMQRANGE priority must be an integer in [0, 2097151]')
-end
-local mode = ARGV[6]
-local value = tonumber(ARGV[7])
-if not value or value % 1 ~= 0 or (mode ~= 'now' and mode ~= 'at' and mode ~= 'in') then
-  return redis.error_reply('EMQINPUT mode must be now/at/in with an integer ms value')
-end
-if value < 0 then
-  return redis.error_reply('EMQRANGE delay / run-at must not be negative')
-end
+-- Validate everything before the first write: bad input leaves Redis untouched.
+local bad, priority, run_at, now = emq_check_admission(id, ARGV[5], ARGV[6], ARGV[7])
+if bad then return redis.error_reply(bad) end
 local group = ARGV[9]
 if not group or group == '' then
   return redis.error_reply('EMQINPUT a grouped job needs a group name')
-end
-
--- Validate everything before the first write: bad input leaves Redis untouched.
-local now = emq_now()
-local run_at = now
-if mode == 'at' then run_at = value elseif mode == 'in' then run_at = now + value end
-if run_at - EMQ_EPOCH > EMQ_MAX_OFFSET then
-  return redis.error_reply('EMQRANGE run-at beyond the exact range of delayed scores')
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0

@@ -22,3 +22,30 @@ local function emq_admit(job_key, pending, delayed, marker, counter,
   emq_wake(marker)
   return 'pending'
 end
+
+-- Validate an enqueue's id, priority and timing before any write (ARGV[1] and
+-- ARGV[5..7] of enqueue.lua and enqueue_group.lua). Returns an error reply text,
+-- or nil followed by priority, run_at and now (server clock).
+local function emq_check_admission(id, priority_arg, mode, value_arg)
+  if string.sub(id, 1, 3) ~= 'JOB' then
+    return 'EMQKIND job id must start with JOB'
+  end
+  local priority = tonumber(priority_arg)
+  if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
+    return 'EMQRANGE priority must be an integer in [0, 2097151]'
+  end
+  local value = tonumber(value_arg)
+  if not value or value % 1 ~= 0 or (mode ~= 'now' and mode ~= 'at' and mode ~= 'in') then
+    return 'EMQINPUT mode must be now/at/in with an integer ms value'
+  end
+  if value < 0 then
+    return 'EMQRANGE delay / run-at must not be negative'
+  end
+  local now = emq_now()
+  local run_at = now
+  if mode == 'at' then run_at = value elseif mode == 'in' then run_at = now + value end
+  if run_at - EMQ_EPOCH > EMQ_MAX_OFFSET then
+    return 'EMQRANGE run-at beyond the exact range of delayed scores'
+  end
+  return nil, priority, run_at, now
+end
