@@ -1,28 +1,72 @@
 """Per-queue metrics kept in Redis, exported in Prometheus text format.
 
-The Lua moves count into the queue's metrics hash (``emq:{q}:metrics``):
-``completed`` / ``failed`` / ``retried`` / ``stalled`` counters and two latency
+The queue's metrics hash (``emq:{q}:metrics``) holds ``completed`` / ``failed`` /
+``retried`` / ``stalled`` counters, which the Lua moves count exactly, and two latency
 histograms, ``wait`` (due -> started) and ``run`` (started -> finished), as
-per-bucket counts ``<name>:le:<bound ms>`` plus ``<name>:sum`` (ms). Because
+per-bucket counts ``<name>:le:<bound ms>`` plus ``<name>:sum`` (ms). complete.lua and
+fail.lua only return each run's times: Workers bucket an ack batch with
+:class:`Observations` and add it in one ``metrics_add.lua`` call (bucketing per job in
+Lua cost ~40% of Redis CPU on the drain path), so scripts called directly record no
+histograms. Because
 the numbers live in Redis, any process sees the cluster-wide totals: the
 :class:`Collector` reads them at scrape time (``prometheus_client`` custom
 collector), and ``emqfast metrics`` prints or serves them.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .keys import QueueKeys
 from .ops import Batch, Cmd, Op, run
 
-# Upper bounds (ms) of the histogram buckets: the same list as lua/includes/metrics.lua
-# EMQ_BUCKETS (tests/test_observability.py holds the two in step).
+# Upper bounds (ms) of the histogram buckets (non-cumulative fields in Redis).
 BUCKETS_MS: Tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
                                60000, 300000, 1800000)
 COUNTERS = ("completed", "failed", "retried", "stalled")
 HISTOGRAMS = ("wait", "run")
 STATES = ("scheduled", "pending", "active", "completed", "failed")
+
+
+def bucket_field(name: str, ms: int) -> str:
+    """The metrics-hash field counting an observation of ``ms`` in histogram ``name``:
+    ``<name>:le:<first bound >= ms>``, or ``<name>:le:+Inf`` above the last bound."""
+    i = bisect_left(BUCKETS_MS, ms)
+    return f"{name}:le:{BUCKETS_MS[i] if i < len(BUCKETS_MS) else '+Inf'}"
+
+
+class Observations:
+    """Histogram observations of one ack batch, summed as the metrics hash keeps them,
+    so a whole batch is written with one ``metrics_add.lua`` call."""
+
+    def __init__(self) -> None:
+        self.fields: Dict[str, int] = {}
+
+    def observe(self, name: str, ms: int) -> None:
+        """Count ``ms`` into histogram ``name`` ("wait" or "run"); a negative time means
+        "not known" (the script could not time the run) and is skipped."""
+        self.observe_many(name, (ms,))
+
+    def observe_many(self, name: str, times: Iterable[int]) -> None:
+        """:meth:`observe` each of ``times`` (one pass: this runs per ack batch on the
+        drain path, so it avoids per-job formatting)."""
+        known = [ms for ms in times if ms >= 0]
+        if not known:
+            return
+        f = self.fields
+        for i, n in Counter(bisect_left(BUCKETS_MS, ms) for ms in known).items():
+            key = f"{name}:le:{BUCKETS_MS[i] if i < len(BUCKETS_MS) else '+Inf'}"
+            f[key] = f.get(key, 0) + n
+        f[name + ":sum"] = f.get(name + ":sum", 0) + sum(known)
+
+    def __bool__(self) -> bool:
+        return bool(self.fields)
+
+    def pairs(self) -> List[Any]:
+        """``[field, increment, ...]`` for metrics_add.lua."""
+        return [x for item in self.fields.items() for x in item]
 
 
 @dataclass

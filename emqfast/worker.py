@@ -390,11 +390,27 @@ class Worker:
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
         core.tally(self.stats, batch, replies, retrying)
+        self._write_run_times(batch, replies, batcher)
         with self._lock:
             for outcome in batch:
                 self._running.pop(outcome[1].id, None)
             self._pending_acks -= len(batch)
             self._lock.notify_all()
+
+    def _write_run_times(self, batch: List[tuple], replies: List[Any], batcher: Any) -> None:
+        """Add the batch's wait/run times to the histograms in one call. Best effort: the
+        outcomes (and the exact counters) are already written, so a failure is logged,
+        not retried."""
+        obs = core.run_times(batch, replies)
+        if not obs:
+            return
+        try:
+            [reply] = run_calls(batcher, [core.metrics_call(self._keys, obs)])
+            if isinstance(reply, Exception):
+                raise reply
+        except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
+            log.warning("emqfast worker %s: could not record run times of %d jobs (%s)",
+                        self.name, len(batch), exc)
 
     def _abandon(self, batch: List[tuple]) -> None:
         """Forget jobs whose outcome could not be written: no longer extending their

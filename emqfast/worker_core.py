@@ -15,6 +15,7 @@ from .dispatch import JobRows
 from .errors import LeaseLost, PayloadError, Unrecoverable
 from .job import Job
 from .keys import QueueKeys
+from .metrics import Observations
 from .ops import Call
 from .scripts import load
 from .version import KEYSPACE_VERSION
@@ -28,6 +29,7 @@ _FAIL = load("fail")
 _EXTEND = load("extend")
 _RELEASE = load("release")
 _PROGRESS = load("progress")
+_METRICS_ADD = load("metrics_add")
 
 # Group lanes (claim.lua): how many ready groups a claim reply names for the next turn,
 # how soon a worker that found only capped groups polls again (a finishing job does not
@@ -159,6 +161,31 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
             log.info("emqfast: job %s %s (queue %s, attempt %d): %s: %s", job.id,
                      "will retry" if retry else "failed", job.queue, job.attempts,
                      type(outcome[3]).__name__, outcome[3], extra=ctx)
+
+
+def run_times(batch: Sequence[Outcome], replies: Sequence[Any]) -> Observations:
+    """The wait/run times complete.lua (``[wait, run]``) and fail.lua (``[flag, wait,
+    run]``) returned for a batch, bucketed for one :func:`metrics_call`; refused
+    outcomes (lease lost, errors) were not timed."""
+    waits, runs = [], []
+    for outcome, reply in zip(batch, replies):
+        if type(reply) is not list:  # an error reply: not timed
+            continue
+        if outcome[0] == "done":
+            wait, run = reply
+        else:
+            _, wait, run = reply
+        waits.append(wait)
+        runs.append(run)
+    obs = Observations()
+    obs.observe_many("wait", waits)
+    obs.observe_many("run", runs)
+    return obs
+
+
+def metrics_call(k: QueueKeys, obs: Observations) -> Call:
+    """metrics_add.lua: add a batch's bucketed observations to the metrics hash."""
+    return Call(_METRICS_ADD, [k.metrics, k.meta], [KEYSPACE_VERSION, *obs.pairs()])
 
 
 # --- leases -------------------------------------------------------------------------------

@@ -17,7 +17,8 @@
 -- ARGV[4] error message
 -- ARGV[5] traceback text
 -- ARGV[6] keyspace version of the caller
--- Returns: 1 re-parked for a retry, 0 moved to the failed set
+-- Returns: {1 re-parked for a retry or 0 moved to the failed set, wait ms, run ms}: the
+--          times as complete.lua returns them, for the caller's histograms
 -- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
 --          EMQVERSION keyspace of another major version
 --@include common
@@ -35,16 +36,15 @@ if err then return redis.error_reply(err) end
 local now = emq_now()
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-emq_observe_run(KEYS[10], KEYS[1], now)
+local wait, run, attempt = emq_run_times(KEYS[1], now)
 local cap = emq_events_cap(KEYS[8])
-local attempt = redis.call('HGET', KEYS[1], 'attempts') or '0'
 if delay < 0 then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[4], 'traceback', ARGV[5],
     'finished', emq_int(now))
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HINCRBY', KEYS[10], 'failed', 1)
   emq_event(KEYS[9], cap, 'failed', 'id', ARGV[1], 'attempt', attempt, 'error', ARGV[4])
-  return 0
+  return {0, wait, run}
 end
 local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')
 if delay > 0 then
@@ -64,4 +64,4 @@ end
 redis.call('HINCRBY', KEYS[10], 'retried', 1)
 emq_event(KEYS[9], cap, 'retrying', 'id', ARGV[1], 'attempt', attempt, 'delay', emq_int(delay),
   'error', ARGV[4])
-return 1
+return {1, wait, run}

@@ -22,7 +22,7 @@ from emqfast import Backoff, metrics, scripts, worker_core
 from emqfast.cli import cli
 from emqfast.errors import InvalidInput, LeaseLost, PayloadError, RangeError
 from conftest import _free_port, dump_queue
-from engine_util import claim, fail, make_queue, release, wait_server_past, wait_until
+from engine_util import claim, complete, fail, make_queue, release, wait_server_past, wait_until
 
 NO_WAIT = Backoff.fixed(0)
 
@@ -188,10 +188,61 @@ def test_metrics_count_outcomes_and_latencies(redis_url, qname, r):
     assert m.states["pending"] == 1 and m.states["completed"] == 5
 
 
-def test_bucket_bounds_match_the_lua_include():
-    text = (scripts.lua_dir() / "includes" / "metrics.lua").read_text()
-    lua = re.search(r"EMQ_BUCKETS = \{([^}]*)\}", text).group(1)
-    assert tuple(int(x) for x in re.findall(r"\d+", lua)) == metrics.BUCKETS_MS
+def test_bucket_field_picks_the_first_bound_at_or_above():
+    # the rule the Lua used to apply: a time lands in the first bucket whose bound >= it
+    assert metrics.bucket_field("run", 0) == "run:le:5"
+    assert metrics.bucket_field("run", 5) == "run:le:5"
+    assert metrics.bucket_field("wait", 6) == "wait:le:10"
+    assert metrics.bucket_field("run", 1_800_000) == "run:le:1800000"
+    assert metrics.bucket_field("run", 1_800_001) == "run:le:+Inf"
+    obs = metrics.Observations()
+    for ms in (3, 7, 7, -1):  # -1: a time the script could not know, skipped
+        obs.observe("run", ms)
+    assert obs.fields == {"run:le:5": 1, "run:le:10": 2, "run:sum": 17}
+
+
+def test_scripts_called_directly_time_the_run_but_record_no_histogram(redis_url, qname, r):
+    # histograms are the Worker's job (one metrics_add per ack batch); counters stay exact
+    q = make_queue(redis_url, qname)
+    q.enqueue_many(["a", "b"])
+    [(done_id, done_token), (bad_id, bad_token)] = claim(q, "w", n=2, lease_ms=10_000)
+    wait_ms, run_ms = complete(q, done_id, done_token)
+    assert 0 <= wait_ms < 60_000 and 0 <= run_ms < 60_000
+    flag, wait_ms, run_ms = fail(q, bad_id, bad_token)
+    assert flag == 0 and 0 <= wait_ms < 60_000 and 0 <= run_ms < 60_000
+    raw = {k.decode(): int(v) for k, v in r.hgetall(q.keys.metrics).items()}
+    assert raw == {"completed": 1, "failed": 1}
+
+
+def test_metrics_add_refuses_bad_input_and_writes_nothing(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    q.enqueue("x")
+    add = scripts.load("metrics_add")
+    keys, version = [q.keys.metrics, q.keys.meta], emqfast.version.KEYSPACE_VERSION
+    before = dump_queue(r, qname)
+    for args in ([version, "run:sum"],                 # odd pairs
+                 [version, "completed", 5],            # a counter: the scripts' alone
+                 [version, "run:le:7x", 1],            # not a bucket
+                 [version, "run:sum", -3],             # negative
+                 [version, "run:le:5", 1, "wait:sum", "1.5"]):  # one bad pair refuses all
+        with pytest.raises(InvalidInput):
+            add(r, keys, args)
+    assert dump_queue(r, qname) == before
+    assert add(r, keys, [version, "run:le:5", 2, "run:sum", 7, "wait:le:+Inf", 1]) == 3
+    assert q.metrics().run.buckets[0] == (5.0, 2) and q.metrics().run.sum_ms == 7
+
+
+def test_aio_worker_records_histograms(redis_url, qname):
+    q = emq.Queue(qname, emq.connect(redis_url))
+
+    async def drain():
+        await q.enqueue_many(["a", "b", "c", "d"])
+        return await emq.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
+
+    stats = asyncio.run(asyncio.wait_for(drain(), 60))
+    assert stats.completed == 4
+    m = emqfast.Queue(qname, redis.Redis.from_url(redis_url)).metrics()
+    assert m.counters["completed"] == 4 and m.run.count == 4 and m.wait.count == 4
 
 
 def _families(text: str) -> dict:

@@ -355,7 +355,23 @@ class Worker:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
         core.tally(self.stats, batch, replies, retrying)
+        await self._write_run_times(batch, replies)
         self._forget(batch)
+
+    async def _write_run_times(self, batch: List[tuple], replies: List[Any]) -> None:
+        """Add the batch's wait/run times to the histograms in one call. Best effort: the
+        outcomes (and the exact counters) are already written, so a failure is logged,
+        not retried."""
+        obs = core.run_times(batch, replies)
+        if not obs:
+            return
+        try:
+            [reply] = await run_pipeline_async(self._redis, [core.metrics_call(self._keys, obs)])
+            if isinstance(reply, Exception):
+                raise reply
+        except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
+            log.warning("emqfast aio worker %s: could not record run times of %d jobs (%s)",
+                        self.name, len(batch), exc)
 
     def _forget(self, batch: List[tuple]) -> None:
         for outcome in batch:

@@ -1,33 +1,20 @@
--- includes/metrics.lua: per-queue counters and latency histograms kept in the
--- metrics hash, so any process can export a cluster-wide view. Needs common.lua.
--- The bucket bounds (ms) are mirrored by emqfast/metrics.py BUCKETS_MS (a test
--- holds the two in step).
-local EMQ_BUCKETS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000,
-  300000, 1800000}
+-- includes/metrics.lua: the run times a finishing script hands back to its caller.
+-- Needs common.lua. Histograms are not written here: the Worker buckets the times of
+-- a whole ack batch and adds them with one metrics_add.lua call (emqfast/metrics.py
+-- owns the bucket bounds), which keeps per-job Redis CPU on the drain path low.
 
--- Count one observation of `ms` into histogram `name` (fields '<name>:le:<bound>'
--- per bucket, not cumulative; '<name>:le:+Inf' above the last; '<name>:sum').
-local function emq_observe(metrics, name, ms)
-  if ms < 0 then ms = 0 end
-  local le = '+Inf'
-  for _, bound in ipairs(EMQ_BUCKETS) do
-    if ms <= bound then
-      le = tostring(bound)
-      break
-    end
-  end
-  redis.call('HINCRBY', metrics, name .. ':le:' .. le, 1)
-  redis.call('HINCRBY', metrics, name .. ':sum', ms)
-end
-
--- Wait (due -> started) and run (started -> now) times of the run ending now, from the
--- job hash. "Due" is the run-at for a delayed or retried job, else its creation, so a
--- requested delay is not counted as queueing.
-local function emq_observe_run(metrics, job_key, now)
-  local f = redis.call('HMGET', job_key, 'created', 'run_at', 'started')
+-- One read of what a finishing script needs from the job hash: the wait (due -> started)
+-- and run (started -> now) ms of the run ending now, -1 for a time that cannot be known
+-- (never started), and the attempt number for its event. "Due" is the run-at for a
+-- delayed or retried job, else its creation, so a requested delay is not counted as
+-- queueing. Integers: a Lua number in a reply is truncated to one anyway.
+local function emq_run_times(job_key, now)
+  local f = redis.call('HMGET', job_key, 'created', 'run_at', 'started', 'attempts')
+  local attempt = f[4] or '0'
   local started = tonumber(f[3] or '')
-  if not started then return end
+  if not started then return -1, -1, attempt end
   local due = tonumber(f[2] or '') or tonumber(f[1] or '')
-  if due then emq_observe(metrics, 'wait', started - due) end
-  emq_observe(metrics, 'run', now - started)
+  local wait = -1
+  if due then wait = math.floor(math.max(started - due, 0)) end
+  return wait, math.floor(math.max(now - started, 0)), attempt
 end
