@@ -393,7 +393,7 @@ class Worker:
         self._write_run_times(batch, replies, batcher)
         with self._lock:
             for outcome in batch:
-                self._running.pop(outcome[1].id, None)
+                self._finished(outcome)
             self._pending_acks -= len(batch)
             self._lock.notify_all()
 
@@ -412,12 +412,20 @@ class Worker:
             log.warning("emqfast worker %s: could not record run times of %d jobs (%s)",
                         self.name, len(batch), exc)
 
+    def _finished(self, outcome: tuple) -> None:
+        """Drop the run an outcome belongs to, and only that run: a retried job may
+        already be running again under the same id (a new token) by the time its
+        previous outcome's write returns."""
+        running = self._running.get(outcome[1].id)
+        if running is not None and running.token == outcome[2]:
+            del self._running[outcome[1].id]
+
     def _abandon(self, batch: List[tuple]) -> None:
         """Forget jobs whose outcome could not be written: no longer extending their
         leases hands them back to the reaper (re-run, never lost) instead of hanging."""
         with self._lock:
             for outcome in batch:
-                self._running.pop(outcome[1].id, None)
+                self._finished(outcome)
             self._pending_acks -= len(batch)
             self._lock.notify_all()
 

@@ -373,9 +373,17 @@ class Worker:
             log.warning("emqfast aio worker %s: could not record run times of %d jobs (%s)",
                         self.name, len(batch), exc)
 
+    def _finished(self, outcome: tuple) -> None:
+        """Drop the run an outcome belongs to, and only that run: a retried job may
+        already be running again under the same id (a new token) by the time its
+        previous outcome's write returns."""
+        running = self._running.get(outcome[1].id)
+        if running is not None and running.token == outcome[2]:
+            del self._running[outcome[1].id]
+
     def _forget(self, batch: List[tuple]) -> None:
         for outcome in batch:
-            self._running.pop(outcome[1].id, None)
+            self._finished(outcome)
         self._pending_acks -= len(batch)
         assert self._changed is not None
         self._changed.set()
