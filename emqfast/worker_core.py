@@ -8,7 +8,7 @@ extend and release jobs by the same rules; only scheduling and I/O differ.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import codec
 from .dispatch import JobRows
@@ -266,3 +266,12 @@ def idle(until_idle: bool, wait_scheduled: bool, status: int, next_due: int, now
     """Nothing claimable is left for ``run_until_idle`` (the caller checks its own in-flight)."""
     return until_idle and status == 1 and \
         (next_due == -1 or (not wait_scheduled and next_due > now))
+
+
+def forget_run(running: Dict[str, Any], outcome: tuple) -> None:
+    """Drop the run an outcome belongs to from a Worker's ``running`` map, and only
+    that run: a retried job may already be running again under the same id (a new
+    lease token) by the time its previous outcome's write returns."""
+    current = running.get(outcome[1].id)
+    if current is not None and current.token == outcome[2]:
+        del running[outcome[1].id]

@@ -374,12 +374,7 @@ class Worker:
                         self.name, len(batch), exc)
 
     def _finished(self, outcome: tuple) -> None:
-        """Drop the run an outcome belongs to, and only that run: a retried job may
-        already be running again under the same id (a new token) by the time its
-        previous outcome's write returns."""
-        running = self._running.get(outcome[1].id)
-        if running is not None and running.token == outcome[2]:
-            del self._running[outcome[1].id]
+        core.forget_run(self._running, outcome)
 
     def _forget(self, batch: List[tuple]) -> None:
         for outcome in batch:
