@@ -374,22 +374,18 @@ class Worker:
                 batcher.close()
 
     def _write_outcomes(self, batch: List[tuple], batcher: Any) -> None:
-        calls, retrying = [], []
-        for outcome in batch:
-            call, retry = core.outcome_call(self._keys, outcome)
-            calls.append(call)
-            retrying.append(retry)
+        plan = core.AckPlan(self._keys, batch)
         delay_s = 0.05
         while True:  # an outcome is never dropped: retry until Redis takes it
             try:
-                replies = run_calls(batcher, calls)
+                replies = plan.replies(run_calls(batcher, plan.calls))
                 break
             except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
                 log.warning("emqfast worker %s: cannot write outcomes (%s); retrying",
                             self.name, type(exc).__name__)
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
-        core.tally(self.stats, batch, replies, retrying)
+        core.tally(self.stats, batch, replies, plan.retrying)
         self._write_run_times(batch, replies, batcher)
         with self._lock:
             for outcome in batch:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import codec
 from .dispatch import JobRows
-from .errors import LeaseLost, PayloadError, Unrecoverable
+from .errors import LeaseLost, PayloadError, Unrecoverable, from_reply
 from .job import Job
 from .keys import QueueKeys
 from .metrics import Observations
@@ -37,6 +37,8 @@ _METRICS_ADD = load("metrics_add")
 RING_HEAD = 16
 CAP_POLL_MS = 50
 GROUP_QUANTUM = 1
+# Successful outcomes per complete.lua call: one call's Lua run blocks Redis ~2 ms at most.
+COMPLETE_CHUNK = 200
 
 Pair = Tuple[str, str]  # (job id, lease token)
 # An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
@@ -110,14 +112,16 @@ def retry_delay_ms(job: Job, may_retry: bool) -> int:
     return job.backoff.delay_ms(job.attempts) if job.backoff is not None else 0
 
 
-def outcome_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, Optional[bool]]:
-    """The complete/fail call for one outcome, and None (done) / True (retry) / False (failed)."""
-    kind, job, token = outcome[0], outcome[1], outcome[2]
-    if kind == "done":
-        return Call(_COMPLETE, [k.job(job.id), k.active, k.leases, k.completed, k.meta,
-                                k.events, k.metrics],
-                    [job.id, token, outcome[3], KEYSPACE_VERSION]), None
-    exc, tb, may_retry = outcome[3], outcome[4], outcome[5]
+def complete_call(k: QueueKeys, done: Sequence[Outcome]) -> Call:
+    """complete.lua for many successful outcomes: one call, one reply entry per job."""
+    return Call(_COMPLETE, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
+                            *k.jobs([o[1].id for o in done])],
+                [KEYSPACE_VERSION, *[x for o in done for x in (o[1].id, o[2], o[3])]])
+
+
+def fail_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, bool]:
+    """fail.lua for one failed outcome, and whether the job will retry."""
+    job, token, exc, tb, may_retry = outcome[1], outcome[2], outcome[3], outcome[4], outcome[5]
     delay = retry_delay_ms(job, may_retry)
     if delay == 0 and job_group(job) is not None:
         # fail.lua re-pends a zero-delay retry on the flat pending set; a grouped job
@@ -127,6 +131,49 @@ def outcome_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, Optional[bool]]:
     return Call(_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed, k.pending,
                         k.marker, k.meta, k.events, k.metrics],
                 [job.id, token, delay, message, tb, KEYSPACE_VERSION]), delay >= 0
+
+
+class AckPlan:
+    """The calls writing one batch of outcomes, and how to read their replies back per
+    outcome. Successes share complete.lua calls of up to ``COMPLETE_CHUNK`` jobs (one
+    script call per chunk, not per job: the per-call cost is most of a drain's Redis
+    CPU); failures are rare and keep one fail.lua call each."""
+
+    def __init__(self, k: QueueKeys, batch: Sequence[Outcome]):
+        self.calls: List[Call] = []
+        # per outcome: None (done) / True (retry) / False (failed), as tally() wants
+        self.retrying: List[Optional[bool]] = []
+        self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
+        done_at: List[int] = []
+        for at, outcome in enumerate(batch):
+            if outcome[0] == "done":
+                done_at.append(at)
+                self.retrying.append(None)
+                self._slots.append((-1, -1))
+            else:
+                call, retry = fail_call(k, outcome)
+                self._slots.append((len(self.calls), -1))
+                self.calls.append(call)
+                self.retrying.append(retry)
+        for s in range(0, len(done_at), COMPLETE_CHUNK):
+            chunk = done_at[s:s + COMPLETE_CHUNK]
+            for entry, at in enumerate(chunk):
+                self._slots[at] = (len(self.calls), entry)
+            self.calls.append(complete_call(k, [batch[at] for at in chunk]))
+
+    def replies(self, replies: Sequence[Any]) -> List[Any]:
+        """One reply per outcome from the calls' replies: complete.lua's ``[wait, run]``,
+        fail.lua's ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job
+        whose lease was gone; a whole call's error for each of its jobs)."""
+        out: List[Any] = []
+        for call_at, entry in self._slots:
+            reply = replies[call_at]
+            if entry >= 0 and not isinstance(reply, Exception):
+                reply = reply[entry]
+                if isinstance(reply, bytes):  # 'EMQLEASE ...': this job only
+                    reply = from_reply(reply.decode()) or LeaseLost(reply.decode())
+            out.append(reply)
+        return out
 
 
 def log_context(job: Job) -> dict:

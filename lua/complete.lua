@@ -1,40 +1,73 @@
--- complete.lua: record a job's success, if and only if the caller still holds its lease.
+-- complete.lua: record the success of one or many jobs, each if and only if the
+-- caller still holds its lease. A Worker acknowledges a whole batch of finished
+-- jobs in one call: the fence, the clock, the event cap and the counter are paid
+-- once per call instead of once per job (most of the per-job Redis CPU of a drain).
 --
--- KEYS[1] job hash        emq:{q}:job:<id>
--- KEYS[2] active zset     emq:{q}:active
--- KEYS[3] leases hash     emq:{q}:leases
--- KEYS[4] completed zset  emq:{q}:completed (score = finish time, server ms)
--- KEYS[5] meta hash       emq:{q}:meta
--- KEYS[6] events stream   emq:{q}:events
--- KEYS[7] metrics hash    emq:{q}:metrics
--- ARGV[1] job id
--- ARGV[2] lease token from claim.lua
--- ARGV[3] result (JSON text)
--- ARGV[4] keyspace version of the caller
--- Returns: {wait ms, run ms} of the run: due -> started and started -> now, for the
---          caller's histograms (metrics_add.lua); -1 for a time not known, and
---          {-1, -1} when this very token already completed the job (a re-sent ack)
--- Errors:  EMQLEASE the lease expired and the job was reaped, re-claimed or already ended;
---          EMQVERSION keyspace of another major version
+-- KEYS[1] active zset     emq:{q}:active
+-- KEYS[2] leases hash     emq:{q}:leases
+-- KEYS[3] completed zset  emq:{q}:completed (score = finish time, server ms)
+-- KEYS[4] meta hash       emq:{q}:meta
+-- KEYS[5] events stream   emq:{q}:events
+-- KEYS[6] metrics hash    emq:{q}:metrics
+-- KEYS[7..] job hashes    emq:{q}:job:<id>, one per ARGV triple, same order
+-- ARGV[1] keyspace version of the caller
+-- ARGV[2..] triples: job id, lease token from claim.lua, result (JSON text)
+-- Returns: one entry per job, in order: {wait ms, run ms} of the run (due -> started and
+--          started -> now, for the caller's histograms via metrics_add.lua; -1 for a time
+--          not known), {-1, -1} when this very token already completed the job (a re-sent
+--          ack: nothing is rewritten), or the text 'EMQLEASE ...' when the lease expired and
+--          the job was reaped, re-claimed or already ended (that job is left untouched)
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 --@include metrics
 
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
-  -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
-  -- own completion: tokens are unique, so this is the same outcome, not a takeover.
-  local f = redis.call('HMGET', KEYS[1], 'state', 'worker')
-  if f[1] == 'completed' and f[2] == ARGV[2] then return {-1, -1} end  -- timed already
-  return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
+if #ARGV < 4 or (#ARGV - 1) % 3 ~= 0 or (#ARGV - 1) / 3 ~= #KEYS - 6 then
+  return redis.error_reply('EMQINPUT complete needs one id/token/result triple per job key')
 end
-local err = emq_fence(KEYS[5], ARGV[4])
+local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_now()
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local wait, run, attempt = emq_run_times(KEYS[1], now)  -- one read: times + attempt
-redis.call('HSET', KEYS[1], 'state', 'completed', 'result', ARGV[3], 'finished', emq_int(now))
-redis.call('ZADD', KEYS[4], now, ARGV[1])
-redis.call('HINCRBY', KEYS[7], 'completed', 1)
-emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'completed', 'id', ARGV[1],
-  'attempt', attempt)
-return {wait, run}
+local finished = emq_int(now)
+local cap = emq_events_cap(KEYS[4])
+-- Every lease in one read (chunked: Lua's unpack() has a stack limit).
+local held = {}
+for s = 2, #ARGV, 3 * 2000 do
+  local ids = {}
+  for a = s, math.min(s + 3 * 2000 - 1, #ARGV), 3 do ids[#ids + 1] = ARGV[a] end
+  for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do held[#held + 1] = v end
+end
+local out, done, scored, seen = {}, {}, {}, {}
+for i = 7, #KEYS do
+  local a = 3 * (i - 7) + 2
+  local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
+  -- (a job named twice in one call: its lease is dropped only at the end, so the
+  -- second mention must not pass the lease check again)
+  if not seen[id] and held[i - 6] == token then
+    seen[id] = true
+    local wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
+    redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
+    emq_event(KEYS[5], cap, 'completed', 'id', id, 'attempt', attempt)
+    done[#done + 1] = id
+    scored[#scored + 1] = now
+    scored[#scored + 1] = id
+    out[#out + 1] = {wait, run}
+  else
+    -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
+    -- own completion: tokens are unique, so this is the same outcome, not a takeover.
+    local f = redis.call('HMGET', key, 'state', 'worker')
+    if f[1] == 'completed' and f[2] == token then
+      out[#out + 1] = {-1, -1}  -- timed already
+    else
+      out[#out + 1] = 'EMQLEASE lease on ' .. id .. ' is no longer held by this worker'
+    end
+  end
+end
+-- The set writes once per call (chunked: Lua's unpack() has a stack limit).
+for s = 1, #done, 2000 do
+  local e = math.min(s + 1999, #done)
+  redis.call('HDEL', KEYS[2], unpack(done, s, e))
+  redis.call('ZREM', KEYS[1], unpack(done, s, e))
+  redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
+end
+if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
+return out

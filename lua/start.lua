@@ -21,18 +21,33 @@ local err = emq_fence(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_int(emq_now())
 local cap = emq_events_cap(KEYS[3])
+-- Every lease in one read (one bridge call per job fewer than a per-job HGET).
+local ids = {}
+for i = 5, #KEYS do ids[#ids + 1] = ARGV[2 * (i - 4)] end
+local held = {}
+for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
+  for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))) do
+    held[#held + 1] = v
+  end
+end
 local out = {}
 for i = 5, #KEYS do
   local id, token = ARGV[2 * (i - 4)], ARGV[2 * (i - 4) + 1]
   local key = KEYS[i]
-  if redis.call('HGET', KEYS[2], id) == token and redis.call('EXISTS', key) == 1 then
-    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
-    redis.call('HSET', key, 'state', 'active', 'started', now, 'worker', token)
-    local f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created')
+  local f = false
+  if held[i - 4] == token then
+    -- one read of what the handler needs; no payload field means the hash is gone
+    f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts')
+    if not f[1] then f = false end
+  end
+  if f then
+    local attempts = (tonumber(f[5] or '0') or 0) + 1
+    redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', now,
+      'worker', token)
     emq_event(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
     out[#out + 1] = {attempts, f[1], f[2], f[3], f[4]}
   else
-    if redis.call('HGET', KEYS[2], id) == token then
+    if held[i - 4] == token then
       -- a lease on a job whose hash vanished: drop the lease, nothing to run
       redis.call('HDEL', KEYS[2], id)
       redis.call('ZREM', KEYS[1], id)

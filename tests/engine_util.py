@@ -112,10 +112,20 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
 
 def complete(q: emqfast.Queue, job_id: str, token: str, result: bytes = b"null") -> Any:
     """complete.lua with ``token``."""
+    return complete_many(q, [(job_id, token, result)])[0]
+
+
+def complete_many(q: emqfast.Queue, triples: List[tuple]) -> List[Any]:
+    """complete.lua for many ``(job id, token, result)`` in one call: one entry per job,
+    ``[wait, run]`` or a raised :class:`emqfast.LeaseLost` when that job's lease is gone."""
     k = q.keys
-    return load("complete")(q.redis, [k.job(job_id), k.active, k.leases, k.completed, k.meta,
-                                      k.events, k.metrics],
-                            [job_id, token, result, KEYSPACE_VERSION])
+    reply = load("complete")(q.redis, [k.active, k.leases, k.completed, k.meta, k.events,
+                                       k.metrics, *k.jobs([t[0] for t in triples])],
+                             [KEYSPACE_VERSION, *[x for t in triples for x in t]])
+    for entry in reply:
+        if isinstance(entry, bytes):
+            raise emqfast.errors.from_reply(entry.decode())
+    return reply
 
 
 def fail(q: emqfast.Queue, job_id: str, token: str, delay: int = -1,

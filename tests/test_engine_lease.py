@@ -60,6 +60,33 @@ def test_complete_and_fail_require_the_token(r, q, qname):
     assert q.get(job_id).result == "mine"
 
 
+def test_one_complete_call_settles_each_job_by_its_own_lease(r, q, qname):
+    """Workers acknowledge a batch in one complete.lua call; each job in it is still
+    judged by its own lease: a lost one is refused and left untouched, the others
+    complete, and a job named twice completes once."""
+    from emqfast.scripts import load
+    from emqfast.version import KEYSPACE_VERSION
+
+    refs = q.enqueue_many(["a", "b", "c"])
+    pairs = claim(q, "w", lease_ms=60_000, n=3)
+    assert [j for j, _ in pairs] == [ref.id for ref in refs]
+    (a, ta), (b, tb), (c, tc) = pairs
+    k = q.keys
+    triples = [(a, ta, b'"A"'), (b, tb + "0", b'"stolen"'), (c, tc, b'"C"'), (c, tc, b'"C2"')]
+    reply = load("complete")(r, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
+                                 *k.jobs([t[0] for t in triples])],
+                             [KEYSPACE_VERSION, *[x for t in triples for x in t]])
+    assert reply[0][1] >= 0 and reply[2][1] >= 0  # timed runs
+    assert reply[1].startswith(b"EMQLEASE")
+    assert reply[3] == [-1, -1]  # the second mention: already completed by this token
+    assert [q.get(j).state for j in (a, b, c)] == ["completed", "active", "completed"]
+    assert (q.get(a).result, q.get(c).result) == ("A", "C")
+    assert r.hget(k.leases, b) == tb.encode() and r.zscore(k.active, b) is not None
+    assert r.hlen(k.leases) == 1 and r.zcard(k.active) == 1
+    assert int(r.hget(k.metrics, "completed")) == 2
+    assert q.counts()["completed"] == 2
+
+
 def test_tokens_are_unique_per_claim(q):
     q.enqueue_many(range(20))
     tokens = [t for _ in range(4) for _, t in claim(q, "w", lease_ms=60_000, n=5)]

@@ -302,6 +302,7 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
     own outcome and succeeds; any other token still meets LeaseLost."""
     from emqfast.scripts import load
     from emqfast.version import KEYSPACE_VERSION
+    from engine_util import complete
 
     q = Queue(qname, r)
     ref = q.enqueue("x")
@@ -312,16 +313,14 @@ def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
     assert job_id == ref.id
     load("start")(r, [k.active, k.leases, k.meta, k.events, k.job(job_id)],
                   [KEYSPACE_VERSION, job_id, token])
-    complete = load("complete")
-    keys = [k.job(job_id), k.active, k.leases, k.completed, k.meta, k.events, k.metrics]
-    assert complete(r, keys, [job_id, token, b'"first"', KEYSPACE_VERSION])[1] >= 0  # run ms
+    assert complete(q, job_id, token, b'"first"')[1] >= 0  # run ms
     finished = q.get(job_id).finished_ms
     # the re-sent ack: same outcome, and no run times (it was timed already)
-    assert complete(r, keys, [job_id, token, b'"again"', KEYSPACE_VERSION]) == [-1, -1]
+    assert complete(q, job_id, token, b'"again"') == [-1, -1]
     job = q.get(job_id)
     assert (job.result, job.finished_ms) == ("first", finished)  # nothing rewritten
     with pytest.raises(emqfast.LeaseLost):
-        complete(r, keys, [job_id, "w:999", b'"thief"', KEYSPACE_VERSION])
+        complete(q, job_id, "w:999", b'"thief"')
     assert q.counts()["completed"] == 1
 
 

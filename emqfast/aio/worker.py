@@ -339,22 +339,18 @@ class Worker:
                     self._forget(batch)
 
     async def _write_outcomes(self, batch: List[tuple]) -> None:
-        calls, retrying = [], []
-        for outcome in batch:
-            call, retry = core.outcome_call(self._keys, outcome)
-            calls.append(call)
-            retrying.append(retry)
+        plan = core.AckPlan(self._keys, batch)
         delay_s = 0.05
         while True:  # an outcome is never dropped: retry until Redis takes it
             try:
-                replies = await run_pipeline_async(self._redis, calls)
+                replies = plan.replies(await run_pipeline_async(self._redis, plan.calls))
                 break
             except _TRANSIENT as exc:
                 log.warning("emqfast aio worker %s: cannot write outcomes (%s); retrying",
                             self.name, type(exc).__name__)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
-        core.tally(self.stats, batch, replies, retrying)
+        core.tally(self.stats, batch, replies, plan.retrying)
         await self._write_run_times(batch, replies)
         self._forget(batch)
 
