@@ -10,11 +10,9 @@
 """
 from __future__ import annotations
 
-import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
-from . import codec
-from .backoff import Backoff
+from . import codec, options
 from .job import Job
 
 PREFETCH_BUDGET_S = 0.002  # how long a prefetched job may wait for a handler slot
@@ -49,7 +47,7 @@ class Prefetch:
         return self.concurrency + self.extra()
 
 
-_Parsed = Tuple[int, int, Optional[Backoff], Dict[str, Any]]
+_Parsed = options.Options
 
 
 class JobRows:
@@ -65,19 +63,18 @@ class JobRows:
         key = opts or b""
         hit = self._opts.get(key)
         if hit is None:
-            raw = json.loads(opts) if opts else {}
-            hit = (int(raw.get("a", 1)), int(raw.get("p", 0)),
-                   Backoff.from_json(raw["b"]) if raw.get("b") else None,
-                   {k: raw[k] for k in raw if k not in ("a", "p", "b")})
+            # no 'opts' (start.lua's nil) or an empty one: the library defaults
+            hit = options.decode(opts)
             # Extra options may hold mutable values: each job parses its own.
-            if not hit[3]:
+            if not hit.extra:
                 if len(self._opts) >= self._MAX_CACHED:
                     self._opts.clear()
                 self._opts[key] = hit
         return hit
 
     def job(self, job_id: str, row: Any) -> Job:
-        """``row`` = ``[attempts, payload, enc, opts, created]`` from start.lua."""
+        """``row`` = ``[attempts, payload, enc, opts, created]`` from start.lua (``enc`` and
+        ``opts`` are None when the hash omits them: JSON and the default options)."""
         attempts, payload, enc, opts, created = row
         max_attempts, priority, backoff, extra = self._parse(opts)
         return Job(id=job_id, queue=self.queue, state="active",

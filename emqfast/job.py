@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
 
-from . import codec
+from . import codec, options
 from .backoff import Backoff
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,22 +69,21 @@ class Job:
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes]) -> "Job":
-        """Build from an HGETALL reply."""
-        opts = json.loads(h[b"opts"]) if b"opts" in h else {}
+        """Build from an HGETALL reply (missing ``opts``/``enc``/``attempts``: their defaults)."""
+        opts = options.decode(h.get(b"opts"))
         result = h.get(b"result")
         progress = h.get(b"progress")
         return cls(
             id=job_id, queue=queue, state=_text(h.get(b"state")) or "unknown",
             payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
-            attempts=int(h.get(b"attempts", 0)), max_attempts=int(opts.get("a", 1)),
-            priority=int(opts.get("p", 0)),
-            backoff=Backoff.from_json(opts["b"]) if opts.get("b") else None,
+            attempts=int(h.get(b"attempts", 0)), max_attempts=opts.max_attempts,
+            priority=opts.priority, backoff=opts.backoff,
             created_ms=_int(h.get(b"created")), run_at_ms=_int(h.get(b"run_at")),
             started_ms=_int(h.get(b"started")), finished_ms=_int(h.get(b"finished")),
             result=json.loads(result) if result is not None else None,
             error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),
             stalls=int(h.get(b"stalls", 0)),
-            extra={k: opts[k] for k in opts if k not in ("a", "p", "b")},
+            extra=opts.extra,
             last_progress=json.loads(progress) if progress is not None else None,
         )
 

@@ -1,12 +1,11 @@
 """The producer/inspection facade of one queue."""
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 
-from . import backend, codec, events as events_mod, ids, metrics as metrics_mod
+from . import backend, codec, events as events_mod, ids, metrics as metrics_mod, options
 from .ops import Batch, Call, Cmd, Columns, Op, Scan, operation, run
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from .backoff import DEFAULT_BACKOFF, Backoff
@@ -58,7 +57,7 @@ class Queue:
     _resolve = staticmethod(resolve)
     is_async = False  # True in emqfast.aio.Queue: operations return coroutines
 
-    def __init__(self, name: str, conn: Any = None, *, attempts: int = 3,
+    def __init__(self, name: str, conn: Any = None, *, attempts: int = options.DEFAULT_ATTEMPTS,
                  backoff: Backoff = DEFAULT_BACKOFF,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES):
         self.keys = QueueKeys(name)
@@ -90,8 +89,8 @@ class Queue:
         backoff = self.default_backoff if backoff is None else backoff
         if not isinstance(backoff, Backoff):
             raise InvalidInput("backoff must be an emqfast.Backoff")
-        return json.dumps({"a": attempts, "p": priority, "b": backoff.to_json(), **extra},
-                          separators=(",", ":")).encode()
+        # b"" for the library defaults: the scripts then store no 'opts' field
+        return options.encode(attempts, priority, backoff, extra)
 
     @staticmethod
     def _when(delay_ms: Optional[int], run_at_ms: Optional[int]) -> Tuple[bytes, int]:

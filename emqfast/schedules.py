@@ -37,12 +37,11 @@ Guarantees:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from . import codec
+from . import codec, options
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS
 from .backoff import Backoff
 from .cadence import Cadence, Cron, Interval, plan
@@ -125,7 +124,7 @@ class Schedule:
             raw = text(field)
             return int(raw) if raw not in ("", "-") else None
 
-        opts = json.loads(h[b"opts"]) if b"opts" in h else {}
+        opts = options.decode(h.get(b"opts"))  # empty: the library defaults
         is_cron = text("kind") == "cron"
         next_run = None if score is None or score == float("inf") else int(score)
         return cls(
@@ -136,8 +135,7 @@ class Schedule:
             missed=text("missed") or "skip",
             catch_up_limit=opt_int("limit") or DEFAULT_CATCH_UP_LIMIT,
             payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
-            priority=int(opts.get("p", 0)), attempts=int(opts.get("a", 1)),
-            backoff=Backoff.from_json(opts["b"]) if opts.get("b") else None,
+            priority=opts.priority, attempts=opts.max_attempts, backoff=opts.backoff,
             generation=opt_int("gen") or 0,
         )
 

@@ -12,8 +12,9 @@
 -- KEYS[8] groups zset    emq:{q}:groups   (ring of ready groups)
 -- ARGV[1] job id (must start with JOB)
 -- ARGV[2] payload bytes
--- ARGV[3] payload encoding: 'j' JSON text, 'b' raw bytes
--- ARGV[4] options (JSON object, opaque to Lua)
+-- ARGV[3] payload encoding: 'j' JSON text (the default: not stored), 'b' raw bytes
+-- ARGV[4] options (JSON object, opaque to Lua); '' = the library defaults, stored as no
+--         'opts' field
 -- ARGV[5] priority, integer 0 .. 2^21-1
 -- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')

@@ -4,20 +4,34 @@
 -- Admit job `id` (its hash at `job_key`): pending now when run_at <= now, else
 -- parked on the delayed set. The caller has validated everything and checked
 -- that the job does not exist. Returns 'pending' or 'scheduled'.
+-- Fields holding their defaults are not stored (readers supply them): 'enc' when
+-- 'j' (JSON), 'opts' when empty (the library defaults, see emqfast/options.py),
+-- 'attempts' while 0 (start.lua's HINCRBY creates it).
 local function emq_admit(job_key, pending, delayed, marker, counter,
                          id, payload, enc, opts, priority, run_at, now)
   local seq = redis.call('INCR', counter)
   local ps = priority * 4294967296 + (seq % 4294967296)
-  if run_at > now then
-    redis.call('HSET', job_key, 'state', 'scheduled', 'payload', payload, 'enc', enc,
-      'opts', opts, 'ps', emq_int(ps), 'created', emq_int(now), 'run_at', emq_int(run_at),
-      'attempts', '0')
+  local scheduled = run_at > now
+  local fields = {'state', scheduled and 'scheduled' or 'pending', 'payload', payload,
+                  'ps', emq_int(ps), 'created', emq_int(now)}
+  if scheduled then
+    fields[#fields + 1] = 'run_at'
+    fields[#fields + 1] = emq_int(run_at)
+  end
+  if enc ~= 'j' then
+    fields[#fields + 1] = 'enc'
+    fields[#fields + 1] = enc
+  end
+  if opts ~= '' then
+    fields[#fields + 1] = 'opts'
+    fields[#fields + 1] = opts
+  end
+  redis.call('HSET', job_key, unpack(fields))
+  if scheduled then
     redis.call('ZADD', delayed, emq_delayed_score(delayed, run_at), id)
     emq_wake_at(marker, run_at)
     return 'scheduled'
   end
-  redis.call('HSET', job_key, 'state', 'pending', 'payload', payload, 'enc', enc,
-    'opts', opts, 'ps', emq_int(ps), 'created', emq_int(now), 'attempts', '0')
   redis.call('ZADD', pending, ps, id)
   emq_wake(marker)
   return 'pending'
