@@ -46,7 +46,7 @@ for i = 7, #KEYS do
     seen[id] = true
     local wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
-    emq_event(KEYS[5], cap, 'completed', 'id', id, 'attempt', attempt)
+    emq_event_untrimmed(KEYS[5], cap, 'completed', 'id', id, 'attempt', attempt)
     done[#done + 1] = id
     scored[#scored + 1] = now
     scored[#scored + 1] = id
@@ -70,4 +70,5 @@ for s = 1, #done, 2000 do
   redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
 end
 if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
+emq_trim_events(KEYS[5], cap)
 return out

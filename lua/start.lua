@@ -44,7 +44,7 @@ for i = 5, #KEYS do
     local attempts = (tonumber(f[5] or '0') or 0) + 1
     redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', now,
       'worker', token)
-    emq_event(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
+    emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
     out[#out + 1] = {attempts, f[1], f[2], f[3], f[4]}
   else
     if held[i - 4] == token then
@@ -55,4 +55,5 @@ for i = 5, #KEYS do
     out[#out + 1] = 0
   end
 end
+emq_trim_events(KEYS[4], cap)
 return out

@@ -89,3 +89,20 @@ local function emq_event(events, cap, name, ...)
     redis.call('XADD', events, 'MAXLEN', '~', cap, '*', 'event', name, ...)
   end
 end
+
+-- Scripts that append one event per job of a batch append them untrimmed (a MAXLEN on
+-- every XADD costs about a third of it) and trim once at the end: nobody reads a
+-- stream in the middle of a script, so readers still never see it past its cap.
+local function emq_event_untrimmed(events, cap, name, ...)
+  if cap then
+    redis.call('XADD', events, '*', 'event', name, ...)
+  end
+end
+
+-- The trim that goes with emq_event_untrimmed, once per script (approximate, like
+-- emq_event's; LIMIT 0 lifts the default effort cap so a large batch is trimmed whole).
+local function emq_trim_events(events, cap)
+  if cap then
+    redis.call('XTRIM', events, 'MAXLEN', '~', cap, 'LIMIT', 0)
+  end
+end
