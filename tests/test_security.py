@@ -107,7 +107,7 @@ MINIMAL_ACL = (
     "+zpopmin +bzpopmin "                               # workers block on the wake marker
     "+scan +unlink "                                    # Queue.obliterate
     "+zincrby +zrank +watch +multi +exec +unwatch "     # Leaderboard
-    "+xadd +xread +xrevrange "                          # the events stream
+    "+xadd +xtrim +xread +xrevrange "                   # the events stream
     "+zremrangebyscore +pexpire"                        # the rate window
 ).split()
 BROAD_ACL = "+@all -@dangerous".split()
