@@ -20,21 +20,60 @@ end
 local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
 local bound = emq_due_bound(emq_now())
-local cap = emq_events_cap(KEYS[4])
-local moved = 0
+-- The set writes go out once per CHUNK members (Lua's unpack() has a stack limit), so
+-- per job only what cannot be batched is left: its hash's read and write and its event.
+-- (Only commands of the README's least-privilege ACL are used: no ZMSCORE.)
+local CHUNK = 4000
+
+-- Which listed ids are still due. Usually the list is exactly the due head of delayed
+-- that due.lua just read, so one ZRANGEBYSCORE (members only: no per-id lookup, no
+-- score formatting) confirms it. Ids outside that head (a stale list) get a ZSCORE
+-- each. An id missing from delayed, not yet due, or listed twice is skipped.
+local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, #ARGV - 1)
+local in_head = {}
+for _, id in ipairs(head) do in_head[id] = true end
+local due, seen = {}, {}  -- due[i]: ARGV[i] moves
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= bound then
-    redis.call('ZREM', KEYS[1], id)
-    local ps = redis.call('HGET', KEYS[i + 4], 'ps')
-    if ps then
-      redis.call('ZADD', KEYS[2], ps, id)
-      redis.call('HSET', KEYS[i + 4], 'state', 'pending')
-      emq_event(KEYS[5], cap, 'promoted', 'id', id)
-      moved = moved + 1
+  if not seen[id] then
+    seen[id] = true
+    if in_head[id] then
+      due[i] = true
+    else
+      local score = redis.call('ZSCORE', KEYS[1], id)
+      due[i] = score ~= false and tonumber(score) <= bound
     end
   end
+end
+
+-- Per job, in list order: its pending score, its state, its event. A due id whose
+-- hash is gone still leaves delayed (an orphan) but is not released. Events go in
+-- untrimmed and the stream is trimmed once per CHUNK of them and at the end (see
+-- emq_event_untrimmed), so even a huge call never holds the stream far past its cap.
+local cap = emq_events_cap(KEYS[4])
+local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
+for i = 2, #ARGV do
+  if due[i] then
+    local id = ARGV[i]
+    gone[#gone + 1] = id
+    local ps = redis.call('HGET', KEYS[i + 4], 'ps')
+    if ps then
+      scored[#scored + 1] = ps
+      scored[#scored + 1] = id
+      redis.call('HSET', KEYS[i + 4], 'state', 'pending')
+      emq_event_untrimmed(KEYS[5], cap, 'promoted', 'id', id)
+      if #scored % (2 * CHUNK) == 0 then emq_trim_events(KEYS[5], cap) end
+    end
+  end
+end
+local moved = #scored / 2
+if moved % CHUNK ~= 0 then emq_trim_events(KEYS[5], cap) end
+
+for s = 1, #gone, CHUNK do
+  redis.call('ZREM', KEYS[1], unpack(gone, s, math.min(s + CHUNK - 1, #gone)))
+end
+for s = 1, #scored, CHUNK do  -- CHUNK is even: a (ps, id) pair never splits
+  redis.call('ZADD', KEYS[2], unpack(scored, s, math.min(s + CHUNK - 1, #scored)))
 end
 if moved > 0 then emq_wake(KEYS[3]) end
 return moved

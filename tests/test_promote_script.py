@@ -1,0 +1,108 @@
+"""Issue 3: promote.lua batches its set commands (one ZRANGEBYSCORE / ZMSCORE / ZREM / ZADD
+per chunk of ids) yet keeps the per-job contract: a released job rejoins pending with its
+own 'ps' score, a stale / undue / missing / repeated id is skipped, and every released job
+gets one 'promoted' event. The script is called directly here, with lists due.lua would
+never return, so the fallback paths run too."""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import redis
+
+import emqfast
+from emqfast.scripts import load
+from emqfast.version import KEYSPACE_VERSION
+from engine_util import make_queue, server_ms, wait_server_past
+
+PROMOTE = load("promote")
+
+
+def _promote(q: emqfast.Queue, ids: Sequence[str]) -> int:
+    k = q.keys
+    return PROMOTE(q.redis, [k.delayed, k.pending, k.marker, k.meta, k.events, *k.jobs(ids)],
+                   [KEYSPACE_VERSION, *ids])
+
+
+def _park(q: emqfast.Queue, n: int, head_start_ms: int) -> tuple:
+    """``n`` jobs due ``head_start_ms`` from now (server clock); (ids, run_at)."""
+    run_at = server_ms(q.redis) + head_start_ms
+    ids = [ref.id for ref in q.enqueue_many(list(range(n)), run_at_ms=run_at)]
+    assert q.redis.zcard(q.keys.delayed) == n, "enqueue outran its head start"
+    return ids, run_at
+
+
+def _promoted_events(r: redis.Redis, q: emqfast.Queue) -> List[str]:
+    return [f[b"id"].decode() for _, f in r.xrange(q.keys.events)
+            if f[b"event"] == b"promoted"]
+
+
+def test_stale_undue_repeated_and_unknown_ids_are_skipped(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    due, run_at = _park(q, 10, 400)
+    later = q.enqueue_at("later", run_at + 3_600_000).id
+    wait_server_past(r, run_at)
+    # due.lua would list due[0..7]; this list is stale: half of it lies outside that head
+    listed = [*due[5:], later, due[5], "no-such-job"]
+    assert _promote(q, listed) == 5
+    assert q.job_ids("pending") == due[5:]
+    assert q.job_ids("scheduled") == [*due[:5], later]
+    assert [q.get(i).state for i in due] == ["scheduled"] * 5 + ["pending"] * 5
+    assert _promoted_events(r, q) == due[5:]  # one each, in list order, none for the skipped
+    assert not r.exists(q.keys.job("no-such-job"))
+    assert _promote(q, listed) == 0  # already moved: nothing twice
+
+
+def test_a_subset_of_the_head_moves_only_itself(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    due, run_at = _park(q, 6, 400)
+    wait_server_past(r, run_at)
+    assert _promote(q, [due[1], due[3]]) == 2
+    assert q.job_ids("pending") == [due[1], due[3]]
+    assert q.job_ids("scheduled") == [due[0], due[2], due[4], due[5]]
+
+
+def test_a_due_id_whose_hash_is_gone_leaves_delayed_unreleased(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    due, run_at = _park(q, 3, 400)
+    r.delete(q.keys.job(due[1]))
+    wait_server_past(r, run_at)
+    assert q.promote() == 2
+    assert r.zcard(q.keys.delayed) == 0
+    assert q.job_ids("pending") == [due[0], due[2]]
+    assert _promoted_events(r, q) == [due[0], due[2]]
+
+
+def test_thousands_of_ids_move_in_chunks_with_their_own_scores(redis_url, qname, r):
+    """8,200 jobs (chunks are 4,000 ids): the first call lists only ids outside the due
+    head (every chunked fallback runs), the second the head itself."""
+    q = make_queue(redis_url, qname)
+    q.configure_events(1 << 20)  # keep every event, to count them
+    ids, run_at = _park(q, 8_200, 3_000)
+    ps = {i: float(v) for i, v in zip(ids, (r.hget(q.keys.job(i), "ps") for i in ids))}
+    wait_server_past(r, run_at)
+    assert _promote(q, ids[4_100:]) == 4_100
+    assert r.zcard(q.keys.delayed) == 4_100
+    assert q.promote(limit=10_000) == 4_100
+    assert r.zcard(q.keys.delayed) == 0
+    pending = r.zrange(q.keys.pending, 0, -1, withscores=True)
+    assert [m.decode() for m, _ in pending] == ids  # one tier: mint order
+    assert all(score == ps[m.decode()] for m, score in pending)
+    assert _promoted_events(r, q) == [*ids[4_100:], *ids[:4_100]]
+    assert {q.get(i).state for i in ids[::97]} == {"pending"}
+
+
+def test_promoted_events_respect_the_cap_or_are_off(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    q.configure_events(0)
+    _, run_at = _park(q, 50, 400)
+    wait_server_past(r, run_at)
+    assert q.promote() == 50
+    assert not r.exists(q.keys.events)
+
+    q.configure_events(100)
+    _, run_at = _park(q, 5_000, 1_500)
+    wait_server_past(r, run_at)
+    assert q.promote(limit=10_000) == 5_000
+    # trimmed like MAXLEN ~ (whole 100-entry nodes): near the cap, newest kept
+    assert 100 <= r.xlen(q.keys.events) < 400
+    assert _promoted_events(r, q)[-1] == q.job_ids("pending")[-1]
