@@ -151,7 +151,10 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
     pipe = q.redis.pipeline(transaction=False)
     for job_id in ids:
         pipe.hgetall(q.keys.job(job_id))
-    return [Job.from_hash(q.name, job_id, h) for job_id, h in zip(ids, pipe.execute()) if h]
+        pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
+    got = pipe.execute()
+    return [Job.from_hash(q.name, job_id, h, delayed)
+            for job_id, h, delayed in zip(ids, got[::2], got[1::2]) if h]
 
 
 # --- the group -----------------------------------------------------------------------

@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
 
-from . import codec, options
+from . import backend, codec, options
 from .backoff import Backoff
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,17 +68,29 @@ class Job:
                                                                         compare=False)
 
     @classmethod
-    def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes]) -> "Job":
-        """Build from an HGETALL reply (missing ``opts``/``enc``/``attempts``: their defaults)."""
+    def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes],
+                  delayed_score: Any = None) -> "Job":
+        """Build from an HGETALL reply (missing ``opts``/``enc``/``attempts``: their defaults)
+        and the job's score on the delayed set (ZSCORE; None when it is not parked there).
+
+        A waiting job's hash holds no ``state``: the set holding it says it, so a job
+        parked on the delayed set is ``scheduled`` (its run-at unpacked from the score)
+        and any other job without a state is ``pending``."""
         opts = options.decode(h.get(b"opts"))
         result = h.get(b"result")
         progress = h.get(b"progress")
+        state = _text(h.get(b"state"))
+        run_at = _int(h.get(b"run_at"))
+        if state in (None, "pending", "scheduled"):  # (older hashes still name them)
+            state = "pending" if delayed_score is None else "scheduled"
+            if delayed_score is not None:
+                run_at = backend.impl().unpack_delayed(int(float(delayed_score)))[0]
         return cls(
-            id=job_id, queue=queue, state=_text(h.get(b"state")) or "unknown",
+            id=job_id, queue=queue, state=state,
             payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
             attempts=int(h.get(b"attempts", 0)), max_attempts=opts.max_attempts,
             priority=opts.priority, backoff=opts.backoff,
-            created_ms=_int(h.get(b"created")), run_at_ms=_int(h.get(b"run_at")),
+            created_ms=_int(h.get(b"created")), run_at_ms=run_at,
             started_ms=_int(h.get(b"started")), finished_ms=_int(h.get(b"finished")),
             result=json.loads(result) if result is not None else None,
             error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),

@@ -270,8 +270,9 @@ class Queue:
     def get(self, job_id: str) -> Optional[Job]:
         """The job's state and data, or None if it does not exist (or was trimmed)."""
         check_job_id(job_id)
-        h = yield Cmd.of("HGETALL", self.keys.job(job_id))
-        return Job.from_hash(self.name, job_id, h) if h else None
+        h, delayed = yield Batch([Cmd.of("HGETALL", self.keys.job(job_id)),
+                                  Cmd.of("ZSCORE", self.keys.delayed, job_id)])
+        return Job.from_hash(self.name, job_id, h, delayed) if h else None
 
     @operation
     def counts(self) -> Dict[str, int]:

@@ -51,13 +51,14 @@ if delay > 0 then
   -- a delay past the representable range waits as long as we can say, it does not
   -- turn into an immediate retry
   local run_at = math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
-  redis.call('HSET', KEYS[1], 'state', 'scheduled', 'error', ARGV[4], 'traceback', ARGV[5],
-    'run_at', emq_int(run_at))
+  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'run_at', emq_int(run_at))
+  redis.call('HDEL', KEYS[1], 'state')  -- waiting again: its set says where
   redis.call('ZADD', KEYS[5], emq_delayed_score(KEYS[5], run_at), ARGV[1])
   emq_wake_at(KEYS[7], run_at)
 else
   -- no delay: straight back to pending, at its original place in its tier
-  redis.call('HSET', KEYS[1], 'state', 'pending', 'error', ARGV[4], 'traceback', ARGV[5])
+  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5])
+  redis.call('HDEL', KEYS[1], 'state')
   redis.call('ZADD', KEYS[6], ps, ARGV[1])
   emq_wake(KEYS[7])
 end

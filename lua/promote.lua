@@ -1,6 +1,8 @@
 -- promote.lua: release due delayed jobs to pending, on the server clock. Each
 -- job rejoins pending with its original score (priority tier + arrival counter),
--- so released jobs run in mint order within their tier.
+-- so released jobs run in mint order within their tier. A parked job's hash holds
+-- no state and no run-at (its delayed score has it): the release stamps 'run_at',
+-- so the job's wait is measured from when it became due.
 --
 -- KEYS[1] delayed zset   emq:{q}:delayed
 -- KEYS[2] pending zset   emq:{q}:pending
@@ -26,27 +28,27 @@ local bound = emq_due_bound(emq_now())
 local CHUNK = 4000
 
 -- Which listed ids are still due. Usually the list is exactly the due head of delayed
--- that due.lua just read, so one ZRANGEBYSCORE (members only: no per-id lookup, no
--- score formatting) confirms it. Ids outside that head (a stale list) get a ZSCORE
+-- that due.lua just read, so one ZRANGEBYSCORE (no per-id lookup) confirms it. Ids outside that head (a stale list) get a ZSCORE
 -- each. An id missing from delayed, not yet due, or listed twice is skipped.
-local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, #ARGV - 1)
-local in_head = {}
-for _, id in ipairs(head) do in_head[id] = true end
-local due, seen = {}, {}  -- due[i]: ARGV[i] moves
+local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
+  'LIMIT', 0, #ARGV - 1)
+local in_head = {}  -- id -> delayed score
+for j = 1, #head, 2 do in_head[head[j]] = head[j + 1] end
+local due, seen = {}, {}  -- due[i]: ARGV[i] moves (its delayed score)
 for i = 2, #ARGV do
   local id = ARGV[i]
   if not seen[id] then
     seen[id] = true
     if in_head[id] then
-      due[i] = true
+      due[i] = in_head[id]
     else
       local score = redis.call('ZSCORE', KEYS[1], id)
-      due[i] = score ~= false and tonumber(score) <= bound
+      if score and tonumber(score) <= bound then due[i] = score end
     end
   end
 end
 
--- Per job, in list order: its pending score, its state, its event. A due id whose
+-- Per job, in list order: its pending score, its run-at stamp, its event. A due id whose
 -- hash is gone still leaves delayed (an orphan) but is not released. Events go in
 -- untrimmed and the stream is trimmed once per CHUNK of them and at the end (see
 -- emq_event_untrimmed), so even a huge call never holds the stream far past its cap.
@@ -60,7 +62,7 @@ for i = 2, #ARGV do
     if ps then
       scored[#scored + 1] = ps
       scored[#scored + 1] = id
-      redis.call('HSET', KEYS[i + 4], 'state', 'pending')
+      redis.call('HSET', KEYS[i + 4], 'run_at', emq_int(emq_unpack_delayed(due[i])))
       emq_event_untrimmed(KEYS[5], cap, 'promoted', 'id', id)
       if #scored % (2 * CHUNK) == 0 then emq_trim_events(KEYS[5], cap) end
     end

@@ -50,7 +50,7 @@ for i = 3, #ARGV do
         emq_event(KEYS[7], cap, 'failed', 'id', id, 'error', 'stalled')
         failed = failed + 1
       else
-        redis.call('HSET', key, 'state', 'pending')
+        redis.call('HDEL', key, 'state')  -- waiting again: its set says where
         redis.call('ZADD', KEYS[3], redis.call('HGET', key, 'ps'), id)
         requeued = requeued + 1
       end

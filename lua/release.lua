@@ -27,7 +27,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if redis.call('HGET', KEYS[1], 'state') == 'active' then
     redis.call('HINCRBY', KEYS[1], 'attempts', -1)
   end
-  redis.call('HSET', KEYS[1], 'state', 'pending')
+  redis.call('HDEL', KEYS[1], 'state')  -- waiting again: its set says where
   redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
   emq_wake(KEYS[5])
   emq_event(KEYS[7], emq_events_cap(KEYS[6]), 'released', 'id', ARGV[1])

@@ -23,8 +23,8 @@ end
 local err = emq_fence(KEYS[5], ARGV[2])
 if err then return redis.error_reply(err) end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'state', 'pending', 'attempts', '0', 'stalls', '0')
-redis.call('HDEL', KEYS[1], 'finished')
+redis.call('HSET', KEYS[1], 'attempts', '0', 'stalls', '0')
+redis.call('HDEL', KEYS[1], 'finished', 'state')  -- waiting again: its set says where
 redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
 emq_wake(KEYS[4])
 emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'retried', 'id', ARGV[1])

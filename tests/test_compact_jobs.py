@@ -16,7 +16,8 @@ from emqfast.backoff import DEFAULT_BACKOFF
 from emqfast.schedules import occurrence_job_id
 from engine_util import server_ms
 
-COMPACT_PENDING = {b"state", b"payload", b"ps", b"created"}
+# a waiting job has no state (its set says it) and a parked one no run_at (its score has it)
+COMPACT_WAITING = {b"payload", b"ps", b"created"}
 LEGACY_OPTS = b'{"a":3,"p":0,"b":[1,1000,60000,0.0,0]}'  # what every job stored before
 
 
@@ -45,9 +46,12 @@ def test_default_jobs_store_no_opts_enc_or_attempts_and_read_back(r, qname, back
     many = q.enqueue_many([{"n": i} for i in range(3)])  # the columnar (C-framed) path
     later = q.enqueue_in({"n": "later"}, 3_600_000)
     for ref in [one, *many]:
-        assert set(fields(r, q, ref.id)) == COMPACT_PENDING
-    assert set(fields(r, q, later.id)) == COMPACT_PENDING | {b"run_at"}
+        assert set(fields(r, q, ref.id)) == COMPACT_WAITING
+    assert set(fields(r, q, later.id)) == COMPACT_WAITING
     assert later.status == "scheduled"
+    assert [q.get(ref.id).state for ref in (one, later)] == ["pending", "scheduled"]
+    parked = q.get(later.id).run_at_ms  # read back from the delayed score, to the ms
+    assert parked == q.get(later.id).created_ms + 3_600_000
     for ref, payload in [(one, {"n": 1}), *zip(many, [{"n": i} for i in range(3)]),
                          (later, {"n": "later"})]:
         job = q.get(ref.id)
@@ -147,3 +151,30 @@ def test_schedules_with_default_options_mint_compact_jobs(r, qname, backend):
     r.hset(q.keys.schedule("plain"), "opts", LEGACY_OPTS)
     legacy = q.schedules.get("plain")
     assert (legacy.attempts, legacy.backoff, legacy.priority) == (3, DEFAULT_BACKOFF, 0)
+
+
+def test_a_waiting_jobs_state_is_the_set_holding_it(r, qname, backend):
+    """Waiting jobs store no state and parked ones no run-at; readers derive both, and
+    promote stamps the run-at on release so the wait is measured from when it was due."""
+    from engine_util import wait_server_past
+
+    q = Queue(qname, r)
+    ref = q.enqueue_in({"n": 1}, 200)
+    parked = q.get(ref.id)
+    assert (parked.state, b"state" in fields(r, q, ref.id)) == ("scheduled", False)
+    assert b"run_at" not in fields(r, q, ref.id)
+    wait_server_past(r, parked.run_at_ms)
+    assert q.promote() == 1
+    assert int(fields(r, q, ref.id)[b"run_at"]) == parked.run_at_ms
+    released = q.get(ref.id)
+    assert (released.state, released.run_at_ms) == ("pending", parked.run_at_ms)
+    # a hash still naming its waiting state (written before this layout) reads the same
+    r.hset(q.keys.job(ref.id), "state", "scheduled")
+    assert q.get(ref.id).state == "pending"
+    r.hdel(q.keys.job(ref.id), "state")
+    w = emqfast.Worker(q, lambda job: (_ for _ in ()).throw(RuntimeError("again")),
+                       keep_completed=10)
+    w.run_until_idle(timeout_s=10, wait_scheduled=False)
+    retrying = q.get(ref.id)  # re-parked for its retry after the default backoff
+    assert (retrying.state, retrying.attempts) == ("scheduled", 1)
+    assert b"state" not in fields(r, q, ref.id)

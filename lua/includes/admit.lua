@@ -6,18 +6,16 @@
 -- that the job does not exist. Returns 'pending' or 'scheduled'.
 -- Fields holding their defaults are not stored (readers supply them): 'enc' when
 -- 'j' (JSON), 'opts' when empty (the library defaults, see emqfast/options.py),
--- 'attempts' while 0 (start.lua's HINCRBY creates it).
+-- 'attempts' while 0 (start.lua creates it). A waiting job has no 'state' (the set
+-- holding it says pending or scheduled) and a parked one no 'run_at' (its delayed
+-- score holds it to the ms; promote.lua stamps it on release), which keeps the
+-- hashes of the millions of jobs a queue may hold waiting small.
 local function emq_admit(job_key, pending, delayed, marker, counter,
                          id, payload, enc, opts, priority, run_at, now)
   local seq = redis.call('INCR', counter)
   local ps = priority * 4294967296 + (seq % 4294967296)
   local scheduled = run_at > now
-  local fields = {'state', scheduled and 'scheduled' or 'pending', 'payload', payload,
-                  'ps', emq_int(ps), 'created', emq_int(now)}
-  if scheduled then
-    fields[#fields + 1] = 'run_at'
-    fields[#fields + 1] = emq_int(run_at)
-  end
+  local fields = {'payload', payload, 'ps', emq_int(ps), 'created', emq_int(now)}
   if enc ~= 'j' then
     fields[#fields + 1] = 'enc'
     fields[#fields + 1] = enc
