@@ -62,7 +62,8 @@ for i = 2, #ARGV do
     if ps then
       scored[#scored + 1] = ps
       scored[#scored + 1] = id
-      redis.call('HSET', KEYS[i + 4], 'run_at', emq_int(emq_unpack_delayed(due[i])))
+      -- (a Lua number argument reaches Redis as %.17g: exact for epoch ms, no emq_int)
+      redis.call('HSET', KEYS[i + 4], 'run_at', emq_unpack_delayed(due[i]))
       emq_event_untrimmed(KEYS[5], cap, 'promoted', 'id', id)
       if #scored % (2 * CHUNK) == 0 then emq_trim_events(KEYS[5], cap) end
     end
