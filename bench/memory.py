@@ -7,7 +7,10 @@ import gc
 from typing import List, Tuple
 
 
-from .common import Ctx, Result, check, fresh_queue
+import emqfast
+
+from .common import Ctx, Result, check, queue_name
+from .server import isolated
 
 PAYLOAD = {}  # JSON "{}": 2 bytes, the same tiny job the BullMQ peer adds
 PAYLOAD_BYTES = 2
@@ -19,19 +22,24 @@ def used_memory(client) -> int:
 
 
 def bytes_per_job(ctx: Ctx, n: int, delayed: bool) -> Tuple[float, int]:
-    """(Δused_memory / n - payload, MEMORY USAGE of one job hash) for ``n`` jobs."""
-    with fresh_queue(ctx, "memory") as q:
-        q.enqueue({"warm": 1})  # meta, counter, marker exist before the baseline
-        q.redis.delete(q.keys.pending)
-        gc.collect()
-        before = used_memory(q.redis)
-        kwargs = {"delay_ms": 3_600_000} if delayed else {}
-        refs = q.enqueue_many([PAYLOAD] * n, **kwargs)
-        after = used_memory(q.redis)
-        key = q.keys.delayed if delayed else q.keys.pending
-        check(q.redis.zcard(key) == n and len(refs) == n, "not every job was stored")
-        sample = q.redis.memory_usage(q.keys.job(refs[0].id)) or 0
-        return (after - before) / n - PAYLOAD_BYTES, sample
+    """(Δused_memory / n - payload, MEMORY USAGE of one job hash) for ``n`` jobs, on a
+    server of their own (see :func:`bench.server.isolated`)."""
+    with isolated(ctx.server) as server:
+        q = emqfast.Queue(queue_name("memory"), server.client())
+        try:
+            q.enqueue({"warm": 1})  # meta, counter, marker exist before the baseline
+            q.redis.delete(q.keys.pending)
+            gc.collect()
+            before = used_memory(q.redis)
+            kwargs = {"delay_ms": 3_600_000} if delayed else {}
+            refs = q.enqueue_many([PAYLOAD] * n, **kwargs)
+            after = used_memory(q.redis)
+            key = q.keys.delayed if delayed else q.keys.pending
+            check(q.redis.zcard(key) == n and len(refs) == n, "not every job was stored")
+            sample = q.redis.memory_usage(q.keys.job(refs[0].id)) or 0
+            return (after - before) / n - PAYLOAD_BYTES, sample
+        finally:
+            q.obliterate()
 
 
 def run(ctx: Ctx) -> List[Result]:

@@ -9,7 +9,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from contextlib import contextmanager
+from typing import Iterator, List, Optional
 from urllib.parse import urlparse
 
 import redis
@@ -87,9 +88,10 @@ class BenchServer:
         self.stop()
 
 
-def start(url: Optional[str] = None) -> BenchServer:
-    """``url`` (or ``EMQ_REDIS_URL``) when given, else a private server on a free port."""
-    url = url or os.environ.get("EMQ_REDIS_URL")
+def start(url: Optional[str] = None, private: bool = False) -> BenchServer:
+    """``url`` (or ``EMQ_REDIS_URL``) when given, else a private server on a free port
+    (always a private one with ``private=True``)."""
+    url = None if private else (url or os.environ.get("EMQ_REDIS_URL"))
     if url:
         server = BenchServer(url=url, private=False)
         server.client().ping()
@@ -123,3 +125,20 @@ def start(url: Optional[str] = None) -> BenchServer:
     finally:
         probe.close()
     return server
+
+
+@contextmanager
+def isolated(server: BenchServer) -> Iterator[BenchServer]:
+    """A fresh private server (same binary and configuration) when ``server`` is private,
+    for measurements of ``used_memory``: on the run's server the frees and main-dict
+    resizes left by earlier workloads (1M keys deleted by promote and scale) land in the
+    measuring window and skew it by hundreds of bytes per job. On a server the run does
+    not own (``EMQ_REDIS_URL``) there is no such choice: ``server`` itself."""
+    if not server.private:
+        yield server
+        return
+    fresh = start(private=True)
+    try:
+        yield fresh
+    finally:
+        fresh.stop()
