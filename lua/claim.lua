@@ -219,13 +219,17 @@ local deadline = now + lease
 local zargs, hargs, rargs = {}, {}, {}
 for i = 1, count do
   local id = popped[2 * i - 1]
-  local token = ARGV[3] .. ':' .. emq_int(last - count + i)
+  local seq = last - count + i
+  -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
+  local token = ARGV[3] .. ':' .. (seq < 1e14 and seq or emq_int(seq))
   zargs[#zargs + 1] = deadline
   zargs[#zargs + 1] = id
   hargs[#hargs + 1] = id
   hargs[#hargs + 1] = token
-  rargs[#rargs + 1] = now
-  rargs[#rargs + 1] = token
+  if limited then
+    rargs[#rargs + 1] = now
+    rargs[#rargs + 1] = token
+  end
   out[#out + 1] = id
   out[#out + 1] = token
 end
