@@ -39,6 +39,7 @@ CAP_POLL_MS = 50
 GROUP_QUANTUM = 1
 # Successful outcomes per complete.lua call: one call's Lua run blocks Redis ~2 ms at most.
 COMPLETE_CHUNK = 200
+COMPLETE_CHUNK_BYTES = 1 << 20  # ...and about this much result JSON
 
 Pair = Tuple[str, str]  # (job id, lease token)
 # An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
@@ -133,6 +134,26 @@ def fail_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, bool]:
                 [job.id, token, delay, message, tb, KEYSPACE_VERSION]), delay >= 0
 
 
+def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[List[int]]:
+    """``done_at`` (indexes of successes in ``batch``) cut into complete.lua calls of at
+    most ``COMPLETE_CHUNK`` jobs and about ``COMPLETE_CHUNK_BYTES`` of results: one script
+    call is one command, and Redis drops a client whose single command outgrows its query
+    buffer limit (1 GB by default), which 200 large results could; a pipeline of small
+    calls never does."""
+    chunks: List[List[int]] = []
+    size = 0
+    for at in done_at:
+        result = len(batch[at][3])
+        full = chunks and (len(chunks[-1]) >= COMPLETE_CHUNK
+                           or size + result > COMPLETE_CHUNK_BYTES)
+        if not chunks or full:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(at)
+        size += result
+    return chunks
+
+
 class AckPlan:
     """The calls writing one batch of outcomes, and how to read their replies back per
     outcome. Successes share complete.lua calls of up to ``COMPLETE_CHUNK`` jobs (one
@@ -155,8 +176,7 @@ class AckPlan:
                 self._slots.append((len(self.calls), -1))
                 self.calls.append(call)
                 self.retrying.append(retry)
-        for s in range(0, len(done_at), COMPLETE_CHUNK):
-            chunk = done_at[s:s + COMPLETE_CHUNK]
+        for chunk in _chunks_of_results(batch, done_at):
             for entry, at in enumerate(chunk):
                 self._slots[at] = (len(self.calls), entry)
             self.calls.append(complete_call(k, [batch[at] for at in chunk]))

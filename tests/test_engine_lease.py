@@ -316,3 +316,31 @@ def test_killed_worker_job_is_reaped_and_rerun(redis_url, qname):
     job = q.get(ref.id)
     assert (job.state, job.result, job.attempts, job.stalls) == ("completed", "rerun", 1, 1)
     assert stats.completed == 1
+
+
+def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
+    """A Worker's ack batch becomes complete.lua calls of at most 200 jobs and ~1 MB of
+    results (Redis drops a client whose single command outgrows its query buffer), with
+    each failure in a call of its own; every outcome maps back to its own reply."""
+    from emqfast import worker_core as core
+    from emqfast.job import Job
+
+    def job(i: int) -> Job:
+        return Job(id=f"JOB{i:024d}", queue=q.name, state="active", payload=None, attempts=1,
+                   max_attempts=3, priority=0, backoff=None)
+
+    small = [core.success(job(i), f"w:{i}", i) for i in range(450)]
+    big = [core.success(job(1000 + i), f"w:{i}", "x" * 600_000) for i in range(4)]
+    failed = core.failure(job(2000), "w:f", RuntimeError("no"), "tb")
+    plan = core.AckPlan(q.keys, [*small[:100], failed, *small[100:], *big])
+    per_call = [(len(c.keys) - 6, sum(len(a) for a in c.args[3::3])) for c in plan.calls
+                if c.script.name == "complete"]
+    assert [n for n, _ in per_call] == [200, 200, 51, 1, 1, 1]  # a big result fills the 3rd
+    assert all(size <= core.COMPLETE_CHUNK_BYTES or n == 1 for n, size in per_call)
+    assert sum(c.script.name == "fail" for c in plan.calls) == 1
+    assert plan.retrying.count(None) == 454 and plan.retrying[100] is True
+    # replies map back in batch order: the failure's own, then each job's entry
+    replies = [[1, 2, 3] if c.script.name == "fail" else
+               [[i, i] for i in range(len(c.keys) - 6)] for c in plan.calls]
+    mapped = plan.replies(replies)
+    assert mapped[100] == [1, 2, 3] and mapped[0] == [0, 0] and mapped[101] == [100, 100]
