@@ -73,12 +73,16 @@ class JobRows:
         return hit
 
     def job(self, job_id: str, row: Any) -> Job:
-        """``row`` = ``[attempts, payload, enc, opts, created]`` from start.lua (``enc`` and
-        ``opts`` are None when the hash omits them: JSON and the default options)."""
-        attempts, payload, enc, opts, created = row
+        """``row`` = ``[attempts, payload, enc, opts, created, run_at, started]`` from
+        start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them: JSON,
+        the default options, never delayed; rows of older scripts end after ``created``)."""
+        attempts, payload, enc, opts, created, *times = row
+        run_at, started = times if times else (None, None)
         max_attempts, priority, backoff, extra = self._parse(opts)
         return Job(id=job_id, queue=self.queue, state="active",
                    payload=codec.decode(payload, enc), attempts=int(attempts),
                    max_attempts=max_attempts, priority=priority, backoff=backoff,
                    created_ms=int(created) if created is not None else None,
+                   run_at_ms=int(run_at) if run_at is not None else None,
+                   started_ms=int(started) if started is not None else None,
                    extra=dict(extra))

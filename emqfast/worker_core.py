@@ -114,10 +114,25 @@ def retry_delay_ms(job: Job, may_retry: bool) -> int:
 
 
 def complete_call(k: QueueKeys, done: Sequence[Outcome]) -> Call:
-    """complete.lua for many successful outcomes: one call, one reply entry per job."""
+    """complete.lua for many successful outcomes: one call, one reply entry per job. Each
+    job's attempt, start and wait go along, as start.lua reported them, so the script
+    need not read them back from every job hash."""
+    args: List[Any] = [KEYSPACE_VERSION]
+    for _, job, token, result in done:
+        args += (job.id, token, result, *run_record(job))
     return Call(_COMPLETE, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
-                            *k.jobs([o[1].id for o in done])],
-                [KEYSPACE_VERSION, *[x for o in done for x in (o[1].id, o[2], o[3])]])
+                            *k.jobs([o[1].id for o in done])], args)
+
+
+def run_record(job: Job) -> Tuple[Any, Any, Any]:
+    """(attempt, started ms, wait ms) of a running job for complete.lua; ``''`` for all
+    three when the job does not know when it started (the script then reads its hash).
+    The wait runs from when the job was due (its run-at, else its creation) to its start."""
+    if job.started_ms is None:
+        return "", "", ""
+    due = job.run_at_ms if job.run_at_ms is not None else job.created_ms
+    wait = max(job.started_ms - due, 0) if due is not None else -1
+    return job.attempts, job.started_ms, wait
 
 
 def fail_call(k: QueueKeys, outcome: Outcome) -> Tuple[Call, bool]:

@@ -9,9 +9,11 @@
 -- KEYS[4] meta hash       emq:{q}:meta
 -- KEYS[5] events stream   emq:{q}:events
 -- KEYS[6] metrics hash    emq:{q}:metrics
--- KEYS[7..] job hashes    emq:{q}:job:<id>, one per ARGV triple, same order
+-- KEYS[7..] job hashes    emq:{q}:job:<id>, one per ARGV group of six, same order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] triples: job id, lease token from claim.lua, result (JSON text)
+-- ARGV[2..] groups of six: job id, lease token from claim.lua, result (JSON text), then
+--          the run as start.lua reported it to the Worker: attempt, started ms (server
+--          clock), wait ms (due -> started); '' for all three: read them from the job hash
 -- Returns: one entry per job, in order: {wait ms, run ms} of the run (due -> started and
 --          started -> now, for the caller's histograms via metrics_add.lua; -1 for a time
 --          not known), {-1, -1} when this very token already completed the job (a re-sent
@@ -21,8 +23,9 @@
 --@include common
 --@include metrics
 
-if #ARGV < 4 or (#ARGV - 1) % 3 ~= 0 or (#ARGV - 1) / 3 ~= #KEYS - 6 then
-  return redis.error_reply('EMQINPUT complete needs one id/token/result triple per job key')
+if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 6 then
+  return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/wait ' ..
+    'group per job key')
 end
 local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
@@ -31,20 +34,26 @@ local finished = emq_int(now)
 local cap = emq_events_cap(KEYS[4])
 -- Every lease in one read (chunked: Lua's unpack() has a stack limit).
 local held = {}
-for s = 2, #ARGV, 3 * 2000 do
+for s = 2, #ARGV, 6 * 2000 do
   local ids = {}
-  for a = s, math.min(s + 3 * 2000 - 1, #ARGV), 3 do ids[#ids + 1] = ARGV[a] end
+  for a = s, math.min(s + 6 * 2000 - 1, #ARGV), 6 do ids[#ids + 1] = ARGV[a] end
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do held[#held + 1] = v end
 end
 local out, done, scored, seen = {}, {}, {}, {}
 for i = 7, #KEYS do
-  local a = 3 * (i - 7) + 2
+  local a = 6 * (i - 7) + 2
   local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
   -- (a job named twice in one call: its lease is dropped only at the end, so the
   -- second mention must not pass the lease check again)
   if not seen[id] and held[i - 6] == token then
     seen[id] = true
-    local wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
+    local wait, run, attempt
+    local started = tonumber(ARGV[a + 4])
+    if started then  -- the Worker's own record of the run: no read of the hash
+      wait, run, attempt = tonumber(ARGV[a + 5]) or -1, math.max(now - started, 0), ARGV[a + 3]
+    else
+      wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
+    end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
     emq_event_untrimmed(KEYS[5], cap, 'completed', 'id', id, 'attempt', attempt)
     done[#done + 1] = id

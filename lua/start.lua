@@ -9,8 +9,10 @@
 -- KEYS[5..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as KEYS[5..])
--- Returns: one entry per job: {attempts, payload, enc, opts, created} when the lease
---          holds, or 0 when it was lost (or the job hash is gone)
+-- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started} when
+--          the lease holds (enc, opts, run_at nil when the hash omits them; started = now,
+--          server ms, which the Worker hands back to complete.lua), or 0 when it was lost
+--          (or the job hash is gone)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 
@@ -37,7 +39,7 @@ for i = 5, #KEYS do
   local f = false
   if held[i - 4] == token then
     -- one read of what the handler needs; no payload field means the hash is gone
-    f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts')
+    f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at')
     if not f[1] then f = false end
   end
   if f then
@@ -45,7 +47,7 @@ for i = 5, #KEYS do
     redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', now,
       'worker', token)
     emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
-    out[#out + 1] = {attempts, f[1], f[2], f[3], f[4]}
+    out[#out + 1] = {attempts, f[1], f[2], f[3], f[4], f[6], now}
   else
     if held[i - 4] == token then
       -- a lease on a job whose hash vanished: drop the lease, nothing to run

@@ -119,9 +119,10 @@ def complete_many(q: emqfast.Queue, triples: List[tuple]) -> List[Any]:
     """complete.lua for many ``(job id, token, result)`` in one call: one entry per job,
     ``[wait, run]`` or a raised :class:`emqfast.LeaseLost` when that job's lease is gone."""
     k = q.keys
+    # no run record: the script reads each job's attempt and times from its hash
     reply = load("complete")(q.redis, [k.active, k.leases, k.completed, k.meta, k.events,
                                        k.metrics, *k.jobs([t[0] for t in triples])],
-                             [KEYSPACE_VERSION, *[x for t in triples for x in t]])
+                             [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "", "", "")]])
     for entry in reply:
         if isinstance(entry, bytes):
             raise emqfast.errors.from_reply(entry.decode())

@@ -373,3 +373,28 @@ def test_aio_coroutine_handler_is_told_to_await_progress(redis_url, qname):
 
     job = asyncio.run(asyncio.wait_for(main(), 60))
     assert job.state == "failed" and "progress_async" in job.error
+
+
+@pytest.mark.parametrize("facade", ["sync", "aio"])
+def test_worker_times_a_delayed_job_from_its_run_at(r, redis_url, qname, facade):
+    """The Worker hands complete.lua the run as start.lua reported it: the recorded wait
+    runs from the job's run-at (not its creation) to its start, the run from start to
+    finish, exactly what the job hash says."""
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue_in("x", 200)
+    wait_server_past(r, q.get(ref.id).run_at_ms + 150)  # due 150+ ms before any worker
+    if facade == "sync":
+        emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
+    else:
+        import asyncio
+
+        async def drain() -> None:
+            aq = emq.Queue(qname, emq.connect(redis_url))
+            await emq.Worker(aq, lambda job: None).run_until_idle(timeout_s=30)
+        asyncio.run(asyncio.wait_for(drain(), 60))
+    job = q.get(ref.id)
+    m = q.metrics()
+    assert job.state == "completed" and m.wait.count == 1 and m.run.count == 1
+    assert m.wait.sum_ms == job.started_ms - job.run_at_ms >= 150
+    assert m.wait.sum_ms < job.started_ms - job.created_ms  # not counted from creation
+    assert m.run.sum_ms == job.finished_ms - job.started_ms
