@@ -9,9 +9,10 @@ from . import backend  # a module you can call: emqfast.backend() -> 'c' | 'pyth
 from .backoff import Backoff
 from .bulk import promote_many
 from .connection import connect
-from .errors import (BackendUnavailable, ConnectionFailed, EmqError, InvalidInput, JobNotFound,
-                     JobStateError, KindError, LeaseLost, PayloadError, RangeError, Unrecoverable,
-                     VersionMismatch)
+from .errors import (BackendUnavailable, ConnectionFailed, EmqError, EvictionRisk, InvalidInput,
+                     JobNotFound, JobStateError, KindError, LeaseLost, PartialBatch, PayloadError,
+                     PermissionDenied, RangeError, ReplyLost, ServerBusy, ServerFull,
+                     Unrecoverable, VersionMismatch)
 from .job import Job, JobRef
 from .leaderboard import Entry, Leaderboard
 from .queue import Queue
@@ -20,7 +21,9 @@ from .worker import Worker, WorkerStats
 
 
 __all__ = [
-    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "InvalidInput", "Job",
+    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "EvictionRisk",
+    "InvalidInput", "Job", "PartialBatch", "PermissionDenied", "ReplyLost", "ServerBusy",
+    "ServerFull",
     "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
     "LeaseLost",
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",

@@ -2,7 +2,7 @@
 the code prefix to the class below, so callers never parse strings."""
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Any, Dict, Sequence, Type
 
 
 class EmqError(Exception):
@@ -66,9 +66,78 @@ class BackendUnavailable(EmqError, ImportError):
 
 
 class ConnectionFailed(EmqError, ConnectionError):
-    """Redis could not be reached (the message never contains credentials)."""
+    """Redis could not be reached (the message never contains credentials).
+
+    ``sent`` says whether the request may have reached Redis: ``False`` when it
+    certainly did not run (the connection failed before it was written), ``True``
+    when it was written and its reply was lost (see :class:`ReplyLost`)."""
 
     code = "EMQCONN"
+    sent = False
+
+
+class ReplyLost(ConnectionFailed):
+    """The request was sent but its reply never arrived: it may or may not have run.
+
+    emqfast never re-sends such a request blindly; recover by reading state (a job
+    enqueued with your own ``job_id`` can be re-sent: it is idempotent by id)."""
+
+    code = "EMQLOST"
+    sent = True
+
+
+class ServerBusy(EmqError, ConnectionError):
+    """Redis refused the command for a transient reason and did not run it: loading its
+    dataset after a restart (LOADING), busy in a long script (BUSY), a failover in
+    progress (READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN). Safe to retry later;
+    Workers wait these out. ``state`` is the server's error code."""
+
+    code = "EMQBUSY"
+
+    def __init__(self, message: str, state: str = ""):
+        super().__init__(message)
+        self.state = state
+
+
+class ServerFull(EmqError):
+    """Redis is at ``maxmemory`` with ``noeviction`` (OOM) and refused the write; nothing
+    of the refused call was written. Workers wait this out for their outcome writes."""
+
+    code = "EMQFULL"
+
+
+class PermissionDenied(EmqError, PermissionError):
+    """Redis refused the command for lack of rights (an ACL user without it, NOPERM) or
+    of credentials (wrong or missing password). Permanent: retrying cannot help."""
+
+    code = "EMQPERM"
+
+
+class EvictionRisk(EmqError):
+    """The server's ``maxmemory-policy`` may evict emqfast's keys (jobs would vanish).
+    Workers refuse such a server unless started with ``allow_eviction=True``."""
+
+    code = "EMQEVICT"
+
+
+class PartialBatch(EmqError):
+    """A batch call failed part-way. Nothing it reports is guessed:
+
+    - ``landed``: the :class:`~emqfast.job.JobRef` s whose reply arrived (written);
+    - ``unknown``: ids whose request was sent but whose reply was lost (may be written;
+      re-sending them with the same ids is safe and never reports them wrongly);
+    - ``not_sent``: ids that never reached Redis;
+    - ``__cause__``: the underlying error (e.g. :class:`ServerFull`, :class:`ReplyLost`).
+    """
+
+    code = "EMQPARTIAL"
+
+    def __init__(self, message: str, landed: Sequence[Any] = (), unknown: Sequence[str] = (),
+                 not_sent: Sequence[str] = ()):
+        super().__init__(message)
+        self.landed = list(landed)
+        self.unknown = list(unknown)
+        self.not_sent = list(not_sent)
 
 
 _BY_CODE: Dict[str, Type[EmqError]] = {
@@ -92,3 +161,53 @@ def from_reply(message: str) -> Exception | None:
 
 class Unrecoverable(Exception):
     """Raise from a handler to fail the job at once, skipping any remaining attempts."""
+
+
+# Redis error-reply codes of transient server states: the command did not run.
+TRANSIENT_STATES = ("LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
+
+
+def translate(exc: BaseException, sent: bool = True) -> BaseException:
+    """emqfast's typed error for a redis-py (or C batcher) exception; others unchanged.
+
+    ``sent`` is whether the request had been written when the connection failed: a
+    connection error after the write is :class:`ReplyLost` (it may have run), before it
+    :class:`ConnectionFailed`. Error replies of transient states become
+    :class:`ServerBusy`, OOM :class:`ServerFull`, NOPERM and authentication failures
+    :class:`PermissionDenied`, our own ``EMQ*`` codes their classes."""
+    import redis.exceptions as rx  # here, not at import: errors is the lowest module
+
+    if isinstance(exc, EmqError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, rx.BusyLoadingError):
+        return ServerBusy(f"redis is loading its dataset: {text}", "LOADING")
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError,
+                        rx.AuthenticationWrongNumberOfArgsError, rx.NoPermissionError)):
+        return PermissionDenied(text)
+    if isinstance(exc, rx.OutOfMemoryError):
+        return ServerFull(text)
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)):
+        cls = ReplyLost if sent else ConnectionFailed
+        return cls(f"{type(exc).__name__}: {text}")
+    if isinstance(exc, rx.ResponseError):
+        head = text.split(" ", 1)[0]
+        if isinstance(exc, (rx.ReadOnlyError, rx.ClusterDownError, rx.TryAgainError)) \
+                or head in TRANSIENT_STATES:
+            return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
+        if head == "OOM":
+            return ServerFull(text)
+        if head in ("NOPERM", "NOAUTH", "WRONGPASS"):
+            return PermissionDenied(text)
+        typed = from_reply(text)
+        if typed is not None:
+            return typed
+    return exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when waiting and trying again may succeed: a lost connection, a transient
+    server state, a full server (memory may be freed). Authentication, permission and
+    input errors are permanent."""
+    exc = translate(exc)
+    return isinstance(exc, (ConnectionFailed, ServerBusy, ServerFull))
