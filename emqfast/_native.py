@@ -325,7 +325,15 @@ class Batcher:
 
         Raises :class:`BackendUnavailable` for what hiredis here cannot speak:
         TLS, cluster and sentinel-managed clients (the caller uses redis-py then).
+        A Batcher is a connection: :func:`emqfast.backend.batcher_for` shares one
+        per (process, thread, connection parameters) instead of making one per call.
         """
+        return cls(**cls.params_from_redis(client))
+
+    @staticmethod
+    def params_from_redis(client: Any) -> dict:
+        """The keyword arguments :meth:`from_redis` builds a Batcher with (server,
+        credentials, db, timeouts): equal dicts mean an equivalent connection."""
         import redis
         from redis.cluster import RedisCluster
         from redis.sentinel import SentinelConnectionPool
@@ -345,11 +353,11 @@ class Batcher:
             creds = provider.get_credentials()
             username, password = (creds[0], creds[1]) if len(creds) == 2 else (None, creds[0])
         unix = issubclass(conn_cls, redis.UnixDomainSocketConnection)
-        return cls(host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)),
-                   path=kw.get("path") if unix else None, username=username,
-                   password=password, db=int(kw.get("db") or 0),
-                   socket_timeout=kw.get("socket_timeout"),
-                   socket_connect_timeout=kw.get("socket_connect_timeout"))
+        return dict(host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)),
+                    path=kw.get("path") if unix else None, username=username,
+                    password=password, db=int(kw.get("db") or 0),
+                    socket_timeout=kw.get("socket_timeout"),
+                    socket_connect_timeout=kw.get("socket_connect_timeout"))
 
     # -- public --------------------------------------------------------------
     def evalsha_many(self, sha: str, script: bytes, numkeys: int,
