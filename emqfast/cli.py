@@ -25,7 +25,6 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
-from urllib.parse import unquote, urlsplit
 
 import click
 import redis
@@ -35,7 +34,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import embedded
-from .connection import connect, redact
+from .connection import connect
+from .redaction import redact, scrub as scrub_text
 from .errors import EmqError
 from .job import STATES, Job
 from .keys import queue_meta_glob, queue_of_key
@@ -58,26 +58,11 @@ URL_ENV = "EMQ_REDIS_URL"
 
 
 # --- secrets never leave -----------------------------------------------------------
-def _passwords(urls: List[Optional[str]]) -> List[str]:
-    out = []
-    for url in urls:
-        if not url:
-            continue
-        try:
-            password = urlsplit(url).password
-        except ValueError:
-            password = None
-        if password:
-            out += [password, unquote(password)]
-    return [p for p in out if p]
-
-
 def scrub(text: str, urls: Optional[List[Optional[str]]] = None) -> str:
-    """``text`` with URL passwords redacted, and any literal copy of a known password too."""
-    text = redact(text)
-    for password in _passwords(urls if urls is not None else _known_urls()):
-        text = text.replace(password, "***")
-    return text
+    """``text`` with anything that looks like a URL password masked, and any copy (or
+    piece) of a password from the URLs we were given too (see :mod:`emqfast.redaction`:
+    no URL parsing, so malformed URLs are masked as well)."""
+    return scrub_text(text, urls if urls is not None else _known_urls())
 
 
 def _known_urls() -> List[Optional[str]]:
@@ -97,6 +82,7 @@ class State:
 
     def __init__(self, url: Optional[str] = None):
         self.url = url
+        self.verbose = False
         self._conn: Optional[redis.Redis] = None
 
     def conn(self) -> redis.Redis:
@@ -121,6 +107,18 @@ class State:
 def _set_url(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
     if value:
         ctx.ensure_object(State).url = value
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(State).verbose = True
+
+
+def verbose_option(f: Callable) -> Callable:
+    """``-v/--verbose``: full tracebacks with error messages (before or after the command)."""
+    return click.option("--verbose", "-v", is_flag=True, callback=_set_verbose,
+                        expose_value=False, is_eager=True,
+                        help="Show tracebacks with errors.")(f)
 
 
 def url_option(f: Callable) -> Callable:
@@ -162,6 +160,7 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 @click.option("--url", envvar=URL_ENV, metavar="URL",
               help="Redis URL (redis://, rediss://, unix://, redis+cluster://). "
                    "Default: $EMQ_REDIS_URL, else the embedded server.")
+@verbose_option
 @click.version_option(__version__, message="emqfast %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, url: Optional[str]) -> None:
@@ -322,30 +321,63 @@ def schedules(queue: str) -> None:
         console.print("[dim]no schedules[/dim]")
 
 
-def import_handler(spec: str) -> Callable:
-    """``package.module:function`` (or ``module:Class.method``) → the callable.
+def import_handler(spec: str, verbose: bool = False) -> Callable:
+    """``package.module:function`` (or ``module:Class.method`` for a static or class
+    method) → the callable.
 
-    The current directory is put on ``sys.path`` first, as ``python -m`` would.
+    The current directory is put on ``sys.path`` first, as ``python -m`` would. Any
+    failure is one line naming the module and the error (a ``SyntaxError`` or an
+    exception raised at import included); ``verbose`` prints the traceback first.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise click.BadParameter("expected MODULE:FUNCTION", param_hint="HANDLER")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}",
-                                 param_hint="HANDLER") from None
+    obj: Any = _import_module(module_name, verbose)
+    owner: Any = None
     for part in attr.split("."):
         try:
-            obj = getattr(obj, part)
+            owner, obj = obj, getattr(obj, part)
         except AttributeError:
             raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}",
                                      param_hint="HANDLER") from None
     if not callable(obj):
         raise click.BadParameter(f"{spec} is not callable", param_hint="HANDLER")
+    _refuse_unbound_method(spec, owner, attr.split(".")[-1])
     return obj
+
+
+def _import_module(module_name: str, verbose: bool) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, or whatever the module raised
+        if verbose:
+            err_console.print(scrub(traceback.format_exc()), markup=False, highlight=False)
+        where = ""
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f" ({exc.filename}, line {exc.lineno})"
+            exc = SyntaxError(exc.msg)
+        detail = f"{type(exc).__name__}: {exc}{where}".strip()
+        hint = "" if verbose else " (run with --verbose for the traceback)"
+        raise click.BadParameter(f"cannot import {module_name!r}: {detail}{hint}",
+                                 param_hint="HANDLER") from None
+
+
+def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
+    """``module:Class.method`` naming a plain (instance) method would fail every job with
+    "missing 1 required positional argument": refuse it now, saying what to do."""
+    if not isinstance(owner, type):
+        return
+    import inspect
+
+    raw = inspect.getattr_static(owner, name, None)
+    if inspect.isfunction(raw):  # not a staticmethod/classmethod: it needs an instance
+        raise click.BadParameter(
+            f"{spec} is an instance method: called with a job it has no instance "
+            f"('self') to run on. Make it a @staticmethod or @classmethod, or name a "
+            f"module-level function or instance (e.g. handler = {owner.__name__}().{name})",
+            param_hint="HANDLER")
 
 
 @cli.command()
@@ -359,6 +391,7 @@ def import_handler(spec: str) -> Callable:
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
               help="Seconds in-flight jobs get to finish on SIGTERM/SIGINT.")
 @click.option("--burst", is_flag=True, help="Exit once the queue is idle (nothing due).")
+@verbose_option
 def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
            shutdown_timeout: float, burst: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
@@ -367,9 +400,10 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    fn = import_handler(handler)
     state = _state()
+    fn = import_handler(handler, verbose=state.verbose)
     q = state.queue(queue_name)
+    _preflight(q)
     w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
                shutdown_timeout_s=shutdown_timeout)
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
@@ -379,6 +413,14 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
                       f"released {stats_.released}")
+
+
+def _preflight(q: Queue) -> None:
+    """Reach the server and read the queue once before starting: a wrong or missing
+    password, or an ACL user without rights to the queue's keys, fails here in one
+    line (main() explains it) instead of in the worker's reconnect loop."""
+    q.redis.ping()
+    q.counts()
 
 
 def load_bench() -> Optional[Callable[[List[str]], Any]]:
@@ -477,15 +519,29 @@ def server_wipe() -> None:
     console.print(f"wiped {directory}")
 
 
+def _wants_verbose(args: List[str]) -> bool:
+    return bool(os.environ.get("EMQ_DEBUG")) or any(a in ("-v", "--verbose") for a in args)
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line ``main`` prints for ``exc``, scrubbed: a plain-words explanation for
+    credential and permission failures, else the error as it is."""
+    from .diagnose import explain
+
+    return explain(exc, clean=scrub) or scrub(f"{type(exc).__name__}: {exc}")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console-script entry point: run the CLI; errors become one scrubbed line and exit 1."""
+    """Console-script entry point: run the CLI; an error becomes one scrubbed line and a
+    non-zero exit (1), with the traceback only under ``--verbose``/``-v`` or EMQ_DEBUG."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="emqfast", standalone_mode=True)
-    except (EmqError, redis.RedisError, OSError) as exc:
-        message = escape(scrub(f"{type(exc).__name__}: {exc}"))
-        err_console.print(f"[red]error[/red]: {message}", highlight=False)
-        if os.environ.get("EMQ_DEBUG"):
+        cli.main(args=args, prog_name="emqfast", standalone_mode=True)
+    except Exception as exc:  # noqa: BLE001 - the CLI's last word on anything
+        message = escape(error_line(exc))
+        if _wants_verbose(args):
             err_console.print(scrub(traceback.format_exc()), markup=False, highlight=False)
+        err_console.print(f"[red]error[/red]: {message}", highlight=False)
         sys.exit(1)
 
 

@@ -2,39 +2,22 @@
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Optional
 
 import redis
 
 from .errors import ConnectionFailed, InvalidInput
+from .redaction import scrub as _scrub_any
 
-# userinfo runs to the LAST '@' before the query: a password containing '@' or '/'
-# (unencoded, as people do write them) is then masked whole, not just its first part
-_USERINFO_IN_URL = re.compile(r"(?<=://)([^:@/?#\s]*):([^?#\s]*)@")
-# redis-py also takes the password as a query parameter (?password=...)
-_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#\s]*", re.I)
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for logs and errors)."""
-    url = _USERINFO_IN_URL.sub(lambda m: f"{m.group(1)}:***@", url)
-    return _PASSWORD_IN_QUERY.sub(lambda m: f"{m.group(1)}***", url)
+# Redaction lives in emqfast.redaction (it parses no URL, so malformed ones are masked
+# too); these names stay for the callers that import them from here.
+from .redaction import redact  # noqa: E402,F401
 
 
 def _scrub(text: str, url: str) -> str:
-    """``text`` (e.g. redis-py's parse error) without any copy of a secret from ``url``.
-
-    A password with an unencoded '/' or '@' is split differently by urlparse: redis-py
-    may then quote a piece of it as the port or host, so the pieces are masked too.
-    """
-    secrets = [m.group(2) for m in _USERINFO_IN_URL.finditer(url)]
-    secrets += [m.group(0).split("=", 1)[1] for m in _PASSWORD_IN_QUERY.finditer(url)]
-    pieces = {p for s in secrets for p in [s, *re.split(r"[/@:]", s)] if len(p) >= 3}
-    text = redact(text)
-    for piece in sorted(pieces, key=len, reverse=True):
-        text = text.replace(piece, "***")
-    return text
+    """``text`` without any copy (or piece) of a secret from ``url``; see
+    :func:`emqfast.redaction.scrub`."""
+    return _scrub_any(text, [url])
 
 
 def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":

@@ -296,3 +296,87 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
 
     empty = emq("--url", redis_url, "schedules", qname + "-none")
     assert empty.returncode == 0 and "no schedules" in empty.stdout
+
+
+# --- issue 20: clear errors ---------------------------------------------------------
+
+@pytest.fixture
+def locked_server():
+    """A private redis-server with a password and an ACL user that may touch no key."""
+    proc, port, workdir = start_redis_server()
+    admin = redis.Redis(port=port)
+    admin.acl_setuser("nokeys", enabled=True, passwords=["+nokeys-pw"], commands=["+@all"])
+    admin.config_set("requirepass", "Sup3r-Secret-Pw-4711")
+    admin.close()
+    yield port
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("userinfo, says", [
+    (":wrong-password@", "authentication failed: wrong user name or password"),
+    ("nokeys:nokeys-pw@", "permission denied"),
+    ("", "requires a password and none was given"),
+])
+def test_worker_fails_fast_on_permanent_errors(locked_server, qname, tmp_path, userinfo, says):
+    (tmp_path / "portal_handlers.py").write_text(HANDLER)
+    url = f"redis://{userinfo}127.0.0.1:{locked_server}/0"
+    for burst in ((), ("--burst",)):
+        out = emq("--url", url, "worker", "portal_handlers:handle", "--queue", qname, *burst,
+                  cwd=tmp_path, timeout=30)
+        assert out.returncode == 1, out.stderr
+        assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert "retrying" not in out.stderr
+    out = emq("--url", url, "stats", qname)
+    assert out.returncode == 1 and says in out.stderr and "Traceback" not in out.stderr
+    if not userinfo:  # item 9: say how to pass one, not "HELLO must be called ..."
+        assert "redis://:PASSWORD@HOST:PORT/0" in out.stderr and "HELLO" not in out.stderr
+
+
+BROKEN_MODULES = {
+    "bad_syntax": "def handle(job)\n    return 1\n",
+    "raises_at_import": "raise RuntimeError('config missing: set PORTAL_TOKEN')\n",
+}
+
+
+@pytest.mark.parametrize("module", sorted(BROKEN_MODULES))
+def test_a_handler_module_that_fails_to_import_is_one_clear_line(redis_url, qname, tmp_path,
+                                                                  module):
+    (tmp_path / f"{module}.py").write_text(BROKEN_MODULES[module])
+    out = emq("--url", redis_url, "worker", f"{module}:handle", "--queue", qname, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert f"cannot import '{module}'" in out.stderr
+    assert ("SyntaxError" if module == "bad_syntax" else "config missing") in out.stderr
+    verbose = emq("--url", redis_url, "worker", f"{module}:handle", "--queue", qname, "-v",
+                  cwd=tmp_path)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+
+
+def test_an_unbound_method_handler_is_refused_at_start(redis_url, qname, tmp_path):
+    (tmp_path / "handlers_cls.py").write_text(textwrap.dedent("""
+        class Portal:
+            def handle(self, job):
+                return 1
+
+            @staticmethod
+            def static(job):
+                return 2
+
+        portal = Portal()
+    """))
+    out = emq("--url", redis_url, "worker", "handlers_cls:Portal.handle", "--queue", qname,
+              cwd=tmp_path)
+    assert out.returncode == 2 and "is an instance method" in out.stderr, out.stderr
+    q = Queue(qname, redis_url)
+    q.enqueue("x")
+    for spec in ("handlers_cls:Portal.static", "handlers_cls:portal.handle"):
+        out = emq("--url", redis_url, "worker", spec, "--queue", qname, "--burst", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+    assert q.counts()["completed"] == 1 and q.counts()["failed"] == 0

@@ -214,7 +214,7 @@ def test_password_never_in_connect_errors_or_logs(caplog, backend):
     assert SECRET not in repr(conn)
     q = Queue("nobody", conn)
     for call in (lambda: q.enqueue("x"), lambda: q.enqueue_many(["x", "y"]), q.counts):
-        with pytest.raises((redis.ConnectionError, ConnectionFailed)) as info:
+        with pytest.raises(Exception) as info:  # whichever type: the point is the text
             call()
         assert SECRET not in all_text(info.value)
     for bad in (f"redis://user:{SECRET}@127.0.0.1:notaport/0",
@@ -230,7 +230,7 @@ def test_password_never_in_connect_errors_or_logs(caplog, backend):
 def test_wrong_password_error_does_not_echo_it(server_factory):
     _, port, _ = server_factory("--user", "emquser", "on", ">the-real-one", "~*", "+@all")
     q = Queue("auth", emqfast.connect(f"redis://emquser:{SECRET}@127.0.0.1:{port}/0"))
-    with pytest.raises(redis.AuthenticationError) as info:
+    with pytest.raises(Exception) as info:  # AuthenticationError, or its typed PermissionDenied
         q.enqueue("x")
     assert SECRET not in all_text(info.value) and "the-real-one" not in all_text(info.value)
 
@@ -338,3 +338,74 @@ def test_tls_enqueue_and_worker_through_redis_py(tls_server, qname, backend, cap
     with pytest.raises(redis.RedisError):
         plain.ping()
     conn.close()
+
+
+# --- issue 20 item 2: redaction does not depend on URL parsing ------------------------
+
+MALFORMED = [
+    "default:Hunter2Secret@127.0.0.1:P",            # scheme missing
+    "redis//:Hunter2Secret@127.0.0.1:6379",         # typo: no colon after the scheme
+    "redis:/:Hunter2Secret@127.0.0.1:1/0",          # typo: one slash
+    "redis:://u:Hunter2Secret@127.0.0.1:1",         # typo: doubled colon
+    "redsi://u:Hunter2Secret@127.0.0.1:1/0",        # typo in the scheme
+    ":Hunter2Secret@127.0.0.1:1",                   # password alone, no scheme
+    "redis://u:Hunter2Secret@@127.0.0.1:1/0",       # doubled '@'
+    "redis://:pre@Hunter2Secret@127.0.0.1:1/0",     # unencoded '@' in the password
+    "redis://u:Hunter2/Secret@127.0.0.1:1/0",       # unencoded '/' in the password
+    "redis://u:Hunt:er2Secret/x@127.0.0.1:1/0",     # ':' and '/' in the password
+    "redis://127.0.0.1:1/0?password=Hunter2Secret",  # redis-py's query form
+    "redis://127.0.0.1:1/0?db=0&PASSWORD=Hunter2Secret",
+    "rediss://u:Hunter2Secret@[::1/0",              # broken IPv6 literal
+    "redis+cluster://u:Hunter2Secret@127.0.0.1:notaport",
+    "unix://:Hunter2Secret@/nonexistent/r.sock",
+    "redis://u:Hunter2%40Secret@127.0.0.1:1/0",     # percent-encoded '@'
+]
+LEAKS = ("Hunter2Secret", "Hunter2", "er2Secret", "Hunter2@Secret")
+
+
+def _leaked(text: str) -> list:
+    return [piece for piece in LEAKS if piece in text]
+
+
+def test_redact_masks_malformed_urls_in_any_text():
+    from emqfast.redaction import redact, scrub
+    for url in MALFORMED:
+        line = f"cannot connect to '{url}' (attempt 3)"
+        assert not _leaked(redact(line)), (url, redact(line))
+        assert not _leaked(scrub(f"port {url.split(':')[-1]!r} is bad: {url}", [url]))
+    assert redact("redis://user@h:1/0 and mail me at a@b.c") == \
+        "redis://user@h:1/0 and mail me at a@b.c"  # no password: nothing to mask
+
+
+@pytest.mark.parametrize("url", MALFORMED)
+def test_connect_errors_never_echo_a_malformed_urls_password(url):
+    try:
+        client = emqfast.connect(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    except ConnectionFailed as exc:
+        assert not _leaked(all_text(exc)), all_text(exc)
+        return
+    with pytest.raises(Exception) as info:  # nothing listens where it points
+        Queue("nobody", client).enqueue("x")
+    assert not _leaked(all_text(info.value))
+
+
+def _cli(monkeypatch, capsys, argv: list, env_url: str = "") -> str:
+    from emqfast import cli
+    if env_url:
+        monkeypatch.setenv("EMQ_REDIS_URL", env_url)
+    else:
+        monkeypatch.delenv("EMQ_REDIS_URL", raising=False)
+    monkeypatch.setattr("sys.argv", ["emqfast", *argv])
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    out = capsys.readouterr()
+    assert done.value.code != 0
+    return out.out + out.err
+
+
+@pytest.mark.parametrize("url", MALFORMED)
+def test_cli_never_echoes_a_malformed_urls_password(url, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("EMQ_STATE_DIR", str(tmp_path))  # never the user's embedded server
+    for argv, env_url in ((["--url", url, "stats"], ""), (["stats", "q"], url)):
+        text = _cli(monkeypatch, capsys, argv, env_url)
+        assert "error" in text and not _leaked(text), text
