@@ -4,6 +4,11 @@
 joins them with ``redis-cli --cluster create`` and waits (with a deadline) until
 every node reports ``cluster_state:ok``. No fakes: it is the real thing, torn
 down by :meth:`Cluster.stop`.
+
+``start_cluster(3, replicas=1, node_timeout_ms=1500)`` adds one replica per master
+(``Cluster.replica_ports``; ``Cluster.ports`` stays the masters) and waits until each
+replica's link to its master is up. :meth:`Cluster.kill` SIGKILLs a node and
+:meth:`Cluster.wait_promoted` waits for its replica to take over (failover tests).
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ class Cluster:
     procs: List[subprocess.Popen]
     workdir: str
     _slot_owner: Dict[int, int] = field(default_factory=dict)
+    replica_ports: List[int] = field(default_factory=list)
+    proc_of: Dict[int, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -64,6 +71,54 @@ class Cluster:
         with redis.Redis(port=self.ports[0]) as c:
             for lo, hi, master, *_ in c.execute_command("CLUSTER SLOTS"):
                 yield (int(lo), int(hi)), int(master[1])
+
+    def replica_of(self, master_port: int) -> int:
+        """Port of the replica of the master on ``master_port`` (from its INFO)."""
+        with redis.Redis(port=master_port, socket_timeout=2) as c:
+            info = c.info("replication")
+        for key, value in info.items():
+            if key.startswith("slave") and isinstance(value, dict):
+                return int(value["port"])
+        raise LookupError(f"master {master_port} has no replica")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port`` (no final flush, no goodbye to the cluster)."""
+        proc = self.proc_of[port]
+        proc.kill()
+        proc.wait(10)
+
+    def restart(self, port: int, timeout: float = 30.0) -> None:
+        """Start the (killed) node on ``port`` again with its own nodes.conf: it rejoins
+        the cluster, as a replica of whoever took its slots over; waits for its link."""
+        old = self.proc_of[port]
+        self.proc_of[port] = subprocess.Popen(old.args, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL)
+        self.procs.append(self.proc_of[port])
+
+        def linked() -> bool:
+            try:
+                info = _role(port)
+            except redis.RedisError:
+                return False
+            return info.get("role") == "slave" and info.get("master_link_status") == "up"
+        _wait(linked, timeout, f"node {port} to rejoin as a replica")
+
+    def wait_promoted(self, replica_port: int, timeout: float = 30.0) -> None:
+        """Wait until the node on ``replica_port`` is a master serving slots and every
+        live node agrees the cluster is ok."""
+        def promoted() -> bool:
+            try:
+                with redis.Redis(port=replica_port, socket_timeout=2) as c:
+                    if c.info("replication").get("role") != "master":
+                        return False
+            except redis.RedisError:
+                return False
+            return all(_node_ok(p) for p in self.live_ports())
+        _wait(promoted, timeout, f"replica {replica_port} to take over")
+
+    def live_ports(self) -> List[int]:
+        """Ports of the nodes whose process still runs."""
+        return [p for p, proc in self.proc_of.items() if proc.poll() is None]
 
     def stop(self) -> None:
         """Terminate every node and delete the scratch directory."""
@@ -109,14 +164,16 @@ def _pingable(port: int) -> bool:
 
 
 def start_cluster(masters: int = 3, extra_args: Iterable[str] = (),
-                  timeout: float = 30.0) -> Cluster:
-    """Start and join ``masters`` cluster nodes; raise if the cluster is not ok in time."""
+                  timeout: float = 30.0, replicas: int = 0,
+                  node_timeout_ms: int = 5000) -> Cluster:
+    """Start and join ``masters`` cluster nodes (each with ``replicas`` replicas); raise
+    if the cluster is not ok in time. ``Cluster.ports`` are the masters."""
     exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if exe is None or cli is None:
         raise RuntimeError("redis-server / redis-cli not on PATH: run `make test`")
     workdir = tempfile.mkdtemp(prefix="emq-test-cluster-")
     ports: List[int] = []
-    for _ in range(masters):
+    for _ in range(masters * (1 + replicas)):
         ports.append(_cluster_port(ports))
     procs: List[subprocess.Popen] = []
     cluster = Cluster(ports, procs, workdir)
@@ -127,21 +184,47 @@ def start_cluster(masters: int = 3, extra_args: Iterable[str] = (),
             procs.append(subprocess.Popen(
                 [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                  "--cluster-config-file", str(node_dir / "nodes.conf"),
-                 "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no",
+                 "--cluster-node-timeout", str(node_timeout_ms), "--save", "",
+                 "--appendonly", "no",
                  "--dir", str(node_dir), *extra_args],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for port in ports:
             _wait(lambda: _pingable(port), timeout, f"cluster node {port} to start")
         subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-                        "--cluster-replicas", "0", "--cluster-yes"],
+                        "--cluster-replicas", str(replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        timeout=timeout)
+        cluster.proc_of.update(zip(ports, procs))
         for port in ports:
             _wait(lambda: _node_ok(port), timeout, f"cluster_state:ok on {port}")
+        if replicas:
+            _split_roles(cluster, timeout)
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _role(port: int) -> dict:
+    with redis.Redis(port=port, socket_timeout=2) as c:
+        return c.info("replication")
+
+
+def _split_roles(cluster: Cluster, timeout: float) -> None:
+    """``cluster.ports`` := the masters, ``replica_ports`` := the replicas (redis-cli
+    chose who is which); wait until every replica's link to its master is up."""
+    def roles_settled() -> bool:
+        try:
+            infos = {p: _role(p) for p in cluster.ports + cluster.replica_ports}
+        except redis.RedisError:
+            return False
+        replicas = [p for p, i in infos.items() if i.get("role") == "slave"]
+        return bool(replicas) and all(infos[p].get("master_link_status") == "up"
+                                      for p in replicas)
+    _wait(roles_settled, timeout, "replicas in sync with their masters")
+    everyone = cluster.ports + cluster.replica_ports
+    cluster.ports[:] = [p for p in everyone if _role(p).get("role") == "master"]
+    cluster.replica_ports[:] = [p for p in everyone if p not in cluster.ports]
 
 
 def names_over_masters(cluster: Cluster, per_master: int, prefix: str) -> List[str]:

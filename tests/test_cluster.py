@@ -362,3 +362,140 @@ def test_cli_stats_and_jobs_on_cluster(cluster, conn):
     for n, ref in refs.items():
         out = runner.invoke(cli.cli, ["--url", cluster.url, "jobs", n, "--json"])
         assert out.exit_code == 0 and ref.id in out.output, out.output
+
+
+# --- failover: a master SIGKILLed mid-run, its replica takes over (issue 11) ------------
+
+@pytest.fixture(scope="module")
+def replicated_cluster():
+    """3 masters with one replica each, a short node timeout (fast failover). Its own
+    cluster, so a failover never disturbs the tests above; started only when used."""
+    c = start_cluster(3, replicas=1, node_timeout_ms=1500)
+    yield c
+    c.stop()
+
+
+def durable_queue(name: str, conn) -> Queue:
+    """A Queue whose enqueues wait for one replica to acknowledge (WAIT). Issue 11 asks for
+    the option; a missing one fails the test that needs it (pending), never skips it."""
+    import inspect
+    params = inspect.signature(Queue.__init__).parameters
+    if "wait_replicas" not in params:
+        raise AssertionError("pending (issue 11): emqfast.Queue has no wait_replicas option; "
+                             "enqueues that wait for a replica cannot be tested yet")
+    return Queue(name, conn, wait_replicas=1)
+
+
+def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
+        replicated_cluster, qname):
+    """SIGKILL the master that owns the queue while producers enqueue and a Worker drains;
+    its replica takes over (cluster-node-timeout 1.5 s) and everyone carries on. Enqueues
+    made with wait_replicas=1 are never lost; plain ones may be (the README's window):
+    counted and reported, as are jobs run twice (an outcome written on the old master
+    but not yet replicated makes the job run again after its lease)."""
+    import threading
+    from collections import Counter
+
+    from test_fault_soak import SoakResult, report, retrying
+
+    cluster = replicated_cluster
+    name = next(n for n in names_over_masters(cluster, 2, qname)
+                if cluster.owner_port(slot_of(n)) != cluster.ports[0])  # keep the seed node
+    master = cluster.owner_port(slot_of(name))
+    replica = cluster.replica_of(master)
+    conn = emqfast.connect(cluster.url)
+    plain_q = Queue(name, conn)
+    missing_option = None
+    try:
+        waited_q = durable_queue(name, conn)
+    except AssertionError as exc:  # measured without it; fails at the end
+        missing_option, waited_q = exc, plain_q
+    deadline = time.monotonic() + 120
+    errors, untyped, execs = Counter(), Counter(), Counter()
+    lock = threading.Lock()
+    acked = {"waited": [], "plain": []}
+    stop = threading.Event()
+
+    def produce(kind: str, q: Queue) -> None:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            job_id = f"JOB-fo-{kind}-{i:06d}"
+            # an error is counted and the same id re-sent (a duplicate if it had landed)
+            retrying(lambda: q.enqueue({"i": i}, job_id=job_id), errors, untyped, deadline)
+            acked[kind].append(job_id)
+
+    def handler(job):
+        with lock:
+            execs[job.id] += 1
+
+    worker = Worker(plain_q, handler, concurrency=8, lease_ms=2000, max_stalled=100,
+                    keep_completed=10**9, name=f"fo-{qname}")
+    threads = [threading.Thread(target=produce, args=(k, q), daemon=True)
+               for k, q in (("waited", waited_q), ("plain", plain_q))]
+    wt = threading.Thread(target=worker.run, daemon=True)
+
+    def done() -> int:
+        try:
+            with redis.Redis(port=cluster.owner_port(slot_of(name)), socket_timeout=2) as c:
+                return c.zcard(plain_q.keys.completed)
+        except redis.RedisError:
+            return -1
+
+    try:
+        for t in threads + [wt]:
+            t.start()
+        wait_for(lambda: done() >= 300, 30, "jobs to flow before the kill")
+        cluster.kill(master)
+        cluster.wait_promoted(replica, timeout=30)
+        at_failover = dict((k, len(v)) for k, v in acked.items())
+        # the dead node comes back as the new master's replica (what an operator does):
+        # until then waited enqueues get NotReplicated (no replica left) and are re-sent
+        cluster.restart(master)
+        wait_for(lambda: all(len(acked[k]) >= at_failover[k] + 100 for k in acked), 30,
+                 "both producers to carry on after the failover")
+        stop.set()
+        for t in threads:
+            t.join(30)
+        all_acked = acked["waited"] + acked["plain"]
+        with redis.Redis(port=replica, socket_timeout=5) as c:
+            def completed_now() -> set:
+                return {j.decode() for j in c.zrange(plain_q.keys.completed, 0, -1)}
+
+            def present(ids) -> set:
+                pipe = c.pipeline(transaction=False)
+                for j in ids:
+                    pipe.exists(plain_q.keys.job(j))
+                return {j for j, e in zip(ids, pipe.execute()) if e}
+            lost = {k: sorted(set(v) - present(v)) for k, v in acked.items()}
+            survivors = set(all_acked) - set(lost["waited"]) - set(lost["plain"])
+            wait_for(lambda: survivors <= completed_now(), 60,
+                     "the worker to drain every surviving job")
+            counts = plain_q.counts()
+            pipe = c.pipeline(transaction=False)
+            for j in survivors:
+                pipe.hmget(plain_q.keys.job(j), "attempts", "stalls")
+            rows = pipe.execute()
+    finally:
+        stop.set()
+        worker.stop()
+        wt.join(30)
+        conn.close()
+    result = SoakResult(fault="cluster master SIGKILL + replica failover",
+                        seconds=round(time.monotonic() - deadline + 120, 1),
+                        jobs=len(all_acked), lost=len(lost["waited"]) + len(lost["plain"]),
+                        run_twice=sum(1 for j in survivors if execs[j] > 1),
+                        never_run=sum(1 for j in survivors if execs[j] == 0),
+                        stalls=sum(int(st or 0) for _, st in rows),
+                        attempts_not_1=sum(1 for a, _ in rows if int(a or 0) != 1),
+                        producer_errors=dict(errors), untyped_errors=dict(untyped),
+                        cuts={"waited_acked": len(acked["waited"]),
+                              "waited_lost": len(lost["waited"]),
+                              "plain_acked": len(acked["plain"]),
+                              "plain_lost_window": len(lost["plain"])})
+    report(result)
+    assert counts["active"] == 0 and counts["pending"] == 0, counts
+    assert not lost["waited"], f"{len(lost['waited'])} waited enqueues lost: {lost['waited'][:5]}"
+    assert result.never_run == 0
+    if missing_option is not None:
+        raise missing_option

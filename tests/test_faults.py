@@ -399,3 +399,114 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     assert len(expected) >= n_slots and outages == 2 and kills >= 10
     assert q.counts() == dict.fromkeys(
         ("scheduled", "pending", "grouped", "active", "completed", "failed"), 0)
+
+
+# --- 5. Redis restarted mid-run (AOF, appendfsync always): every job exactly once ---------
+
+def _restart_redis(proc: subprocess.Popen, port: int, workdir: str, how: str,
+                   args: List[str]) -> subprocess.Popen:
+    """Stop the server ``how`` ('sigkill': no final flush; 'shutdown': SHUTDOWN, which
+    fsyncs the AOF) and start it again on the same port and data directory."""
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+    else:
+        with redis.Redis(port=port, socket_timeout=5) as c:
+            try:
+                c.shutdown(nosave=False)
+            except redis.ConnectionError:
+                pass  # the server closes the connection as it exits
+    proc.wait(10)
+    proc, _, _ = start_redis_server(args, port=port, workdir=workdir)
+    return proc
+
+
+@pytest.mark.parametrize("how", ["sigkill", "shutdown"])
+def test_redis_restarted_mid_run_runs_every_job_exactly_once(qname, backend, how):
+    """Producers (own ids, a failed call retried with the same ids) and a Worker carry on
+    across two restarts of an AOF Redis (appendfsync always): no job lost, none run twice,
+    no stall (attempts == 1, stalls 0), nothing left active. The lease (5 min) is far
+    longer than the run, so any job whose outcome was dropped shows up stuck, not re-run."""
+    from test_fault_soak import (SoakResult, job_ids_for, produce_sync, report, verdict,
+                                 wait_drained)
+
+    n_jobs, restarts_wanted = 4_000, 2
+    clock = Deadline(150, "Redis restart exactly-once run")
+    aof = ["--appendonly", "yes", "--appendfsync", "always"]
+    proc, port, workdir = start_redis_server(aof)
+    conn = emqfast.connect(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+    direct = redis.Redis(port=port, socket_timeout=5)
+    q = Queue(qname, conn)
+    result = SoakResult(fault=f"redis {how} + restart, AOF always ({backend})")
+    errors: Counter = Counter()
+    untyped: Counter = Counter()
+    execs: Counter = Counter()
+    lock = threading.Lock()
+
+    def handler(job: emqfast.Job) -> None:
+        with lock:
+            execs[job.id] += 1
+        time.sleep(0.0005)  # a little work, so outcomes are in flight at each restart
+
+    worker = Worker(q, handler, concurrency=8, lease_ms=300_000, keep_completed=10**9,
+                    name=f"restart-{qname}")
+    worker_errors: List[BaseException] = []
+
+    def run_worker() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            worker_errors.append(exc)
+
+    ids_of = {t: job_ids_for(f"{qname}-{t}", n_jobs // 2) for t in ("a", "b")}
+    producer_errors: List[BaseException] = []
+
+    def run_producer(tag: str) -> None:
+        try:
+            produce_sync(q, ids_of[tag], errors, untyped, clock.end)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            producer_errors.append(exc)
+
+    wt = threading.Thread(target=run_worker, daemon=True)
+    pts = [threading.Thread(target=run_producer, args=(t,), daemon=True) for t in ids_of]
+    ids = [j for t in ids_of for j in ids_of[t]]
+
+    def done() -> int:
+        try:
+            return direct.zcard(q.keys.completed)
+        except redis.ConnectionError:
+            return -1  # mid-restart
+
+    restarts = 0
+    started = time.monotonic()
+    try:
+        wt.start()
+        for t in pts:
+            t.start()
+        for i in range(restarts_wanted):
+            mark = (i + 1) * n_jobs // (restarts_wanted + 2)
+            clock.wait(lambda: done() >= mark or not wt.is_alive(),
+                       f"{mark} jobs completed before restart {i + 1}")
+            proc = _restart_redis(proc, port, workdir, how, aof)
+            restarts += 1
+        for t in pts:
+            t.join(max(clock.left(), 1))
+        wait_drained(done, n_jobs, wt.is_alive, clock.end)
+        worker.stop()
+        wt.join(30)
+        result.producer_errors, result.untyped_errors = dict(errors), dict(untyped)
+        if producer_errors:
+            result.worker_error += f"producer: {producer_errors[0]!r}; "
+        if worker_errors:
+            result.worker_error += f"worker: {worker_errors[0]!r}"
+        verdict(direct, qname, ids, execs, result)
+    finally:
+        worker.stop()
+        proc.terminate()
+        proc.wait(10)
+        conn.close()
+        direct.close()
+    result.cuts = {"restarts": restarts}
+    result.seconds = round(time.monotonic() - started, 1)
+    report(result)
+    assert restarts == restarts_wanted
+    assert result.problems() == {}, result
