@@ -215,6 +215,7 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
             if (n > 0) {
                 w.off += (size_t)n;
                 sent += (size_t)n;
+                out->nsent = next; /* every call framed so far may have left, in part */
             }
         }
         if (p.revents & (POLLIN | POLLHUP | POLLERR)) {

@@ -123,6 +123,10 @@ typedef struct emq_replies {
     char *data;
     size_t datalen;
     size_t data_cap;
+    /* Calls at least one byte of which left the client: when a batch fails with
+     * EMQ_EIO, replies [0, nreplies) arrived, calls [nreplies, nsent) were sent
+     * without a reply (they may have run), calls [nsent, ncalls) never left. */
+    size_t nsent;
 } emq_replies;
 
 /* Pipelines `EVALSHA sha numkeys <args>` for ncalls calls. The arguments of

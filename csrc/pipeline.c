@@ -111,8 +111,13 @@ static int run_batch(emq_conn *c, const char *prefix, size_t prefixlen, size_t n
             }
             cmd++;
         }
-        if (send_all(c, b.p, b.len, &sent))
+        size_t before = sent;
+        if (send_all(c, b.p, b.len, &sent)) {
+            if (sent > before) /* part of this chunk left: any of its commands may have */
+                out->nsent = cmd;
             return fail(c, "write to redis", errno, sent, &b);
+        }
+        out->nsent = cmd;
         for (size_t i = first; i < cmd; i++) {
             void *reply = NULL;
             if (redisGetReply(c->ctx, &reply) != REDIS_OK || reply == NULL)

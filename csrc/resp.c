@@ -47,6 +47,7 @@ char *emq_put_header(char *p, char kind, uint64_t n)
 void emq_replies_reset(emq_replies *r)
 {
     r->nreplies = 0;
+    r->nsent = 0;
     r->all_int = 1;
     r->nnodes = 0;
     r->datalen = 0;

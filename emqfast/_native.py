@@ -25,7 +25,9 @@ from ._emqcore import ffi, lib
 from ._pure import (COUNTER_MOD, EPOCH_MS, KIND_EXPONENTIAL, KIND_FIXED, M64,  # noqa: F401
                     MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_BITS, PRIORITY_MAX, SEQ_BITS,
                     SEQ_MASK, optional_seed)
-from .errors import BackendUnavailable, ConnectionFailed, InvalidInput, RangeError
+from . import errors, transport
+from .errors import (BackendUnavailable, ConnectionFailed, InvalidInput, PermissionDenied,
+                     RangeError)
 
 def _column_bytes(values: Sequence[Any]) -> List[bytes]:
     """A column as a list of bytes (str as UTF-8, ints as ASCII, like redis-py)."""
@@ -250,6 +252,15 @@ def _pack_args(values: Sequence[Any]) -> Tuple[List[Any], bytes, Any]:
     return values, blob, ffi.from_buffer("size_t[]", lens)
 
 
+def _cut_again(cut: ConnectionFailed, replies: List[Any], missing: List[int]) -> Exception:
+    """A failure while re-sending the calls that met NOSCRIPT, reported for the batch."""
+    got = getattr(cut, "replies", None) or [transport.UNSENT] * len(missing)
+    full = list(replies)
+    for i, reply in zip(missing, got):
+        full[i] = reply
+    return transport.cut_error(cut, full)
+
+
 def _walk(nodes: List[int], data: bytes, count: int) -> List[Any]:
     """Python values from the flat (type, a, b) node list (see emq.h); the type
     codes are literals for speed, checked against lib.EMQ_R_* at import."""
@@ -361,46 +372,58 @@ class Batcher:
 
     # -- public --------------------------------------------------------------
     def evalsha_many(self, sha: str, script: bytes, numkeys: int,
-                     calls: Sequence[Sequence[Any]]) -> List[Any]:
+                     calls: Sequence[Sequence[Any]], wait: transport.Wait = None) -> List[Any]:
         """``EVALSHA sha numkeys *call`` for every call, pipelined; one reply per call.
 
         Values may be bytes, str (UTF-8) or int. Replies: int, bytes, None, lists,
         and error replies as ``redis.exceptions.ResponseError`` instances
         (returned, not raised; mapped by redis-py's own parser, so the message is
         what redis-py would give). NOSCRIPT is handled by loading ``script`` once.
+
+        Never re-sent after bytes left: a connection lost mid-batch raises
+        :class:`~emqfast.transport.BatchCut` with the replies that arrived (and
+        :data:`~emqfast.transport.LOST` / ``UNSENT`` for the rest); one lost before
+        anything left raises :class:`ConnectionFailed`. With ``wait=(replicas,
+        timeout_ms)`` a ``WAIT`` follows on the same connection and its reply (replicas
+        that acknowledged) ends the list.
         """
         if not calls:
-            return []
+            return [0] if wait else []
         argcs = [len(call) for call in calls]
         flat = [value for call in calls for value in call]
         if min(argcs) == max(argcs):
-            return self._evalsha(sha, script, numkeys, flat, argcs[0], None)
-        return self._evalsha(sha, script, numkeys, flat, 0, argcs)
+            return self._waited(self._evalsha(sha, script, numkeys, flat, argcs[0], None), wait)
+        return self._waited(self._evalsha(sha, script, numkeys, flat, 0, argcs), wait)
 
     def evalsha_flat(self, sha: str, script: bytes, numkeys: int, argc: int,
-                     flat: Sequence[Any]) -> List[Any]:
+                     flat: Sequence[Any], wait: transport.Wait = None) -> List[Any]:
         """:meth:`evalsha_many` for calls of ``argc`` values each, laid back to back in ``flat``."""
         if not isinstance(argc, int) or argc < 1 or len(flat) % argc:
             raise InvalidInput(f"flat holds {len(flat)} values: not a multiple of argc={argc!r}")
         if not flat:
-            return []
-        return self._evalsha(sha, script, numkeys, flat, argc, None)
+            return [0] if wait else []
+        return self._waited(self._evalsha(sha, script, numkeys, flat, argc, None), wait)
 
     def evalsha_columns(self, sha: str, script: bytes, numkeys: int,
                         slots: Sequence[Tuple[Any, Optional[int]]],
-                        columns: Sequence[Sequence[Any]]) -> List[Any]:
+                        columns: Sequence[Sequence[Any]], wait: transport.Wait = None) -> List[Any]:
         """One EVALSHA per row of ``columns``, framed and streamed in C (csrc/bulk.c).
 
         Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when
         ``slots[s][1]`` is a column index, by ``columns[slots[s][1]][i]``: the
         constant arguments of a bulk enqueue travel once, not once per job.
-        Same replies and NOSCRIPT handling as :meth:`evalsha_many`.
+        Same replies, NOSCRIPT, failure and ``wait`` handling as :meth:`evalsha_many`.
         """
         ncalls = len(columns[0]) if columns else 0
         if any(len(col) != ncalls for col in columns):
             raise InvalidInput("columns differ in length")
         if not ncalls:
-            return []
+            return [0] if wait else []
+        return self._waited(self._columns_calls(sha, script, numkeys, slots, columns), wait)
+
+    def _columns_calls(self, sha: str, script: bytes, numkeys: int,
+                       slots: Sequence[Tuple[Any, Optional[int]]],
+                       columns: Sequence[Sequence[Any]]) -> List[Any]:
         sha_b = sha.encode("ascii") if isinstance(sha, str) else bytes(sha)
         consts = [_encode(value) for value, _ in slots]
         picks = [-1 if col is None else col for _, col in slots]
@@ -420,7 +443,10 @@ class Batcher:
                     replies[i] = loaded
                 return replies
             sub = [[col[i] for i in missing] for col in cols]
-            again, _ = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, sub)
+            try:
+                again, _ = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, sub)
+            except ConnectionFailed as cut:
+                raise _cut_again(cut, replies, missing) from cut
             for i, reply in zip(missing, again):
                 replies[i] = reply
         return replies
@@ -434,7 +460,7 @@ class Batcher:
         c_slot_col = ffi.from_buffer("int64_t[]", slot_col)
         c_col_lens = ffi.from_buffer("size_t[]", col_lens)
         ncalls = len(cols[0])
-        return self._run(lambda conn: lib.emq_evalsha_columns(
+        return self._run(ncalls, lambda conn: lib.emq_evalsha_columns(
             conn, sha_b, len(sha_b), numkeys, ncalls, len(consts), slot_data, c_slot_lens,
             c_slot_col, len(cols), col_data, c_col_lens, self._replies))
 
@@ -472,7 +498,10 @@ class Batcher:
                 starts = list(accumulate(argcs, initial=0))
                 sub = [v for i in missing for v in values[starts[i]:starts[i + 1]]]
                 sub_argcs = [argcs[i] for i in missing]
-            _, again, _ = self._send(sha_b, numkeys, sub, argc, sub_argcs)
+            try:
+                _, again, _ = self._send(sha_b, numkeys, sub, argc, sub_argcs)
+            except ConnectionFailed as cut:
+                raise _cut_again(cut, replies, missing) from cut
             for i, reply in zip(missing, again):
                 replies[i] = reply
         return replies
@@ -484,31 +513,63 @@ class Batcher:
             ncalls, c_argcs = len(values) // argc, ffi.NULL
         else:
             ncalls, c_argcs = len(argcs), _new("size_t[]", argcs)
-        replies, all_int = self._run(lambda conn: lib.emq_evalsha_batch(
+        replies, all_int = self._run(ncalls, lambda conn: lib.emq_evalsha_batch(
             conn, sha_b, len(sha_b), numkeys, ncalls, argc, c_argcs, blob, lens, self._replies))
         return values, replies, all_int
 
     def _script_load(self, sha_b: bytes, script: bytes) -> Any:
         """SCRIPT LOAD ``script``; its error reply, or raise if it is not ``sha``."""
         values, blob, lens = _pack_args([b"SCRIPT", b"LOAD", script])
-        (reply,), _ = self._run(lambda conn: lib.emq_command_batch(
+        (reply,), _ = self._run(1, lambda conn: lib.emq_command_batch(
             conn, 1, 3, ffi.NULL, blob, lens, self._replies))
         if isinstance(reply, bytes) and reply.lower() != sha_b.lower():
             raise InvalidInput(f"script hashes to {reply.decode()}, not to the sha {sha_b.decode()}")
         return reply
 
-    def _run(self, batch: Any) -> Tuple[List[Any], bool]:
-        """Run one C batch on a live connection; returns (replies, all were ints)."""
+    def _run(self, ncalls: int, batch: Any, reconnect: bool = True) -> Tuple[List[Any], bool]:
+        """Run one C batch on a live connection; returns (replies, all were ints).
+
+        A batch is retried only when not one byte of it left (EMQ_EUNSENT). Without
+        ``reconnect`` (a WAIT, which must follow its writes on their connection) a
+        connection found broken is an error, never replaced."""
         with self._locked():
             if self._pid != os.getpid() or not lib.emq_conn_usable(self._conn):
+                if not reconnect:
+                    raise errors.ReplyLost(f"redis at {self._where}: connection lost before "
+                                           "WAIT: the writes reached the master, their "
+                                           "replication is unconfirmed")
                 self._connect()
             rc = batch(self._conn)
-            if rc == lib.EMQ_EUNSENT:  # nothing left: a retry cannot double-apply
+            if rc == lib.EMQ_EUNSENT and reconnect:  # nothing left: a retry cannot double-apply
                 self._connect()
                 rc = batch(self._conn)
+            if rc == lib.EMQ_EIO:
+                raise self._cut(ncalls)
             if rc != _OK:
                 self._raise(rc)
             return self._decode()
+
+    def _cut(self, ncalls: int) -> Exception:
+        """The BatchCut of a batch that failed after bytes left: the replies that arrived
+        are kept (they are the only record of what landed)."""
+        got, _ = self._decode()
+        nsent = max(int(self._replies.nsent), len(got))
+        replies = (got + [transport.LOST] * (nsent - len(got))
+                   + [transport.UNSENT] * (ncalls - nsent))
+        try:
+            self._raise(lib.EMQ_EIO)
+        except ConnectionFailed as exc:
+            return transport.cut_error(exc, replies)
+        raise AssertionError("unreachable")
+
+    def _waited(self, replies: List[Any], wait: transport.Wait) -> List[Any]:
+        """``replies`` followed by WAIT's reply, sent on the connection that wrote them."""
+        if not wait:
+            return replies
+        values, blob, lens = _pack_args([b"WAIT", int(wait[0]), int(wait[1])])
+        (acked,), _ = self._run(1, lambda conn: lib.emq_command_batch(
+            conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False)
+        return replies + [0 if isinstance(acked, Exception) else int(acked)]
 
     def _locked(self) -> threading.Lock:
         # A fork while another thread held the lock would leave it held forever
@@ -546,6 +607,8 @@ class Batcher:
             raise InvalidInput("every command needs at least one argument")
         if rc == lib.EMQ_EIO:
             message += " (the batch was sent, at least in part, and may have partly run)"
+        if any(code in message for code in ("WRONGPASS", "NOAUTH", "NOPERM", "AUTH failed")):
+            raise PermissionDenied(f"redis at {self._where}: {message}")
         raise ConnectionFailed(f"redis at {self._where}: {message}")
 
     def _decode(self) -> Tuple[List[Any], bool]:

@@ -7,6 +7,25 @@ from typing import Any, List, Optional, Sequence, Tuple
 import redis
 
 from .errors import InvalidInput
+from .scripts import send
+from .transport import Wait
+
+
+class _Source:
+    """A script known by its sha and source only (what a Batcher call carries)."""
+
+    def __init__(self, sha: str, source: str, numkeys: int):
+        self.sha = sha
+        self.source = source
+        self.numkeys = numkeys  # as given: a wrong count is the server's error to report
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple:
+        return ("EVALSHA", self.sha, self.numkeys, *keys, *args)
+
+
+def _source(sha: Any, script: Any, numkeys: int) -> "_Source":
+    sha = sha.decode() if isinstance(sha, bytes) else sha
+    return _Source(sha, script.decode() if isinstance(script, bytes) else script, numkeys)
 
 
 class Batcher:
@@ -21,30 +40,31 @@ class Batcher:
         return cls(client)
 
     def evalsha_many(self, sha: str, script: bytes, numkeys: int,
-                     calls: Sequence[Sequence[Any]]) -> List[Any]:
+                     calls: Sequence[Sequence[Any]], wait: Wait = None) -> List[Any]:
         """Run ``EVALSHA sha numkeys *call`` for every call, in order, in one round trip.
 
         Error replies are returned in their slot as ``redis.ResponseError``; calls that
-        met NOSCRIPT are re-sent once after ``SCRIPT LOAD``.
+        met NOSCRIPT are re-sent once after ``SCRIPT LOAD``. Never re-sent after a lost
+        reply: see :func:`emqfast.scripts.send` (partial replies in
+        :class:`~emqfast.transport.BatchCut`). ``wait``: as the C Batcher's.
         """
-        replies = self._send(sha, numkeys, calls)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
-        if missing:
-            self.client.script_load(script)
-            again = self._send(sha, numkeys, [calls[i] for i in missing])
-            for i, reply in zip(missing, again):
-                replies[i] = reply
-        return replies
+        if not calls:
+            return [0] if wait else []
+        source = _source(sha, script, numkeys)
+        return send(self.client, [(source, call[:numkeys], call[numkeys:]) for call in calls],
+                    wait, raw=True)
 
     def evalsha_flat(self, sha: str, script: bytes, numkeys: int, argc: int,
-                     flat: Sequence[Any]) -> List[Any]:
+                     flat: Sequence[Any], wait: Wait = None) -> List[Any]:
         """Same as :meth:`evalsha_many` with every call ``argc`` values long, back to back."""
         calls = [flat[i:i + argc] for i in range(0, len(flat), argc)]
+        if wait:
+            return self.evalsha_many(sha, script, numkeys, calls, wait=wait)
         return self.evalsha_many(sha, script, numkeys, calls)
 
     def evalsha_columns(self, sha: str, script: bytes, numkeys: int,
                         slots: Sequence[Tuple[Any, Optional[int]]],
-                        columns: Sequence[Sequence[Any]]) -> List[Any]:
+                        columns: Sequence[Sequence[Any]], wait: Wait = None) -> List[Any]:
         """Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when ``slots[s][1]`` is a
         column index, by ``columns[slots[s][1]][i]``; otherwise as :meth:`evalsha_many`."""
         ncalls = len(columns[0]) if columns else 0
@@ -57,13 +77,9 @@ class Batcher:
         for i in range(ncalls):
             calls.append([c if k is None else c + _bytes(columns[k][i])
                           for c, (_, k) in zip(consts, slots)])
+        if wait:
+            return self.evalsha_many(sha, script, numkeys, calls, wait=wait)
         return self.evalsha_many(sha, script, numkeys, calls)
-
-    def _send(self, sha: str, numkeys: int, calls: Sequence[Sequence[Any]]) -> List[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for call in calls:
-            pipe.execute_command("EVALSHA", sha, numkeys, *call)
-        return pipe.execute(raise_on_error=False)
 
     def close(self) -> None:
         """Nothing to release: the redis-py client owns the connection."""

@@ -44,12 +44,31 @@ def _text(value: Any) -> str:
 
 
 def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
-    """The operation behind :func:`promote_many` (both facades): pipelined passes (due ids,
-    their groups, the moves)."""
+    """The operation behind :func:`promote_many` (both facades): rounds of pipelined passes
+    (due ids, their groups, the moves), each script call bounded to ``PROMOTE_BATCH`` jobs;
+    a queue takes part in the next round while it had a full batch due and ``limit``
+    allows more (a limit of at most ``PROMOTE_BATCH`` is a single round, as before)."""
+    from .queue import PROMOTE_BATCH
+
     moved = {k.name: 0 for k in keys}
-    if not keys:
-        return moved
-    due = yield Batch([Call(_DUE, [k.delayed, k.meta], [limit, 1]) for k in keys], wire=True)
+    seen = {k.name: 0 for k in keys}
+    active = list(keys)
+    while active:
+        asked = {k.name: min(PROMOTE_BATCH, limit - seen[k.name]) for k in active}
+        found = yield from _promote_round(active, asked, moved)
+        for k, ids in found:
+            seen[k.name] += len(ids)
+        active = [k for k, ids in found
+                  if len(ids) == asked[k.name] and seen[k.name] < limit]
+    return moved
+
+
+def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
+                   moved: Dict[str, int]) -> Op:
+    """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
+    per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
+    due = yield Batch([Call(_DUE, [k.delayed, k.meta], [asked[k.name], 1]) for k in keys],
+                      wire=True)
     found: List[Tuple[QueueKeys, List[str]]] = []
     grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
     for k, reply in zip(keys, due):
@@ -61,7 +80,7 @@ def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
             if reply[1]:
                 grouped.append((k, ids))
     if not found:
-        return moved
+        return found
     # A grouped job rejoins its lane: read the due jobs' groups in one pipelined pass,
     # only for queues that ever held grouped jobs.
     groups = (yield Batch([Cmd.of("HGET", key, "group")
@@ -90,7 +109,7 @@ def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
             raise reply
         if name is not None:  # None: a ring join, not a count
             moved[name] += int(reply)
-    return moved
+    return found
 
 
 def validate(queues: Iterable[QueueLike], limit: int) -> List[QueueKeys]:
@@ -107,7 +126,9 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     ``conn`` is a redis-py client (or URL); ``queues`` are names or
     :class:`emqfast.Queue` objects on that server. At most ``limit`` jobs per
     queue move in one call. Returns ``{queue name: jobs released}`` for every
-    queue given. Same effect as ``Queue.promote`` on each, in two round trips.
+    queue given. Same effect as ``Queue.promote`` on each, in a few pipelined round
+    trips per round (a round moves at most ``PROMOTE_BATCH`` jobs per queue: bounded
+    work per script call, so a ``limit`` above it takes more rounds).
     """
     from .connection import resolve
 

@@ -5,6 +5,8 @@ import os
 from typing import Any, Optional
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .errors import ConnectionFailed, InvalidInput
 from .redaction import scrub as _scrub_any
@@ -27,9 +29,16 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     ``redis+cluster://host:port`` (Redis Cluster). With no URL: ``EMQ_REDIS_URL``,
     else the embedded server (started on first use, shared by every process of
     this user; see :mod:`emqfast.embedded`). An existing client is returned as is.
+
+    The client re-sends no command (``retry`` defaults to ``Retry(NoBackoff(), 0)``; a
+    broken connection is replaced on the next command): a command whose reply was lost
+    may have run, and emqfast reports that (:class:`~emqfast.errors.ReplyLost`) rather
+    than run it twice. emqfast's own script calls never use a client's retry anyway
+    (see :mod:`emqfast.transport`).
     """
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         return url
+    kwargs.setdefault("retry", Retry(NoBackoff(), 0))
     return open_client(target_url(url), redis.Redis, redis.RedisCluster, **kwargs)
 
 

@@ -140,6 +140,22 @@ class PartialBatch(EmqError):
         self.not_sent = list(not_sent)
 
 
+class NotReplicated(EmqError):
+    """A write a queue made with ``wait_replicas=n`` reached the master, but fewer than
+    ``n`` replicas acknowledged it within ``wait_timeout_ms`` (Redis ``WAIT``). The jobs
+    ARE written (``landed``: their :class:`~emqfast.job.JobRef` s); they may be lost if
+    the master fails before replicating them. ``acked``/``wanted``: replica counts."""
+
+    code = "EMQREPL"
+
+    def __init__(self, message: str, landed: Sequence[Any] = (), acked: int = 0,
+                 wanted: int = 0):
+        super().__init__(message)
+        self.landed = list(landed)
+        self.acked = acked
+        self.wanted = wanted
+
+
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,

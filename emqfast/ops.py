@@ -16,8 +16,11 @@ method: the sync classes return :func:`run`'s result, the async subclasses
 return :func:`run_async`'s coroutine, so ``q.enqueue(x)`` and
 ``await aq.enqueue(x)`` share every line of logic.
 
-Exceptions raised by a driver (typed Lua errors, connection errors) propagate
-out of the operation unchanged; operations do not catch them.
+Failures are typed (:func:`emqfast.errors.translate`: ``ConnectionFailed``/``ReplyLost``,
+``ServerBusy``, ``ServerFull``, ``PermissionDenied``, the Lua ``EMQ*`` classes) and thrown
+into the operation at its ``yield``: most let them propagate, a bulk operation catches
+them to report what landed (``enqueue_many``'s :class:`~emqfast.errors.PartialBatch`).
+Script calls are never re-sent blindly (:mod:`emqfast.transport`).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, 
 
 import redis
 
-from .scripts import Script, map_error, run_pipeline, run_pipeline_async
+from . import errors
+from .scripts import Script, map_error, run_pipeline, run_pipeline_async, send, send_async
 
 __all__ = ["Call", "Cmd", "Batch", "Columns", "Scan", "Watched", "Op", "operation", "run",
            "run_async"]
@@ -68,10 +72,13 @@ class Batch:
     Replies come back in order. For calls a Lua error is returned typed in its
     slot (not raised); for commands an error reply raises. ``wire=True`` lets
     the sync driver send calls through the backend Batcher (hiredis under C).
+    ``wait=(replicas, timeout_ms)`` (calls only) sends ``WAIT`` on the connection that
+    wrote them; the replies then end with the fewest replicas that acknowledged.
     """
 
     items: Sequence[Union[Call, Cmd]]
     wire: bool = False
+    wait: Optional[Tuple[int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Columns:
     numkeys: int
     slots: Sequence[Tuple[Any, Optional[int]]]
     columns: Sequence[Sequence[Any]]
+    wait: Optional[Tuple[int, int]] = None  # as Batch.wait
 
 
 @dataclass(frozen=True)
@@ -134,11 +142,26 @@ def run(client: Any, op: Op, wire: Optional[Callable[[], Any]] = None) -> Any:
     try:
         request = op.send(None)
         while True:
-            request = op.send(_perform(client, request, wire))
+            try:
+                reply = _perform(client, request, wire)
+            except Exception as exc:
+                request = op.throw(typed_failure(exc))
+            else:
+                request = op.send(reply)
     except StopIteration as done:
         return done.value
     finally:
         op.close()
+
+
+def typed_failure(exc: BaseException) -> BaseException:
+    """emqfast's typed error for a driver failure (cause chained). A redis-py connection
+    error on a plain command counts as sent unless it failed while connecting."""
+    sent = "connecting to" not in str(exc)
+    typed = errors.translate(exc, sent=sent)
+    if typed is not exc and typed.__cause__ is None:
+        typed.__cause__ = exc
+    return typed
 
 
 def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> Any:
@@ -153,13 +176,17 @@ def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> An
             calls = list(req.items)
             if req.wire:
                 from .wire import run_calls
-                return _with_batcher(client, wire, lambda b: run_calls(b, calls))
-            return run_pipeline(client, calls)
+                return _with_batcher(client, wire, lambda b: run_calls(b, calls, req.wait))
+            return send(client, calls, req.wait)
         pipe = client.pipeline(transaction=False)
         for c in req.items:
             pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
         return pipe.execute()
     if isinstance(req, Columns):
+        if req.wait:
+            return _with_batcher(client, wire, lambda b: b.evalsha_columns(
+                req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns,
+                req.wait))
         return _with_batcher(client, wire, lambda b: b.evalsha_columns(
             req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns))
     if isinstance(req, Scan):
@@ -203,7 +230,12 @@ async def run_async(client: Any, op: Op) -> Any:
     try:
         request = op.send(None)
         while True:
-            request = op.send(await _perform_async(client, request))
+            try:
+                reply = await _perform_async(client, request)
+            except Exception as exc:
+                request = op.throw(typed_failure(exc))
+            else:
+                request = op.send(reply)
     except StopIteration as done:
         return done.value
     finally:
@@ -219,7 +251,7 @@ async def _perform_async(client: Any, req: Request) -> Any:
         if not req.items:
             return []
         if isinstance(req.items[0], Call):
-            return await run_pipeline_async(client, list(req.items))
+            return await send_async(client, list(req.items), req.wait)
         pipe = client.pipeline(transaction=False)
         for c in req.items:
             pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
@@ -229,7 +261,7 @@ async def _perform_async(client: Any, req: Request) -> Any:
         # redis.asyncio pipelines, the same calls the Batcher would frame.
         calls = [(req.script, row[:req.numkeys], row[req.numkeys:])
                  for row in expand_columns(req.slots, req.columns)]
-        return await run_pipeline_async(client, calls)
+        return await send_async(client, calls, req.wait)
     if isinstance(req, Scan):
         return [k async for k in client.scan_iter(match=req.match, count=req.count)]
     if isinstance(req, Watched):

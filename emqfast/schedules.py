@@ -48,7 +48,7 @@ from .cadence import Cadence, Cron, Interval, plan
 from .errors import EmqError, InvalidInput, VersionMismatch
 from .keys import check_schedule_name
 from .ops import Batch, Call, Cmd, Op, operation
-from .queue import Queue, check_int
+from .queue import Queue, _batches, check_int
 from .scripts import load
 from .version import KEYSPACE_VERSION
 
@@ -63,6 +63,8 @@ MISSED_POLICIES = ("skip", "catch_up")
 DEFAULT_CATCH_UP_LIMIT = 100
 MAX_CATCH_UP_LIMIT = 10_000
 _UPSERT_TRIES = 8
+SWEEP_BATCH = 1000  # due schedule names read per due.lua call (it refuses more than 4,000)
+MINT_BATCH = 1000   # schedule_mint.lua calls per pipelined round trip
 
 
 def occurrence_job_id(name: str, occurrence_ms: int) -> str:
@@ -366,27 +368,42 @@ class Schedules:
     @operation
     def sweep(self, limit: int = 100) -> Sweep:
         """:meth:`pump`, also reporting the server clock and the next registry instant
-        (the Worker uses it to wake for the next run)."""
+        (the Worker uses it to wake for the next run). Due names are read
+        :data:`SWEEP_BATCH` at a time and mints sent :data:`MINT_BATCH` calls per round
+        trip, so a huge backlog of schedules never makes one long call (issue 11)."""
         check_int(limit, "limit", 1, 100_000)
         k = self._keys
-        reply = yield Call(_DUE, [k.repeat], [limit, 0])
-        now = int(reply[0])
-        names = [n.decode() for n in reply[1:]]
-        minted = 0
-        if names:
-            rows = yield Batch([cmd for name in names for cmd in
-                                (Cmd.of("HGETALL", k.schedule(name)),
-                                 Cmd.of("ZSCORE", k.repeat, name))])
-            calls = []
-            for i, name in enumerate(names):
-                calls += self._mint_calls(name, rows[2 * i], rows[2 * i + 1], now)
-            if calls:
-                minted = yield from Schedules._run_mints.op(self, calls)
+        minted = seen = 0
+        now = 0
+        for asked in _batches(limit, SWEEP_BATCH):
+            reply = yield Call(_DUE, [k.repeat], [asked, 0])
+            now = int(reply[0])
+            names = [n.decode() for n in reply[1:]]
+            seen += len(names)
+            if names:
+                minted += yield from Schedules._mint_due.op(self, names, now)
+            if len(names) < asked:  # nothing more is due
+                break
         head = yield Cmd.of("ZRANGE", k.repeat, 0, 0, "WITHSCORES", withscores=True)
         next_run = None
         if head and head[0][1] != float("inf"):
             next_run = int(head[0][1])
-        return Sweep(minted, now, next_run, len(names) >= limit)
+        return Sweep(minted, now, next_run, seen >= limit)
+
+    @operation
+    def _mint_due(self, names: List[str], now: int) -> int:
+        """Mint the due occurrences of ``names`` (read their records, then the CAS chains)."""
+        k = self._keys
+        rows = yield Batch([cmd for name in names for cmd in
+                            (Cmd.of("HGETALL", k.schedule(name)),
+                             Cmd.of("ZSCORE", k.repeat, name))])
+        calls = []
+        for i, name in enumerate(names):
+            calls += self._mint_calls(name, rows[2 * i], rows[2 * i + 1], now)
+        minted = 0
+        for start in range(0, len(calls), MINT_BATCH):  # in order: a chain stays in sequence
+            minted += yield from Schedules._run_mints.op(self, calls[start:start + MINT_BATCH])
+        return minted
 
     def _mint_calls(self, name: str, h: Dict[bytes, bytes], score: Optional[float],
                     now: int) -> List[Call]:

@@ -4,15 +4,15 @@
 -- KEYS[1] zset: emq:{q}:delayed (packed run-at scores) or emq:{q}:active (lease deadlines)
 -- KEYS[2..] optional: KEYS[2] meta hash emq:{q}:meta; then the reply says whether the
 --          queue has ever held grouped jobs, so callers skip the group lookup if not
--- ARGV[1] max ids to return
+-- ARGV[1] max ids to return, integer in [1, 4000] (bounded work per call)
 -- ARGV[2] '1' when KEYS[1] holds packed delayed scores, '0' for plain ms scores
 -- Returns: {now_ms, id1, id2, ...} oldest first; with KEYS[2]: {now_ms, grouped 0/1, id1, ...}
--- Errors:  EMQINPUT bad limit
+-- Errors:  EMQINPUT limit not an integer in [1, 4000]
 --@include common
 
 local limit = tonumber(ARGV[1])
-if not limit or limit < 1 then
-  return redis.error_reply('EMQINPUT limit must be >= 1')
+if not limit or limit < 1 or limit > EMQ_MAX_BATCH or limit % 1 ~= 0 then
+  return redis.error_reply('EMQINPUT limit must be an integer in [1, ' .. EMQ_MAX_BATCH .. ']')
 end
 local now = emq_now()
 local bound = now

@@ -19,24 +19,31 @@
 -- Returns: 1 admitted as pending (due now or already past), 2 admitted as scheduled
 --          (parked on the delayed set), 0 duplicate id (idempotent no-op, nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version
+--          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version;
+--          NOPERM the user's ACL denies a command it writes with. Each before any write.
 --@include common
 --@include admit
 
 local id = ARGV[1]
--- Validate everything before the first write: bad input leaves Redis untouched.
+-- Every read and check that can fail comes before the first write (bad input, a denied
+-- command, ...): Redis does not roll back a script that errors half-way.
 local bad, priority, run_at, now = emq_check_admission(id, ARGV[5], ARGV[6], ARGV[7])
 if bad then return redis.error_reply(bad) end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-local err = emq_fence(KEYS[5], ARGV[8])
+local cap = emq_events_cap(KEYS[5])
+local dscore = emq_admit_score(KEYS[3], run_at, now)
+local denied = emq_admit_denied(KEYS[1], dscore and KEYS[3] or KEYS[2], KEYS[4], KEYS[6],
+  KEYS[5], KEYS[7])
+if denied then return redis.error_reply(denied) end
+local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 
 -- the caller's mode does not say where the job went ('at' in the past is pending)
 local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
-  ARGV[4], priority, run_at, now)
-emq_event(KEYS[7], emq_events_cap(KEYS[5]), 'enqueued', 'id', id, 'state', state)
+  ARGV[4], priority, run_at, now, dscore)
+emq_event(KEYS[7], cap, 'enqueued', 'id', id, 'state', state)
 if state == 'scheduled' then
   return 2
 end

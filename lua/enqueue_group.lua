@@ -22,7 +22,8 @@
 -- ARGV[9] group name (validated by the caller: no braces, no NUL)
 -- Returns: 1 admitted to its lane, 2 admitted as scheduled, 0 duplicate id (nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number or empty group; EMQVERSION keyspace of another major version
+--          EMQINPUT malformed mode/number or empty group; EMQVERSION keyspace of another major version;
+--          NOPERM the user's ACL denies a command it writes with. Each before any write.
 --@include common
 --@include admit
 --@include groups
@@ -38,17 +39,26 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-local err = emq_fence(KEYS[5], ARGV[8])
+local cap = emq_events_cap(KEYS[5])
+local dscore = emq_admit_score(KEYS[3], run_at, now)
+local denied = emq_admit_denied(KEYS[1], dscore and KEYS[3] or KEYS[2], KEYS[4], KEYS[6],
+  KEYS[5], KEYS[7])
+if not denied and not dscore and redis.acl_check_cmd
+    and not (redis.acl_check_cmd('ZADD', KEYS[8], '0', 'm')
+             and redis.acl_check_cmd('ZRANGE', KEYS[8], '-1', '-1')) then
+  denied = 'NOPERM this user may not ZADD/ZRANGE the ring of ready groups: nothing was written'
+end
+if denied then return redis.error_reply(denied) end
+local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 
 -- the shared admission, with the lane standing in for the flat pending set
 local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
-  ARGV[4], priority, run_at, now)
+  ARGV[4], priority, run_at, now, dscore)
 redis.call('HSET', KEYS[1], 'group', group)
 -- the queue now has grouped jobs: promote/reap must look up groups (due.lua reports it)
 redis.call('HSET', KEYS[5], 'grouped', '1')
-emq_event(KEYS[7], emq_events_cap(KEYS[5]), 'enqueued', 'id', id, 'state', state,
-  'group', group)
+emq_event(KEYS[7], cap, 'enqueued', 'id', id, 'state', state, 'group', group)
 if state == 'scheduled' then
   return 2
 end

@@ -11,13 +11,16 @@
 -- KEYS[5] events stream  emq:{q}:events
 -- KEYS[6..] job hashes   emq:{q}:job:<id>, one per ARGV[2..] id, same order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] job ids (from due.lua; re-checked here, so a stale list is harmless)
+-- ARGV[2..] job ids (from due.lua; re-checked here, so a stale list is harmless), at most 4000
 -- Returns: number of jobs released
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts or more than 4000 ids; EMQVERSION keyspace of another major version
 --@include common
 
 if #ARGV < 1 or #ARGV - 1 ~= #KEYS - 5 then
   return redis.error_reply('EMQINPUT promote needs one job key per id')
+end
+if #ARGV - 1 > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT promote takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
 local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end

@@ -13,15 +13,19 @@
 -- KEYS[9..] job hashes   emq:{q}:job:<id>, one per ARGV[3..] id, same order
 -- ARGV[1] max_stalled (>= 0)
 -- ARGV[2] keyspace version of the caller
--- ARGV[3..] job ids (from due.lua on the active set; re-checked here)
+-- ARGV[3..] job ids (from due.lua on the active set; re-checked here), at most 4000
 -- Returns: {requeued, failed}
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts or bad max_stalled;
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts, bad max_stalled or more than 4000 ids;
 --          EMQVERSION keyspace of another major version
 --@include common
 
 local max_stalled = tonumber(ARGV[1])
-if not max_stalled or max_stalled < 0 or #ARGV < 2 or #ARGV - 2 ~= #KEYS - 8 then
+if not max_stalled or max_stalled < 0 or max_stalled % 1 ~= 0 or #ARGV < 2
+    or #ARGV - 2 ~= #KEYS - 8 then
   return redis.error_reply('EMQINPUT reap needs max_stalled and one job key per id')
+end
+if #ARGV - 2 > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT reap takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
 local err = emq_fence(KEYS[6], ARGV[2])
 if err then return redis.error_reply(err) end

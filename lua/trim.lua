@@ -1,26 +1,50 @@
--- trim.lua: retention: delete finished jobs the caller picked (oldest first)
--- from a completed or failed set, together with their hashes.
+-- trim.lua: retention: delete the oldest finished jobs of a completed or failed set,
+-- together with their hashes, while the set holds more than `keep` jobs or the job
+-- finished more than `max_age` ms ago (server clock). The caller lists the set's head
+-- (ZRANGE 0 n-1, oldest first); each id is re-checked here, so a stale list or a
+-- concurrent trimmer never deletes a job the retention rule keeps. At most 4000 ids
+-- per call (bounded work); the caller loops while the reply says "more".
 --
 -- KEYS[1] finished zset  emq:{q}:completed or emq:{q}:failed
 -- KEYS[2] meta hash      emq:{q}:meta
--- KEYS[3..] job hashes   emq:{q}:job:<id>, one per ARGV[2..] id, same order
+-- KEYS[3..] job hashes   emq:{q}:job:<id>, one per ARGV[4..] id, same order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] job ids
--- Returns: number of jobs deleted
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
+-- ARGV[2] keep: integer >= 0, the newest jobs never deleted by count
+-- ARGV[3] max_age ms: integer >= 0, or -1 for no age rule
+-- ARGV[4..] job ids, oldest first (at most 4000)
+-- Returns: {deleted, more}: more = 1 when every listed job was past the rule (the next
+--          head may be too), 0 when the script reached a job the rule keeps
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts, bad keep / max_age or more than 4000 ids;
+--          EMQVERSION keyspace of another major version
 --@include common
 
-if #ARGV < 1 or #ARGV - 1 ~= #KEYS - 2 then
-  return redis.error_reply('EMQINPUT trim needs one job key per id')
+local keep, max_age = tonumber(ARGV[2]), tonumber(ARGV[3])
+if #ARGV < 3 or #ARGV - 3 ~= #KEYS - 2 then
+  return redis.error_reply('EMQINPUT trim needs keep, max_age and one job key per id')
+end
+if not keep or keep < 0 or keep % 1 ~= 0 or not max_age or max_age < -1 or max_age % 1 ~= 0 then
+  return redis.error_reply('EMQINPUT trim needs an integer keep >= 0 and max_age >= -1')
+end
+if #ARGV - 3 > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT trim takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
 local err = emq_fence(KEYS[2], ARGV[1])
 if err then return redis.error_reply(err) end
+local cutoff = nil
+if max_age >= 0 then cutoff = emq_now() - max_age end
+local card = redis.call('ZCARD', KEYS[1])
 local n = 0
-for i = 2, #ARGV do
-  -- only jobs still in the finished set: a retried job has left it
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
-    redis.call('DEL', KEYS[i + 1])
+for i = 4, #ARGV do
+  -- only jobs still in the finished set: a retried or concurrently trimmed job has left it
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score then
+    if card <= keep and not (cutoff and tonumber(score) <= cutoff) then
+      return {n, 0}  -- the rule keeps this job, and every newer one
+    end
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('DEL', KEYS[i - 1])
+    card = card - 1
     n = n + 1
   end
 end
-return n
+return {n, 1}

@@ -72,22 +72,22 @@ def test_a_due_id_whose_hash_is_gone_leaves_delayed_unreleased(redis_url, qname,
     assert _promoted_events(r, q) == [due[0], due[2]]
 
 
-def test_thousands_of_ids_move_in_chunks_with_their_own_scores(redis_url, qname, r):
-    """8,200 jobs (chunks are 4,000 ids): the first call lists only ids outside the due
-    head (every chunked fallback runs), the second the head itself."""
+def test_thousands_of_ids_move_with_their_own_scores(redis_url, qname, r):
+    """8,000 jobs (a call takes at most 4,000 ids, issue 11): the first call lists only
+    ids outside the due head (every fallback runs), then Queue.promote the head itself."""
     q = make_queue(redis_url, qname)
     q.configure_events(1 << 20)  # keep every event, to count them
-    ids, run_at = _park(q, 8_200, 3_000)
+    ids, run_at = _park(q, 8_000, 3_000)
     ps = {i: float(v) for i, v in zip(ids, (r.hget(q.keys.job(i), "ps") for i in ids))}
     wait_server_past(r, run_at)
-    assert _promote(q, ids[4_100:]) == 4_100
-    assert r.zcard(q.keys.delayed) == 4_100
-    assert q.promote(limit=10_000) == 4_100
+    assert _promote(q, ids[4_000:]) == 4_000
+    assert r.zcard(q.keys.delayed) == 4_000
+    assert q.promote(limit=10_000) == 4_000
     assert r.zcard(q.keys.delayed) == 0
     pending = r.zrange(q.keys.pending, 0, -1, withscores=True)
     assert [m.decode() for m, _ in pending] == ids  # one tier: mint order
     assert all(score == ps[m.decode()] for m, score in pending)
-    assert _promoted_events(r, q) == [*ids[4_100:], *ids[:4_100]]
+    assert _promoted_events(r, q) == [*ids[4_000:], *ids[:4_000]]
     assert {q.get(i).state for i in ids[::97]} == {"pending"}
 
 

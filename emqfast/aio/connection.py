@@ -15,11 +15,17 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":
     """A ``redis.asyncio`` client (``redis+cluster://`` gives ``redis.asyncio.RedisCluster``).
 
     No I/O happens until first use. An existing asyncio client is returned as is.
+    Like the sync ``connect()``, the client re-sends no command (``retry`` defaults to no
+    retries; a broken connection is replaced on the next command).
     """
     if isinstance(url, (aredis.Redis, aredis.RedisCluster)):
         return url
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         raise InvalidInput("emqfast.aio needs a redis.asyncio client, not a blocking one")
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    kwargs.setdefault("retry", Retry(NoBackoff(), 0))
     return open_client(target_url(url), aredis.Redis, aredis.RedisCluster, **kwargs)
 
 

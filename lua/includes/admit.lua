@@ -10,11 +10,14 @@
 -- holding it says pending or scheduled) and a parked one no 'run_at' (its delayed
 -- score holds it to the ms; promote.lua stamps it on release), which keeps the
 -- hashes of the millions of jobs a queue may hold waiting small.
+-- `dscore` is the delayed score from emq_admit_score (read before the caller's first
+-- write); nil reads it here.
 local function emq_admit(job_key, pending, delayed, marker, counter,
-                         id, payload, enc, opts, priority, run_at, now)
+                         id, payload, enc, opts, priority, run_at, now, dscore)
+  local scheduled = run_at > now
+  if scheduled and not dscore then dscore = emq_delayed_score(delayed, run_at) end
   local seq = redis.call('INCR', counter)
   local ps = priority * 4294967296 + (seq % 4294967296)
-  local scheduled = run_at > now
   local fields = {'payload', payload, 'ps', emq_int(ps), 'created', emq_int(now)}
   if enc ~= 'j' then
     fields[#fields + 1] = 'enc'
@@ -26,7 +29,7 @@ local function emq_admit(job_key, pending, delayed, marker, counter,
   end
   redis.call('HSET', job_key, unpack(fields))
   if scheduled then
-    redis.call('ZADD', delayed, emq_delayed_score(delayed, run_at), id)
+    redis.call('ZADD', delayed, dscore, id)
     emq_wake_at(marker, run_at)
     return 'scheduled'
   end
@@ -60,4 +63,27 @@ local function emq_check_admission(id, priority_arg, mode, value_arg)
     return 'EMQRANGE run-at beyond the exact range of delayed scores'
   end
   return nil, priority, run_at, now
+end
+
+-- The delayed score a job due at `run_at` gets (nil when due now): a read, so callers
+-- make it before their first write and hand it to emq_admit.
+local function emq_admit_score(delayed, run_at, now)
+  if run_at > now then return emq_delayed_score(delayed, run_at) end
+  return nil
+end
+
+-- Check, before the first write, that the caller's ACL allows every write an admission
+-- makes (Redis does not roll back a script that fails half-way: a NOPERM on the XADD
+-- after the HSET would leave a job without its event, or in no set). Returns a NOPERM
+-- error text, or nil. Redis < 7 has no redis.acl_check_cmd: it is skipped there.
+local function emq_admit_denied(job_key, set_key, marker, counter, meta, events)
+  local check = redis.acl_check_cmd
+  if not check then return nil end
+  if check('INCR', counter) and check('HSET', job_key, 'f', 'v')
+      and check('ZADD', set_key, 'LT', '0', 'm') and check('ZADD', marker, 'LT', '0', 'm')
+      and check('HSET', meta, 'f', 'v') and check('XADD', events, 'MAXLEN', '~', '1', '*', 'f', 'v') then
+    return nil
+  end
+  return 'NOPERM this user may not run every command an enqueue writes with ' ..
+    '(INCR, HSET, ZADD, XADD on the queue keys): nothing was written'
 end
