@@ -10,7 +10,9 @@ from .ops import Batch, Call, Cmd, Columns, Op, Scan, operation, run
 from ._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .connection import resolve
-from .errors import InvalidInput, JobNotFound, RangeError
+from . import transport
+from .errors import (ConnectionFailed, InvalidInput, JobNotFound, NotReplicated, PartialBatch,
+                     RangeError)
 from .job import Job, JobRef
 from .keys import QueueKeys, check_group_name, check_job_id
 from . import groups as groups_mod
@@ -33,14 +35,24 @@ MAX_ATTEMPTS = 1_000_000
 _ADMITTED = {1: "pending", 2: "scheduled"}
 _STATUS = {**_ADMITTED, 0: "duplicate"}
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
-# Bounded work per script call (issue 11): promote/reap/trim hand a script at most this
-# many jobs (the scripts refuse more than 4,000), so a 1M backlog is many calls of a few
-# ms each, never one call that blocks Redis for seconds. Larger limits loop.
-PROMOTE_BATCH = 1000
-REAP_BATCH = 500      # reap does the most per job (lease, counters, events)
-TRIM_BATCH = 1000
-MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handle in all
-TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
+
+
+class _Batch:
+    """What one ``enqueue_many`` sends: ids, encoded payloads, shared options; kept on its
+    PartialBatch so :meth:`Queue.retry_partial` can re-send exactly the same jobs."""
+
+    def __init__(self, job_ids: List[str], encoded: List[Tuple[bytes, Any]], opts: bytes,
+                 priority: int, mode: bytes, value: int, group: Optional[str],
+                 recovering: Optional[set] = None):
+        self.job_ids, self.encoded, self.opts = job_ids, encoded, opts
+        self.priority, self.mode, self.value, self.group = priority, mode, value, group
+        self.recovering = recovering or set()  # unknown ids of an earlier try
+        self.wait: Optional[Tuple[int, int]] = None
+
+    def subset(self, picks: Iterable[int], recovering: set) -> "_Batch":
+        picks = list(picks)
+        return _Batch([self.job_ids[i] for i in picks], [self.encoded[i] for i in picks],
+                      self.opts, self.priority, self.mode, self.value, self.group, recovering)
 
 
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -57,6 +69,12 @@ class Queue:
 
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
 
+    ``wait_replicas=n`` (with ``wait_timeout_ms``) makes every enqueue path wait until
+    ``n`` replicas acknowledged its writes (Redis ``WAIT`` on the same connection, right
+    after them), else raise :class:`~emqfast.errors.NotReplicated` (the jobs are on the
+    master). Without it an enqueue acknowledged by a master that dies before replicating
+    is lost (Redis replication is asynchronous); see the README's failure section.
+
     Each public operation is a generator (see :mod:`emqfast.ops`) run by
     :meth:`_drive`; :class:`emqfast.aio.Queue` overrides only ``_drive`` (and the
     connection resolver), so both facades share every line below.
@@ -67,7 +85,8 @@ class Queue:
 
     def __init__(self, name: str, conn: Any = None, *, attempts: int = options.DEFAULT_ATTEMPTS,
                  backoff: Backoff = DEFAULT_BACKOFF,
-                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES):
+                 max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES,
+                 wait_replicas: int = 0, wait_timeout_ms: int = 1000):
         self.keys = QueueKeys(name)
         self.name = name
         self.redis: redis.Redis = self._resolve(conn)
@@ -76,6 +95,12 @@ class Queue:
             raise InvalidInput("backoff must be an emqfast.Backoff")
         self.default_backoff = backoff
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 0, 512 << 20)
+        # durability (issue 11): every enqueue path sends WAIT on the connection that wrote
+        check_int(wait_replicas, "wait_replicas", 0, 1000)
+        check_int(wait_timeout_ms, "wait_timeout_ms", 0, 1 << 31)
+        self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
+        self._wait: Optional[Tuple[int, int]] = \
+            (wait_replicas, wait_timeout_ms) if wait_replicas else None
         self._batcher: Any = None
         self._schedules: Any = None
         self._groups: Any = None
@@ -130,11 +155,28 @@ class Queue:
         mode, value = self._when(delay_ms, run_at_ms)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
         if group is not None:
-            reply = yield self._grouped_call(job_id, data, enc, opts, priority, mode, value, group)
+            call = self._grouped_call(job_id, data, enc, opts, priority, mode, value, group)
+        else:
+            call = Call(_ENQUEUE, [self.keys.job(job_id), *self._fixed_keys()],
+                        [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
+        if self._wait is None:
+            reply = yield call
             return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
-        reply = yield Call(_ENQUEUE, [self.keys.job(job_id), *self._fixed_keys()],
-                           [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
-        return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
+        reply, acked = yield Batch([call], wait=self._wait)  # WAIT on the same connection
+        if isinstance(reply, Exception):
+            raise reply
+        ref = JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
+        self._check_replicated([ref], acked)
+        return ref
+
+    def _check_replicated(self, landed: List[JobRef], acked: Optional[int]) -> None:
+        """Raise NotReplicated when WAIT saw fewer replicas than ``wait_replicas``."""
+        if self._wait is not None and (acked or 0) < self._wait[0]:
+            raise NotReplicated(
+                f"{len(landed)} job(s) written to the master but acknowledged by "
+                f"{acked or 0} of {self._wait[0]} replica(s) within {self._wait[1]} ms: "
+                "they are lost if the master fails before replicating them",
+                landed, acked or 0, self._wait[0])
 
     def _grouped_call(self, job_id: str, data: bytes, enc: Any, opts: bytes, priority: int,
                       mode: bytes, value: int, group: str) -> Call:
@@ -164,6 +206,18 @@ class Queue:
         under :mod:`emqfast.aio` it goes through ``redis.asyncio`` pipelines (the
         C Batcher is a blocking socket). With ``group`` every job joins that group's
         lane (pipelined calls of enqueue_group.lua).
+
+        Failures (issue 11). Nothing is re-sent blindly. When the batch fails part-way
+        (the connection drops mid-batch, the server fills up, ...) this raises
+        :class:`~emqfast.errors.PartialBatch`: ``landed`` holds the refs whose replies
+        arrived, ``unknown`` the ids sent whose reply was lost (each may or may not be
+        written), ``not_sent`` the ids certainly not written (never sent, or refused
+        without running, e.g. OOM); ``__cause__`` says why (``ReplyLost``,
+        ``ConnectionFailed``, ``ServerFull``, ...). ``q.retry_partial(err)`` re-sends the
+        unknown and unsent jobs with the same ids: nothing is ever duplicated, and an
+        unknown job that had landed is reported ``"recovered"``. (Re-sending the ids
+        yourself with ``job_ids=`` is just as safe; those come back ``"duplicate"``.)
+        A batch of which nothing was written raises the plain typed error instead.
         """
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)):
             # a lone payload would be split into characters / bytes / keys
@@ -177,44 +231,110 @@ class Queue:
             job_ids = [check_job_id(j) for j in job_ids]
             if len(job_ids) != len(encoded):
                 raise InvalidInput("job_ids and payloads differ in length")
-        if group is not None:
-            replies = []
-            for start in range(0, len(job_ids), ENQUEUE_CHUNK):
-                replies += yield Batch([self._grouped_call(j, data, enc, opts, priority, mode,
-                                                           value, group)
-                                        for j, (data, enc) in zip(job_ids[start:start + ENQUEUE_CHUNK],
-                                                                  encoded[start:start + ENQUEUE_CHUNK])],
-                                       wire=True)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise map_error(reply)
-            return [JobRef(j, _ADMITTED.get(int(r), "duplicate")) for j, r in zip(job_ids, replies)]
-        tail = [opts, str(priority).encode(), mode, str(value).encode(), KEYSPACE_VERSION.encode()]
+        return (yield from self._admit_many(_Batch(job_ids, encoded, opts, priority, mode,
+                                                   value, group)))
+
+    @operation
+    def retry_partial(self, partial: PartialBatch) -> List[JobRef]:
+        """Re-send what a :class:`~emqfast.errors.PartialBatch` raised by this queue's
+        ``enqueue_many`` left undone, with the same ids, payloads and options.
+
+        Returns refs for the whole original batch, in its order: the landed ones as
+        reported, the re-sent ones as admitted now. A re-sent ``unknown`` id found already
+        existing was written by the first call (its reply was lost; a minted id is unique,
+        so nobody else made it): its status is ``"recovered"``, not ``"duplicate"``. May
+        raise PartialBatch again (retry that one in turn). Nothing is ever duplicated.
+        """
+        batch = getattr(partial, "batch", None)
+        if not isinstance(batch, _Batch) or getattr(partial, "queue", None) != self.name:
+            raise InvalidInput("retry_partial takes a PartialBatch raised by this queue's "
+                               "enqueue_many")
+        if batch.wait != self._wait:
+            raise InvalidInput("retry_partial: the queue's wait_replicas changed")
+        done = {ref.id: ref for ref in partial.landed}
+        todo = set(partial.unknown) | set(partial.not_sent)
+        pick = [i for i, j in enumerate(batch.job_ids) if j in todo]
+        again = batch.subset(pick, recovering=set(partial.unknown) | batch.recovering)
+        try:
+            refs = yield from self._admit_many(again)
+        except PartialBatch as err:  # report the whole original batch, retryable again
+            err.landed = [done[j] for j in batch.job_ids if j in done] + err.landed
+            err.batch = batch.subset(range(len(batch.job_ids)), again.recovering)
+            raise
+        done.update((ref.id, ref) for ref in refs)
+        return [done[j] for j in batch.job_ids if j in done]
+
+    def _admit_many(self, batch: "_Batch") -> Op:
+        """Send ``batch`` in streamed chunks; report partial failures (see enqueue_many)."""
+        batch.wait = self._wait
+        replies: List[Any] = []
+        acked: Optional[int] = None
+        try:
+            for start in range(0, len(batch.job_ids), ENQUEUE_CHUNK):
+                got = yield self._chunk_request(batch, start, start + ENQUEUE_CHUNK)
+                if self._wait is not None:
+                    acked = got[-1] if acked is None else min(acked, got[-1])
+                    got = got[:-1]
+                replies += got
+        except ConnectionFailed as exc:
+            cut = list(getattr(exc, "replies", None) or [])
+            rest = len(batch.job_ids) - len(replies) - len(cut)
+            replies += cut + [transport.UNSENT] * rest
+            if all(r is transport.UNSENT or isinstance(r, Exception) for r in replies):
+                raise  # nothing written, nothing in doubt: the plain typed error
+            raise self._partial(batch, replies, exc) from exc
+        try:  # the common case, every reply a status code: one cheap pass
+            refs = [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(batch.job_ids, replies)]
+        except (KeyError, TypeError):
+            errs = [r for r in replies if isinstance(r, Exception)]
+            if len(errs) == len(replies):  # nothing landed: the plain typed error
+                raise map_error(errs[0]) from None
+            raise self._partial(batch, replies, map_error(errs[0])) from map_error(errs[0])
+        if batch.recovering:
+            refs = [JobRef(r.id, "recovered") if r.status == "duplicate" and r.id in batch.recovering
+                    else r for r in refs]
+        self._check_replicated(refs, acked)
+        return refs
+
+    def _chunk_request(self, batch: "_Batch", start: int, stop: int) -> Any:
+        """The request sending jobs ``[start, stop)`` of ``batch`` (one round trip)."""
+        ids_, encoded = batch.job_ids[start:stop], batch.encoded[start:stop]
+        if batch.group is not None:
+            return Batch([self._grouped_call(j, data, enc, batch.opts, batch.priority,
+                                             batch.mode, batch.value, batch.group)
+                          for j, (data, enc) in zip(ids_, encoded)], wire=True, wait=self._wait)
+        tail = [batch.opts, str(batch.priority).encode(), batch.mode, str(batch.value).encode(),
+                KEYSPACE_VERSION.encode()]
         # Only the job key, id, payload and encoding differ between jobs: they travel as
         # columns, every other argument once (the C batcher frames and streams each call).
-        id_col = [j.encode() for j in job_ids]
-        data_col = [data for data, _ in encoded]
         encs = {enc for _, enc in encoded}
         enc_slot: tuple = (encs.pop(), None) if len(encs) == 1 else (b"", 2)
         slots = [(self.keys.job(""), 0), *((key, None) for key in self._fixed_keys()),
                  (b"", 0), (b"", 1), enc_slot, *((arg, None) for arg in tail)]
-        replies: List[Any] = []
-        for start in range(0, len(id_col), ENQUEUE_CHUNK):
-            stop = start + ENQUEUE_CHUNK
-            columns = [id_col[start:stop], data_col[start:stop]]
-            if enc_slot[1] is not None:
-                columns.append([enc for _, enc in encoded[start:stop]])
-            replies += yield Columns(_ENQUEUE, 7, slots, columns)
-        try:  # the common case, every reply a status code: one cheap pass
-            return [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(job_ids, replies)]
-        except (KeyError, TypeError):
-            pass
-        refs = []
-        for job_id, reply in zip(job_ids, replies):
-            if isinstance(reply, Exception):
-                raise map_error(reply)
-            refs.append(JobRef(job_id, _ADMITTED.get(int(reply), "duplicate")))
-        return refs
+        columns = [[j.encode() for j in ids_], [data for data, _ in encoded]]
+        if enc_slot[1] is not None:
+            columns.append([enc for _, enc in encoded])
+        return Columns(_ENQUEUE, 7, slots, columns, wait=self._wait)
+
+    def _partial(self, batch: "_Batch", replies: List[Any], cause: BaseException) -> PartialBatch:
+        """The PartialBatch for ``replies`` (one per job: a reply, LOST or UNSENT)."""
+        landed, unknown, not_sent = [], [], []
+        for job_id, reply in zip(batch.job_ids, replies):
+            if reply is transport.LOST:
+                unknown.append(job_id)
+            elif reply is transport.UNSENT or isinstance(reply, Exception):
+                not_sent.append(job_id)  # never left, or refused without running (OOM...)
+            else:
+                status = _STATUS.get(reply, "duplicate")
+                if status == "duplicate" and job_id in batch.recovering:
+                    status = "recovered"
+                landed.append(JobRef(job_id, status))
+        err = PartialBatch(f"enqueue_many on {self.name!r} failed part-way: {len(landed)} "
+                           f"landed, {len(unknown)} unknown (sent, reply lost), "
+                           f"{len(not_sent)} not written: {type(cause).__name__}: {cause}",
+                           landed, unknown, not_sent)
+        err.batch, err.queue = batch, self.name  # for retry_partial
+        return err
 
     def _wire(self) -> Any:
         """The live backend's Batcher for this queue's connection (C when possible)."""
@@ -226,24 +346,13 @@ class Queue:
     # --- moves on the server clock ------------------------------------------
     @operation
     def promote(self, limit: int = 1000) -> int:
-        """Release up to ``limit`` due delayed jobs to pending (server clock); returns how
-        many moved. Works in calls of at most :data:`PROMOTE_BATCH` jobs."""
-        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
-        moved = 0
-        for asked in _batches(limit, PROMOTE_BATCH):
-            seen, n = yield from self._promote_batch(asked)
-            moved += n
-            if seen < asked:  # the due head is drained
-                break
-        return moved
-
-    def _promote_batch(self, asked: int) -> Op:
-        """One bounded step of :meth:`promote`: ``(due ids seen, jobs moved)``."""
+        """Release due delayed jobs to pending (server clock); returns how many moved."""
+        check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = yield Call(_DUE, [k.delayed, k.meta], [asked, 1])
+        reply = yield Call(_DUE, [k.delayed, k.meta], [limit, 1])
         due = [i.decode() for i in reply[2:]]
         if not due:
-            return 0, 0
+            return 0
         # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
         # standing in for its pending set (queues that never had groups skip the lookup)
         by_group = (yield from groups_mod.groups_of(k, due)) if reply[1] else {None: due}
@@ -251,31 +360,20 @@ class Queue:
             _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
             [KEYSPACE_VERSION, *ids_]))
         if len(calls) == 1:
-            return len(due), int((yield calls[0]))
+            return int((yield calls[0]))
         replies = yield Batch(calls)
-        return len(due), _moved(calls, replies, sum)
+        return _moved(calls, replies, sum)
 
     @operation
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
-        """Return up to ``limit`` jobs with expired leases to pending;
-        ``(requeued, failed_as_stalled)``. Works in calls of at most :data:`REAP_BATCH` jobs."""
+        """Return jobs with expired leases to pending; ``(requeued, failed_as_stalled)``."""
         check_int(max_stalled, "max_stalled", 0, 1_000_000)
-        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
-        requeued = failed = 0
-        for asked in _batches(limit, REAP_BATCH):
-            seen, (r, f) = yield from self._reap_batch(max_stalled, asked)
-            requeued, failed = requeued + r, failed + f
-            if seen < asked:  # no more expired leases
-                break
-        return requeued, failed
-
-    def _reap_batch(self, max_stalled: int, asked: int) -> Op:
-        """One bounded step of :meth:`reap`: ``(expired ids seen, (requeued, failed))``."""
+        check_int(limit, "limit", 1, 1_000_000)
         k = self.keys
-        reply = yield Call(_DUE, [k.active, k.meta], [asked, 0])
+        reply = yield Call(_DUE, [k.active, k.meta], [limit, 0])
         expired = [i.decode() for i in reply[2:]]
         if not expired:
-            return 0, (0, 0)
+            return 0, 0
         # a reaped grouped job rejoins its lane (queues that never had groups skip the lookup)
         by_group = (yield from groups_mod.groups_of(k, expired)) if reply[1] else {None: expired}
         calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
@@ -285,9 +383,9 @@ class Queue:
             [max_stalled, KEYSPACE_VERSION, *ids_]))
         if len(calls) == 1:
             requeued, failed = yield calls[0]
-            return len(expired), (int(requeued), int(failed))
+            return int(requeued), int(failed)
         replies = yield Batch(calls)
-        return len(expired), _moved(calls, replies, groups_mod.split_counts)
+        return _moved(calls, replies, groups_mod.split_counts)
 
     @operation
     def server_time_ms(self) -> int:
@@ -385,39 +483,24 @@ class Queue:
 
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
-             max_age_ms: Optional[int] = None, limit: int = TRIM_LIMIT) -> int:
-        """Retention: delete the oldest finished jobs beyond the counts (and older than
-        ``max_age_ms``, server clock); returns how many were deleted.
-
-        At most ``limit`` jobs per finished set go in one call (in script calls of
-        :data:`TRIM_BATCH`), so the Worker's beat stays short; call again for the rest.
-        """
+             max_age_ms: Optional[int] = None) -> int:
+        """Retention: delete the oldest finished jobs beyond the counts (and older than the age)."""
         k = self.keys
         # validate everything first: a bad keep_failed must not leave completed trimmed
         check_int(keep_completed, "keep_completed", 0, 1 << 40)
         check_int(keep_failed, "keep_failed", 0, 1 << 40)
         if max_age_ms is not None:
             check_int(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
-        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
-        age = -1 if max_age_ms is None else max_age_ms
         removed = 0
+        now = (yield from Queue.server_time_ms.op(self)) if max_age_ms is not None else None
         for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
-            removed += yield from self._trim_set(key, keep, age, limit)
-        return removed
-
-    def _trim_set(self, key: str, keep: int, age: int, limit: int) -> Op:
-        """Trim one finished set: read its oldest ids a batch at a time (a bounded ZRANGE)
-        and let trim.lua delete those the rule does not keep (it re-checks each)."""
-        removed = 0
-        for asked in _batches(limit, TRIM_BATCH):
-            head = [i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, asked - 1))]
-            if not head:
-                break
-            deleted, more = yield Call(_TRIM, [key, self.keys.meta, *self.keys.jobs(head)],
-                                       [KEYSPACE_VERSION, keep, age, *head])
-            removed += int(deleted)
-            if not int(more) or len(head) < asked:
-                break
+            victims = {i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, -(keep + 1)))}
+            if now is not None:
+                victims.update(i.decode() for i in
+                               (yield Cmd.of("ZRANGEBYSCORE", key, "-inf", now - max_age_ms)))
+            for chunk in _chunks(sorted(victims), 500):
+                removed += int((yield Call(_TRIM, [key, k.meta, *k.jobs(chunk)],
+                                           [KEYSPACE_VERSION, *chunk])))
         return removed
 
     @operation
@@ -531,13 +614,6 @@ def _moved(calls: List[Call], replies: List[Any], combine: Any) -> Any:
             raise reply
     moves = replies[1:] if calls[0].script.name == "group_join" else replies
     return combine(moves)
-
-
-def _batches(limit: int, size: int) -> Iterator[int]:
-    """Per-call counts that add up to ``limit``, none above ``size``."""
-    while limit > 0:
-        yield min(limit, size)
-        limit -= size
 
 
 def _chunks(items: List[Any], size: int) -> Iterable[List[Any]]:
