@@ -24,6 +24,7 @@ import emqfast
 from emqfast import ConnectionFailed, Queue, Worker
 
 from conftest import _free_port, start_redis_server
+from lua_static import readme_least_privilege, readme_simple_rule
 from engine_util import wait_until
 
 backend_mod = importlib.import_module("emqfast.backend")
@@ -96,27 +97,20 @@ def test_no_module_of_the_package_can_unpickle():
 
 # --- a Redis ACL user restricted to emq:* keys --------------------------------------------
 
-# The least-privilege command set emqfast needs (documented in README "Security").
-# Found by starting from -@all and adding what ACL LOG reported denied while the
-# scenario below ran; commands inside the Lua scripts are checked by Redis too.
-MINIMAL_ACL = (
-    "-@all +evalsha +script|load "                      # the atomic moves
-    "+time +exists +del +incr +incrby "                 # used inside the scripts
-    "+hget +hset +hdel +hmget +hgetall +hincrby "
-    "+zadd +zrem +zscore +zcard +zrange +zrevrange +zrangebyscore +zrevrangebyscore "
-    "+zpopmin +bzpopmin "                               # workers block on the wake marker
-    "+scan +unlink "                                    # Queue.obliterate
-    "+zincrby +zrank +watch +multi +exec +unwatch "     # Leaderboard
-    "+xadd +xtrim +xread +xrevrange "                   # the events stream
-    "+zremrangebyscore +pexpire"                        # the rate window
-).split()
-BROAD_ACL = "+@all -@dangerous".split()
-# Refused without harm: a worker then wakes on Redis' own BZPOPMIN timeout.
-OPTIONAL_COMMANDS = {"client|id", "client|unblock"}
+# The least-privilege command set emqfast needs: the README's rule itself (README
+# "Security"), so the documented rule is the one tested. tests/test_script_safety.py checks
+# that it holds every command the scripts and the library can send.
+MINIMAL_ACL = readme_least_privilege()
+BROAD_ACL = readme_simple_rule()
+# Refused without harm: a worker then wakes on Redis' own BZPOPMIN timeout (CLIENT ID /
+# UNBLOCK), and the eviction check reads INFO memory where CONFIG GET is denied.
+OPTIONAL_COMMANDS = {"client|id", "client|unblock", "config|get"}
 
 
 def exercise_everything(url: str) -> None:
-    """Every public operation, under both backends, as the restricted user."""
+    """Every public operation, under both backends, as the restricted user: enqueue (plain,
+    delayed, bulk, grouped), groups with caps and rate limits, schedules, leaderboards,
+    events, metrics, pause/resume, rate limits, cancel/retry, promote/reap/trim."""
     conn = emqfast.connect(url)
     q = Queue("acl-q", conn)
     previous = backend_mod.current()
@@ -126,15 +120,28 @@ def exercise_everything(url: str) -> None:
             q.enqueue({"a": 1})
             q.enqueue_in(b"later", 50)
             q.enqueue_many([1, 2, 3])
+            q.enqueue({"g": 1}, group="tenant-a")
+            q.enqueue_many([{"g": 2}, {"g": 3}], group="tenant-b")
+            q.enqueue_in({"g": 4}, 50, group="tenant-a")
+            emqfast.promote_many(conn, [q, "acl-other"])
     finally:
         backend_mod.use(previous)
     gone = q.enqueue("cancel me")
     assert q.cancel(gone.id)
     q.counts(), q.job_ids("pending"), q.job_ids("completed"), q.next_due_ms()
     list(q.events(since="$")), q.metrics(), q.configure_events(1000)  # observability
+    q.read_events(count=10), q.last_event_id(), q.server_time_ms()
     q.pause()
     assert q.is_paused()
     q.resume()
+    # group caps and rate limits (claim.lua's capped-group path: ZLEXCOUNT / ZRANGEBYLEX)
+    q.groups.set_concurrency("tenant-a", 1)
+    q.groups.set_rate_limit("tenant-b", 100, 1000)
+    assert q.groups.concurrency("tenant-a") == 1
+    assert q.groups.rate_limit("tenant-b") == (100, 1000)
+    q.groups.counts("tenant-a"), q.groups.list()
+    q.set_rate_limit(1000, 1000)
+    assert q.rate_limit() == (1000, 1000)
     if importlib.util.find_spec("emqfast.schedules"):
         q.schedules.upsert("tick", every_ms=100, payload={"tick": 1})
         q.schedules.pump(), q.schedules.list(), q.schedules.get("tick")
@@ -142,20 +149,30 @@ def exercise_everything(url: str) -> None:
     def handler(job):
         if job.payload == 2 and job.attempts == 1:
             raise RuntimeError("retry me")
+        if job.payload == 3:
+            job.progress({"half": True})
         return "ok"
 
     Worker(q, handler, lease_ms=1000, concurrency=2).run_until_idle(30, wait_scheduled=True)
+    assert q.counts()["grouped"] == 0
+    q.groups.set_concurrency("tenant-a", None)
+    q.groups.clear_rate_limit("tenant-b")
+    q.clear_rate_limit()
     doomed = q.enqueue("doomed", attempts=1)
+    grouped_doomed = q.enqueue("doomed too", attempts=1, group="tenant-a")
     Worker(q, lambda job: 1 / 0, lease_ms=1000).run_until_idle(30)
-    assert q.get(doomed.id).state == "failed"
+    assert q.get(doomed.id).state == q.get(grouped_doomed.id).state == "failed"
     q.retry(doomed.id)
+    q.retry(grouped_doomed.id)  # rejoins its lane: the ring join first
     w = Worker(q, lambda job: "ok", lease_ms=1000)
     t = threading.Thread(target=w.run, daemon=True)
     t.start()  # run(): blocks on the wake marker (BZPOPMIN) between jobs
     wait_until(lambda: q.get(doomed.id).state == "completed", 20, "the retried job")
+    wait_until(lambda: q.get(grouped_doomed.id).state == "completed", 20, "the grouped one")
     w.stop()
     t.join(20)
     q.trim(keep_completed=0, max_age_ms=0)
+    q.trim(keep_completed=0, keep_failed=0, limit=10)
     q.promote(), q.reap()
     if importlib.util.find_spec("emqfast.leaderboard"):
         from emqfast.leaderboard import Leaderboard
@@ -169,6 +186,7 @@ def exercise_everything(url: str) -> None:
     if importlib.util.find_spec("emqfast.schedules"):
         assert q.schedules.remove("tick")
     assert q.obliterate() > 0
+    Queue("acl-other", conn).obliterate()
     conn.close()
 
 
@@ -183,7 +201,7 @@ def test_acl_user_restricted_to_emq_keys_runs_everything(server_factory, rules):
         denied = [(e.get("object"), e.get("context")) for e in admin.acl_log()]
         raise AssertionError(f"{exc!r}; ACL LOG denied: {denied}") from None
     # Nothing was refused along the way, except the worker's optional precise wake-up
-    # (CLIENT ID / CLIENT UNBLOCK, see emqfast/wake.py), which falls back by design.
+    # (CLIENT ID / CLIENT UNBLOCK, see emqfast/wake.py) and CONFIG GET, which fall back.
     refused = {e.get("object") for e in admin.acl_log()}
     assert refused <= OPTIONAL_COMMANDS, refused
     # ...and the user really is restricted: no other keys, nothing dangerous
