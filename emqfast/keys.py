@@ -126,6 +126,11 @@ class QueueKeys:
         """One group's rate window: lease token -> claim instant (zset, last window only)."""
         return self.base + "g:" + group + ":rate"
 
+    def worker_claim(self, worker: str) -> str:
+        """One worker's last claim (hash: request id, ids, counter), so a claim re-sent after
+        its reply was lost returns the same leases instead of popping more; expires with them."""
+        return self.base + "w:" + worker + ":claim"
+
     def schedule(self, name: str) -> str:
         """Hash holding one repeatable schedule's options."""
         return self.base + "repeat:" + name

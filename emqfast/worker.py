@@ -8,6 +8,7 @@ finish a job: every outcome carries the lease token the claim returned.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import queue as queue_mod
@@ -24,10 +25,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
-from . import backend
+from . import backend, eviction
 from . import worker_core as core
 from .dispatch import JobRows, Prefetch
-from .errors import ConnectionFailed
+from .errors import EvictionRisk, PermissionDenied, VersionMismatch
 from .job import Job
 from .keys import QueueKeys
 from .queue import Queue, check_int
@@ -79,6 +80,21 @@ class Worker:
     ones: ``None`` sizes it from measured handler times so a waiting job starts
     within ~2 ms (none for slow handlers, whole batches for fast ones); ``0``
     turns it off.
+
+    Faults: every call the worker makes is safe to re-send, so a lost connection or reply
+    and a server that is loading, busy, failing over or full (OOM) are waited out with
+    backoff, and outcomes are written, not left to the lease. A permanent error (an ACL
+    lacking a command, a wrong password: :class:`~emqfast.errors.PermissionDenied`) stops
+    the worker: :meth:`run` raises it. A server whose ``maxmemory-policy`` may evict keys
+    is refused (:class:`~emqfast.errors.EvictionRisk`) unless ``allow_eviction=True``.
+
+    Shutdown (:meth:`stop`, SIGTERM/SIGINT): claiming stops, claimed jobs whose handler has
+    not begun are released at once, running handlers get ``shutdown_timeout_s`` to finish.
+    A job whose handler is still running after that is NOT released (its handler may still
+    finish, and a released job would run a second time): its lease is kept and extended
+    until the handler returns, its outcome is written, then :meth:`run` returns (a warning
+    names such jobs when the timeout passes). Handler threads cannot be interrupted; a
+    process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
     """
 
     def __init__(self, queue: Queue, handler: Handler, *, concurrency: int = 8,
@@ -86,11 +102,12 @@ class Worker:
                  prefetch: Optional[int] = None,
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, allow_eviction: bool = False):
         if not isinstance(queue, Queue) or getattr(queue, "is_async", False):
             raise TypeError("Worker needs an emqfast.Queue (emqfast.aio.Worker takes an aio.Queue)")
         if not callable(handler):
             raise TypeError("handler must be callable")
+        core.refuse_async_handler(handler)
         self.queue = queue
         self.handler = handler
         self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
@@ -108,9 +125,14 @@ class Worker:
         self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.allow_eviction = allow_eviction
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = WorkerStats()
         self.beat_s = min(1.0, self.lease_ms / 4000.0)
+        # claim request ids: unique per Worker object (two workers may share a name)
+        self._claim_prefix = uuid.uuid4().hex[:8]
+        self._claim_seq = 0
+        self._fatal: Optional[BaseException] = None  # a permanent error met by the acker
         self._keys: QueueKeys = queue.keys
         self._redis = queue.redis
         self._running: Dict[str, _Running] = {}
@@ -153,16 +175,18 @@ class Worker:
         self._stop.set()
         try:  # wake the claim loop if it is blocked on the marker
             self._redis.zadd(self._keys.marker, {"0": 0})
-        except redis.RedisError:
+        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
             pass
 
     # --- the claim loop ---------------------------------------------------------
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
+        self._check_eviction()
         self._stop.clear()
+        self._fatal = None
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
         self._acker.start()
-        retry_delay = 0.05
+        backoff = core.Backoff()
         try:
             while not self._stop.is_set():
                 if deadline is not None and time.monotonic() > deadline:
@@ -170,14 +194,62 @@ class Worker:
                 try:
                     if self._step(until_idle, wait_scheduled):
                         return
-                    retry_delay = 0.05
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    log.warning("emqfast worker %s: redis unavailable (%s); retrying in %.2fs",
-                                self.name, type(exc).__name__, retry_delay)
-                    self._stop.wait(retry_delay)
-                    retry_delay = min(retry_delay * 2, 5.0)
+                    backoff.reset()
+                except Exception as exc:  # noqa: BLE001 - sorted below
+                    self._wait_out(exc, backoff)
         finally:
             self._shutdown()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _check_eviction(self) -> None:
+        """Refuse a server that may evict jobs, unless ``allow_eviction``."""
+        if self.allow_eviction:
+            return
+        warning = eviction.check(self._redis)
+        if warning:
+            raise EvictionRisk(warning)
+
+    def _wait_out(self, exc: BaseException, backoff: "core.Backoff") -> None:
+        """After a failed turn: wait a transient fault out, re-raise anything else typed
+        (PermissionDenied stops the worker: retrying cannot help)."""
+        if not core.transient(exc):
+            typed = core.typed(exc)
+            if typed is exc:
+                raise exc
+            raise typed from exc
+        wait = backoff()
+        log.warning("emqfast worker %s: redis unavailable (%s); retrying in %.2fs",
+                    self.name, type(core.typed(exc)).__name__, wait)
+        self._stop.wait(wait)
+
+    def _call(self, call: Any) -> Any:
+        """Run one script call; errors come up typed."""
+        try:
+            return call.script(self._redis, call.keys, call.args)
+        except Exception as exc:  # noqa: BLE001 - typed, then re-raised
+            typed = core.typed(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
+
+    def _call_until_done(self, call: Any, what: str, give_up: Callable[[], bool]) -> Any:
+        """Run a call that is safe to re-send, re-sending it after transient faults (a lost
+        reply included: the same call again returns what the first send did) until it gets
+        a reply or ``give_up()``; None then. Permanent errors are raised."""
+        backoff = core.Backoff()
+        while True:
+            try:
+                return self._call(call)
+            except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                if not core.transient(exc):
+                    raise
+                if give_up():
+                    return None
+                wait = backoff()
+                log.warning("emqfast worker %s: %s failed (%s); re-sending in %.2fs",
+                            self.name, what, type(core.typed(exc)).__name__, wait)
+                time.sleep(wait)
 
     def _step(self, until_idle: bool, wait_scheduled: bool) -> bool:
         """One turn of the loop; True when ``until_idle`` is satisfied."""
@@ -194,9 +266,14 @@ class Worker:
         # Idleness must be judged from before the claim: an outcome written after
         # it (a retry re-parked on the delayed set) is not in this claim's reply.
         idle_before_claim = self._idle()
+        self._claim_seq += 1
         claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
-                                 self._groups)
-        reply = claim.script(self._redis, *claim[1:])
+                                 self._groups, f"{self._claim_prefix}:{self._claim_seq}")
+        # a lost reply is re-sent with the same request id: the leases come back, no more
+        # jobs are popped (stopping: the jobs of a claim never answered wait out the lease)
+        reply = self._call_until_done(claim, "claim", self._stop.is_set)
+        if reply is None:
+            return False
         now, status, next_due, pairs = core.parse_claim(reply)
         self._groups = core.claim_groups(reply)  # the lanes to serve next turn
         self._server_offset_ms = now - time.monotonic() * 1000
@@ -268,7 +345,9 @@ class Worker:
     # --- starting and running jobs ----------------------------------------------
     def _start(self, pairs: List[Tuple[str, str]]) -> None:
         start = core.start_call(self._keys, pairs)
-        started = core.started_jobs(self._rows, pairs, start.script(self._redis, *start[1:]))
+        # re-sent after a lost reply: a job already started by its token is not counted twice
+        rows = self._call_until_done(start, "start", lambda: False)
+        started = core.started_jobs(self._rows, pairs, rows)
         now = time.monotonic()
         for job, token in started:
             job._extend = self._extender(job.id, token)
@@ -317,8 +396,14 @@ class Worker:
     def _run_one(self, job: Job, token: str) -> tuple:
         """Run the handler; the outcome the acker writes."""
         try:
-            return core.success(job, token, self.handler(job))
+            result = self.handler(job)
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+            return core.failure(job, token, exc, traceback.format_exc())
+        if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
+            return core.awaitable_result(job, token, result)
+        try:
+            return core.success(job, token, result)
+        except BaseException as exc:  # noqa: BLE001 - an unserialisable result fails the job
             return core.failure(job, token, exc, traceback.format_exc())
 
     def _hand_over(self, outcomes: List[tuple]) -> None:
@@ -333,7 +418,7 @@ class Worker:
         def extend(ms: int) -> None:
             check_int(ms, "ms", 1, 1 << 40)
             call = core.extend_call(self._keys, ms, [(job_id, token)])
-            core.check_extended(job_id, call.script(self._redis, *call[1:]))
+            core.check_extended(job_id, self._call_until_done(call, "extend", lambda: False))
         return extend
 
     def _progresser(self, job_id: str, token: str) -> Callable[[Any], None]:
@@ -364,27 +449,23 @@ class Worker:
                     if batcher is None:  # the live backend's pipeline: hiredis under C
                         batcher = backend.batcher_for(self._redis)
                     self._write_outcomes(batch, batcher)
-                except Exception:  # noqa: BLE001 - the acker must outlive any one batch
-                    log.exception("emqfast worker %s: could not write %d outcomes; their leases "
-                                  "will expire and the reaper will re-run them", self.name,
-                                  len(batch))
+                except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
+                    typed = core.typed(exc)
+                    log.error("emqfast worker %s: could not write %d outcomes (%s: %s); their "
+                              "leases will expire and the reaper will re-run them", self.name,
+                              len(batch), type(typed).__name__, typed)
                     self._abandon(batch)
+                    if isinstance(typed, (PermissionDenied, VersionMismatch)) \
+                            and self._fatal is None:  # permanent: stop, run() raises it
+                        self._fatal = typed
+                        self._stop.set()
         finally:
             if batcher is not None:
                 batcher.close()
 
     def _write_outcomes(self, batch: List[tuple], batcher: Any) -> None:
         plan = core.AckPlan(self._keys, batch)
-        delay_s = 0.05
-        while True:  # an outcome is never dropped: retry until Redis takes it
-            try:
-                replies = plan.replies(run_calls(batcher, plan.calls))
-                break
-            except (redis.ConnectionError, redis.TimeoutError, ConnectionFailed) as exc:
-                log.warning("emqfast worker %s: cannot write outcomes (%s); retrying",
-                            self.name, type(exc).__name__)
-                time.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
+        replies = plan.replies(self._run_until_landed(plan.calls, batcher))
         core.tally(self.stats, batch, replies, plan.retrying)
         self._write_run_times(batch, replies, batcher)
         with self._lock:
@@ -392,6 +473,33 @@ class Worker:
                 self._finished(outcome)
             self._pending_acks -= len(batch)
             self._lock.notify_all()
+
+    def _run_until_landed(self, calls: List[Any], batcher: Any) -> List[Any]:
+        """Every call's reply, re-sending the calls a transient fault kept from landing (a
+        lost connection or reply, LOADING after a restart, BUSY, a failover, OOM) with
+        backoff until Redis takes them: an outcome is never dropped while it can still be
+        written. complete.lua and fail.lua are idempotent by token, so a re-sent call whose
+        first send ran reports success. Permanent errors are raised."""
+        replies: List[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        backoff = core.Backoff()
+        while True:
+            try:
+                got = run_calls(batcher, [calls[i] for i in todo])
+                for i, reply in zip(todo, got):
+                    replies[i] = reply
+                todo = [todo[j] for j in core.transient_slots(got)]
+                fault: Any = replies[todo[0]] if todo else None
+            except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                if not core.transient(exc):
+                    raise
+                fault = exc
+            if not todo:
+                return replies
+            wait = backoff()
+            log.warning("emqfast worker %s: cannot write %d outcome calls (%s); re-sending in "
+                        "%.2fs", self.name, len(todo), type(core.typed(fault)).__name__, wait)
+            time.sleep(wait)
 
     def _write_run_times(self, batch: List[tuple], replies: List[Any], batcher: Any) -> None:
         """Add the batch's wait/run times to the histograms in one call. Best effort: the
@@ -441,65 +549,100 @@ class Worker:
         self._next_schedule_ms = core.next_schedule_ms(self.queue.schedules.sweep())
 
     def _extend_leases(self, now: float) -> None:
-        """Renew leases that are a third used, so a long handler keeps its job."""
+        """Renew leases that are a third used, so a long handler keeps its job. A transient
+        fault leaves them due: the next beat (a third of the lease later at most) tries
+        again, long before they expire."""
         with self._lock:
             due = [r for r in self._running.values()
                    if not r.lost and now - r.extended_at > self.lease_ms / 3000.0]
-        if not due:
-            return
-        call = core.extend_call(self._keys, self.lease_ms, [(r.job.id, r.token) for r in due])
-        replies = call.script(self._redis, *call[1:])
-        for r, ok in zip(due, replies):
-            if ok:
-                r.extended_at = now
-            else:
-                r.lost = True
-                log.warning("emqfast: lease on running job %s was lost", r.job.id)
+        for chunk in core.chunked(due):
+            call = core.extend_call(self._keys, self.lease_ms,
+                                    [(r.job.id, r.token) for r in chunk])
+            try:
+                replies = self._call(call)
+            except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                if not core.transient(exc):
+                    raise
+                log.warning("emqfast worker %s: cannot extend %d leases (%s); next beat",
+                            self.name, len(due), type(core.typed(exc)).__name__)
+                return
+            for r, ok in zip(chunk, replies):
+                if ok:
+                    r.extended_at = now
+                else:
+                    r.lost = True
+                    log.warning("emqfast: lease on running job %s was lost", r.job.id)
 
     # --- shutdown ------------------------------------------------------------------
     def _shutdown(self) -> None:
+        """Stop: release what has not begun, let running handlers finish; see the class
+        docstring for why a handler still running after ``shutdown_timeout_s`` is waited
+        for (its lease kept) rather than released."""
         pool, self._pool = self._pool, None
         end = time.monotonic() + self.shutdown_timeout_s
         with self._lock:  # claimed but not started yet: hand back now instead of running
             waiting = [(job.id, token, core.job_group(job)) for job, token in self._ready]
             self._ready.clear()
-        self._release(waiting)
+        self._release(waiting, end)
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
-        with self._lock:
-            while self._running and time.monotonic() < end:
-                if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
+        warned = False
+        next_beat = time.monotonic() + self.beat_s
+        while True:
+            with self._lock:
+                if not self._running and self._pending_acks == 0:
                     break
-                self._lock.wait(min(0.1, max(end - time.monotonic(), 0.001)))
-            leftover = [(job_id, r.token, core.job_group(r.job))
-                        for job_id, r in self._running.items()]
-        self._release(leftover)  # handlers that did not finish in time
+                if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
+                    break  # only jobs whose lease is gone: nothing of ours to write
+                if not warned and time.monotonic() >= end and self._running:
+                    warned = True
+                    log.warning("emqfast worker %s: %d handler(s) still running after "
+                                "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
+                                "still finish): keeping their leases until they return",
+                                self.name, len(self._running), self.shutdown_timeout_s,
+                                ", ".join(sorted(self._running)[:10]))
+                self._lock.wait(0.05)
+            if time.monotonic() >= next_beat:  # the claim loop's beat has stopped
+                next_beat = time.monotonic() + self.beat_s
+                try:
+                    self._extend_leases(time.monotonic())
+                except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
+                    log.error("emqfast worker %s: cannot extend leases while stopping (%s)",
+                              self.name, exc)
         self._acks.put(None)
         if self._acker is not None:
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _release(self, pairs: List[Tuple[str, str, Optional[str]]]) -> None:
-        """Give claimed jobs back to pending (grouped ones to their lanes) in one round
-        trip (the reaper covers failures)."""
-        if not pairs:
-            return
-        calls, skip = core.release_calls(self._keys, pairs)
-        try:
-            replies = run_pipeline(self._redis, calls)[skip:]
-        except redis.RedisError as exc:
-            log.warning("emqfast: could not release %d jobs (%s); the reaper will", len(pairs), exc)
-            return
-        with self._lock:
-            for (job_id, _, _), reply in zip(pairs, replies):
-                if reply == 1:
-                    self.stats.released += 1
-                elif isinstance(reply, Exception):
-                    log.warning("emqfast: could not release %s (%s); the reaper will", job_id, reply)
-                self._running.pop(job_id, None)
-            self._lock.notify_all()
+    def _release(self, pairs: List[Tuple[str, str, Optional[str]]], until: float = 0.0) -> None:
+        """Give claimed jobs back to pending (grouped ones to their lanes), at most
+        ``LEASE_CHUNK`` per round trip; transient faults are retried until ``until``
+        (monotonic s), then left to the reaper (their leases expire)."""
+        for chunk in core.chunked(pairs):
+            calls, skip = core.release_calls(self._keys, chunk)
+            backoff = core.Backoff()
+            while True:
+                try:
+                    replies = run_pipeline(self._redis, calls)[skip:]
+                    break
+                except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                    if not core.transient(exc) or time.monotonic() + backoff.next_s > until:
+                        log.warning("emqfast: could not release %d jobs (%s); the reaper will",
+                                    len(chunk), exc)
+                        replies = [exc] * len(chunk)
+                        break
+                    time.sleep(backoff())
+            with self._lock:
+                for (job_id, _, _), reply in zip(chunk, replies):
+                    if reply == 1:
+                        self.stats.released += 1
+                    elif isinstance(reply, Exception):
+                        log.warning("emqfast: could not release %s (%s); the reaper will",
+                                    job_id, reply)
+                    self._running.pop(job_id, None)
+                self._lock.notify_all()
 
     def _install_signals(self) -> Callable[[], None]:
         if threading.current_thread() is not threading.main_thread():

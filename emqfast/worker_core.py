@@ -7,12 +7,14 @@ extend and release jobs by the same rules; only scheduling and I/O differ.
 """
 from __future__ import annotations
 
+import inspect
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import codec
 from .dispatch import JobRows
-from .errors import LeaseLost, PayloadError, Unrecoverable, from_reply
+from .errors import (EmqError, LeaseLost, PartialBatch, PayloadError, PermissionDenied,
+                     Unrecoverable, from_reply, is_transient, translate)
 from .job import Job
 from .keys import QueueKeys
 from .metrics import Observations
@@ -40,25 +42,104 @@ GROUP_QUANTUM = 1
 # Successful outcomes per complete.lua call: one call's Lua run blocks Redis ~2 ms at most.
 COMPLETE_CHUNK = 200
 COMPLETE_CHUNK_BYTES = 1 << 20  # ...and about this much result JSON
+# Leases extended / jobs released per script call (bounded server work per call).
+LEASE_CHUNK = 500
 
 Pair = Tuple[str, str]  # (job id, lease token)
 # An outcome: ("done", job, token, result_json) or ("fail", job, token, exc, tb, may_retry)
 Outcome = tuple
 
 
+# --- faults ---------------------------------------------------------------------------------
+
+# How Redis words an ACL denial of a command a script calls (no NOPERM code prefix).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
+
+
+def typed(exc: BaseException) -> BaseException:
+    """emqfast's typed error for whatever a call raised (a partial batch by its cause)."""
+    if isinstance(exc, PartialBatch) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    out = translate(exc)
+    if not isinstance(out, EmqError) and _SCRIPT_NOPERM in str(out):
+        return PermissionDenied(str(out))
+    return out
+
+
+def transient(exc: BaseException) -> bool:
+    """True when the call may succeed if sent again later: a lost connection or reply, a
+    server loading, busy, failing over or full. The Workers' calls are all safe to re-send
+    with the same arguments (claim by its request id, start/complete/fail by the token), so
+    they wait these out; anything else (PermissionDenied: an ACL or password problem) is
+    permanent and stops the Worker."""
+    return is_transient(typed(exc))
+
+
+class Backoff:
+    """Exponential waits between re-sends: 50 ms doubling to 5 s."""
+
+    def __init__(self, first_s: float = 0.05, most_s: float = 5.0):
+        self.first_s, self.most_s = first_s, most_s
+        self.next_s = first_s
+
+    def __call__(self) -> float:
+        """The wait before the next try (and double the one after)."""
+        wait, self.next_s = self.next_s, min(self.next_s * 2, self.most_s)
+        return wait
+
+    def reset(self) -> None:
+        self.next_s = self.first_s
+
+
+def transient_slots(replies: Sequence[Any]) -> List[int]:
+    """Indexes of replies that are transient error replies (e.g. one call of a pipeline
+    met LOADING or OOM): those calls did not run and must be sent again."""
+    return [i for i, r in enumerate(replies) if isinstance(r, BaseException) and transient(r)]
+
+
+def is_async_handler(handler: Any) -> bool:
+    """True for ``async def`` functions (or objects whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(handler) or \
+        inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+
+
+def refuse_async_handler(handler: Any) -> None:
+    """The sync Worker runs handlers in threads: an ``async def`` handler would only ever
+    return an un-awaited coroutine. Refuse it at construction."""
+    if is_async_handler(handler):
+        raise TypeError("emqfast.Worker runs plain functions in threads; this handler is a "
+                        "coroutine function (async def): use emqfast.aio.Worker with an "
+                        "emqfast.aio.Queue for it")
+
+
+def awaitable_result(job: Job, token: str, result: Any) -> Outcome:
+    """The failed, non-retried outcome of a sync handler that returned an awaitable (a
+    coroutine it never awaited): it did not do its work, and retrying cannot help."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()  # no "coroutine was never awaited" warning on top
+    exc = TypeError(f"handler returned an awaitable ({type(result).__name__}), not a result: "
+                    "async handlers need emqfast.aio.Worker")
+    return ("fail", job, token, exc, "", False)
+
+
 # --- claim and start ----------------------------------------------------------------------
 
 def claim_call(k: QueueKeys, n: int, lease_ms: int, worker: str,
-               groups: Sequence[str] = ()) -> Call:
+               groups: Sequence[str] = (), request: str = "") -> Call:
     """claim.lua: pop up to ``n`` pending jobs under leases of ``lease_ms`` (fewer when
     the queue's or a group's rate limit says so), round-robin across the flat pending set
     and the lanes of ``groups`` (the ready groups the previous reply named: a stale list is
-    harmless, the script re-checks the ring and each group's cap)."""
+    harmless, the script re-checks the ring and each group's cap).
+
+    ``request`` names this claim (unique per worker, e.g. ``"<n>"``): the same call re-sent
+    after its reply was lost pops nothing and returns the pairs its first send leased, so a
+    Worker may re-send it (``""``: no record, a re-send claims again)."""
     return Call(_CLAIM, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed, k.counter,
-                         k.rate, k.groups, k.gactive, k.glimit, k.grate,
+                         k.rate, k.groups, k.gactive, k.glimit, k.grate, k.worker_claim(worker),
                          *[key for g in groups for key in (k.group_pending(g), k.group_rate(g))]],
                 [n, lease_ms, worker, KEYSPACE_VERSION, RING_HEAD, CAP_POLL_MS, GROUP_QUANTUM,
-                 *groups])
+                 request, *groups])
 
 
 def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
@@ -81,9 +162,12 @@ def claim_groups(reply: Sequence[Any]) -> List[str]:
 
 
 def start_call(k: QueueKeys, pairs: Sequence[Pair]) -> Call:
-    """start.lua: stamp claimed jobs as started (their keys declared now that ids are known)."""
+    """start.lua: stamp claimed jobs as started (their keys declared now that ids are known).
+    Safe to re-send with the same pairs: a job already started by its token is reported as
+    started, not counted again."""
     ids = [i for i, _ in pairs]
-    return Call(_START, [k.active, k.leases, k.meta, k.events, *k.jobs(ids)],
+    return Call(_START, [k.active, k.leases, k.meta, k.events, k.metrics, k.rate, k.delayed,
+                         k.marker, *k.jobs(ids)],
                 [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
 
 
@@ -273,9 +357,17 @@ def metrics_call(k: QueueKeys, obs: Observations) -> Call:
 # --- leases -------------------------------------------------------------------------------
 
 def extend_call(k: QueueKeys, lease_ms: int, pairs: Sequence[Pair]) -> Call:
-    """extend.lua for many ``(job id, token)``; the reply holds 1/0 per pair (0: lease lost)."""
+    """extend.lua for many ``(job id, token)``; the reply holds 1/0 per pair (0: lease lost).
+    Callers with an unbounded list use :func:`chunked` (at most ``LEASE_CHUNK`` per call)."""
     return Call(_EXTEND, [k.active, k.leases, k.meta],
                 [lease_ms, KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
+
+
+def chunked(items: Sequence[Any], size: int = 0) -> List[Sequence[Any]]:
+    """``items`` cut into slices of at most ``size`` (default ``LEASE_CHUNK``): one script
+    call per slice keeps each call's server work bounded."""
+    size = size or LEASE_CHUNK
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def check_extended(job_id: str, reply: Sequence[Any]) -> None:

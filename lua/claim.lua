@@ -19,9 +19,9 @@
 -- ARGV[1] max jobs to claim (>= 1)
 -- ARGV[2] lease length ms
 -- ARGV[3] worker id (prefix of the lease tokens)
--- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, KEYS[12] grate hash emq:{q}:grate, then per group name ARGV[8..] two keys: its lane emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate
+-- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, KEYS[12] grate hash emq:{q}:grate, KEYS[13] the worker's claim record hash emq:{q}:w:<worker>:claim, then per group name ARGV[9..] two keys: its lane emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate
 -- ARGV[4] keyspace version of the caller
--- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, then ARGV[8..] the group names of the lane/rate key pairs KEYS[13..] (from the previous claim's reply; re-checked)
+-- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, ARGV[8] request id of this claim ('' = none; a claim re-sent with the id of the worker's last claim that leased jobs pops nothing and returns that claim's pairs still leased), then ARGV[9..] the group names of the lane/rate key pairs KEYS[14..] (from the previous claim's reply; re-checked)
 -- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}, and with the group
 --          keys one last element: the names of the next ready groups (ring head, ARGV[5] of them)
 --          status 1 = claimed (maybe 0 jobs), 0 = queue paused, 2 = rate limited (jobs
@@ -30,24 +30,32 @@
 --          next_due_ms = run-at of the earliest delayed job, -1 when none; with status 2
 --          the (earliest) window's opening instead when that comes first (the marker is set
 --          then too).
--- Errors:  EMQINPUT bad count or lease; EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT bad count or lease (integers: count in [1, 100000], lease >= 1 ms);
+--          EMQVERSION keyspace of another major version
 --@include common
 --@include groups
 
 local n = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-if not n or n < 1 or not lease or lease < 1 then
-  return redis.error_reply('EMQINPUT claim needs count >= 1 and lease >= 1 ms')
+if not n or n < 1 or n > 100000 or n % 1 ~= 0 or not lease or lease < 1 or lease % 1 ~= 0 then
+  return redis.error_reply('EMQINPUT claim needs an integer count in [1, 100000] and an ' ..
+    'integer lease >= 1 ms')
 end
-local grouped = #KEYS >= 12
+local grouped = #KEYS >= 13
 local ring_head, cap_poll, quantum = 0, 0, 0
 if #KEYS > 8 then
   ring_head, cap_poll, quantum = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  if not grouped or 2 * (#ARGV - 7) ~= #KEYS - 12 or not ring_head or ring_head < 1
+  if not grouped or 2 * (#ARGV - 8) ~= #KEYS - 13 or not ring_head or ring_head < 1
       or not cap_poll or cap_poll < 1 or not quantum or quantum < 1 then
-    return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, grate, group ' ..
-      'settings and a lane and rate key per group name')
+    return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, grate, claim record, ' ..
+      'group settings, a request id and a lane and rate key per group name')
   end
+end
+if #ARGV > 8 then
+  -- Capped groups are counted with the lex commands: touch each once, harmlessly, before
+  -- the first write, so a user whose ACL lacks one fails here with nothing popped.
+  redis.call('ZLEXCOUNT', KEYS[10], '-', '-')
+  redis.call('ZRANGEBYLEX', KEYS[10], '-', '-')
 end
 local err = emq_fence(KEYS[4], ARGV[4])
 if err then return redis.error_reply(err) end
@@ -62,6 +70,32 @@ local out = {now, 1, next_due}
 local function finish()
   if grouped then out[#out + 1] = redis.call('ZRANGE', KEYS[9], 0, ring_head - 1) end
   return out
+end
+-- Lease tokens are the worker id and one fencing number of the counter.
+local function token_of(seq)
+  -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
+  return ARGV[3] .. ':' .. (seq < 1e14 and seq or emq_int(seq))
+end
+local rid = grouped and ARGV[8] or ''
+if rid ~= '' then
+  local rec = redis.call('HMGET', KEYS[13], 'rid', 'ids', 'last')
+  if rec[1] == rid then
+    -- A re-sent claim (its reply was lost): pop nothing, hand back what its first send
+    -- leased and this worker still holds.
+    local ids = cmsgpack.unpack(rec[2])
+    local last, count = tonumber(rec[3]), #ids
+    for s = 1, count, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
+      local held = redis.call('HMGET', KEYS[3], unpack(ids, s, math.min(s + 3999, count)))
+      for j, v in ipairs(held) do
+        local token = token_of(last - count + s + j - 1)
+        if v == token then
+          out[#out + 1] = ids[s + j - 1]
+          out[#out + 1] = token
+        end
+      end
+    end
+    return finish()
+  end
 end
 if redis.call('HGET', KEYS[4], 'paused') == '1' then
   out[2] = 0
@@ -102,7 +136,7 @@ local function group_room(g, prune)
   local active = redis.call('ZLEXCOUNT', KEYS[10], lo, hi)
   if active >= cap and prune then
     for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[10], lo, hi)) do
-      if redis.call('HEXISTS', KEYS[3], string.sub(m, #g + 2)) == 0 then
+      if not redis.call('HGET', KEYS[3], string.sub(m, #g + 2)) then
         redis.call('ZREM', KEYS[10], m)
         active = active - 1
       end
@@ -138,8 +172,8 @@ else
   -- Sources in turn order: the flat pending set counts as one more group.
   local sources = {{k = 1, g = false}}  -- k: index of the source's key in KEYS
   local passed = {}
-  for i = 13, #KEYS, 2 do
-    local g = ARGV[8 + (i - 13) / 2]
+  for i = 14, #KEYS, 2 do
+    local g = ARGV[9 + (i - 14) / 2]
     passed[g] = true
     if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, r = i + 1, g = g} end
   end
@@ -216,12 +250,10 @@ end
 -- One counter draw for the whole batch: tokens are unique fencing numbers.
 local last = redis.call('INCRBY', KEYS[7], count)
 local deadline = now + lease
-local zargs, hargs, rargs = {}, {}, {}
+local zargs, hargs, rargs, ids = {}, {}, {}, {}
 for i = 1, count do
   local id = popped[2 * i - 1]
-  local seq = last - count + i
-  -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
-  local token = ARGV[3] .. ':' .. (seq < 1e14 and seq or emq_int(seq))
+  local token = token_of(last - count + i)
   zargs[#zargs + 1] = deadline
   zargs[#zargs + 1] = id
   hargs[#hargs + 1] = id
@@ -230,14 +262,25 @@ for i = 1, count do
     rargs[#rargs + 1] = now
     rargs[#rargs + 1] = token
   end
+  ids[i] = id
   out[#out + 1] = id
   out[#out + 1] = token
 end
-redis.call('ZADD', KEYS[2], unpack(zargs))
-redis.call('HSET', KEYS[3], unpack(hargs))
+-- (chunks of 2,000 pairs: Lua's unpack() fails past ~8,000 values, and it must never fail
+-- here, after the pop)
+for s = 1, #zargs, 4000 do
+  local e = math.min(s + 3999, #zargs)
+  redis.call('ZADD', KEYS[2], unpack(zargs, s, e))
+  redis.call('HSET', KEYS[3], unpack(hargs, s, e))
+  if limited then redis.call('ZADD', KEYS[8], unpack(rargs, s, e)) end
+end
 if limited then
-  redis.call('ZADD', KEYS[8], unpack(rargs))
   redis.call('PEXPIRE', KEYS[8], window)  -- nothing outlives the window it counts for
+end
+if rid ~= '' then
+  -- what a re-send of this very claim hands back (see above); gone with the leases
+  redis.call('HSET', KEYS[13], 'rid', rid, 'ids', cmsgpack.pack(ids), 'last', last)
+  redis.call('PEXPIRE', KEYS[13], lease)
 end
 -- Each rate-limited group's window counts its claims too (same token -> instant pairs).
 local touched = {}

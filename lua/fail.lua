@@ -18,7 +18,10 @@
 -- ARGV[5] traceback text
 -- ARGV[6] keyspace version of the caller
 -- Returns: {1 re-parked for a retry or 0 moved to the failed set, wait ms, run ms}: the
---          times as complete.lua returns them, for the caller's histograms
+--          times as complete.lua returns them, for the caller's histograms; {flag, -1, -1}
+--          when this very token already wrote this outcome (a call re-sent after its reply
+--          was lost: nothing is rewritten; the job hash's 'ftok' names the token whose fail
+--          outcome was written last)
 -- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
 --          EMQVERSION keyspace of another major version
 --@include common
@@ -28,7 +31,10 @@ local delay = tonumber(ARGV[3])
 if not delay or delay % 1 ~= 0 or delay < -1 then
   return redis.error_reply('EMQINPUT retry delay must be an integer >= -1')
 end
+local flag = delay < 0 and 0 or 1
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+  -- tokens are unique: a recorded outcome of ours is this same call, re-sent
+  if redis.call('HGET', KEYS[1], 'ftok') == ARGV[2] then return {flag, -1, -1} end
   return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
 end
 local err = emq_fence(KEYS[8], ARGV[6])
@@ -40,7 +46,7 @@ local wait, run, attempt = emq_run_times(KEYS[1], now)
 local cap = emq_events_cap(KEYS[8])
 if delay < 0 then
   redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[4], 'traceback', ARGV[5],
-    'finished', emq_int(now))
+    'finished', emq_int(now), 'ftok', ARGV[2])
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HINCRBY', KEYS[10], 'failed', 1)
   emq_event(KEYS[9], cap, 'failed', 'id', ARGV[1], 'attempt', attempt, 'error', ARGV[4])
@@ -51,13 +57,14 @@ if delay > 0 then
   -- a delay past the representable range waits as long as we can say, it does not
   -- turn into an immediate retry
   local run_at = math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
-  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'run_at', emq_int(run_at))
+  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'run_at', emq_int(run_at),
+    'ftok', ARGV[2])
   redis.call('HDEL', KEYS[1], 'state')  -- waiting again: its set says where
   redis.call('ZADD', KEYS[5], emq_delayed_score(KEYS[5], run_at), ARGV[1])
   emq_wake_at(KEYS[7], run_at)
 else
   -- no delay: straight back to pending, at its original place in its tier
-  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5])
+  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'ftok', ARGV[2])
   redis.call('HDEL', KEYS[1], 'state')
   redis.call('ZADD', KEYS[6], ps, ARGV[1])
   emq_wake(KEYS[7])

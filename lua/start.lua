@@ -1,61 +1,109 @@
 -- start.lua: phase two of taking work: stamp each claimed job as running and
 -- return what the handler needs. A job whose lease is no longer ours (reaped
--- and re-claimed in between) is skipped.
+-- and re-claimed in between) is skipped. Re-sent with the same pairs (its reply was
+-- lost), it counts nothing twice: a job this very token already started is returned as
+-- started, with no second attempt or 'active' event. Under a queue-wide rate limit a
+-- start is a use of the window: the token's window member (claim.lua's) is moved to the
+-- start instant, and a token whose claim has left the window must find room again, else
+-- its job is parked on the delayed set until the window opens (promote hands it back to
+-- its lane or pending; no attempt counted). So the window always holds every start of
+-- the last window ms: at most rate_max handler starts in any window, across workers.
+-- A lease on a job whose hash is gone (evicted, deleted by hand) is dropped and counted:
+-- metrics 'orphaned' and an 'orphaned' event, never silently.
 --
 -- KEYS[1] active zset    emq:{q}:active
 -- KEYS[2] leases hash    emq:{q}:leases
 -- KEYS[3] meta hash      emq:{q}:meta
 -- KEYS[4] events stream  emq:{q}:events
--- KEYS[5..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
+-- KEYS[5] metrics hash   emq:{q}:metrics
+-- KEYS[6] rate zset      emq:{q}:rate     (lease token -> claim, then start, instant)
+-- KEYS[7] delayed zset   emq:{q}:delayed
+-- KEYS[8] marker zset    emq:{q}:marker
+-- KEYS[9..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] pairs: job id, lease token (same order as KEYS[5..])
+-- ARGV[2..] pairs: job id, lease token (same order as KEYS[9..])
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started} when
---          the lease holds (enc, opts, run_at nil when the hash omits them; started = now,
---          server ms, which the Worker hands back to complete.lua), or 0 when it was lost
---          (or the job hash is gone)
+--          the lease holds (enc, opts, run_at nil when the hash omits them; started =
+--          the start instant, server ms, which the Worker hands back to complete.lua), or 0
+--          when it was lost (or the job hash is gone, or the rate window had no room: the
+--          job waits on the delayed set)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 
-if #ARGV < 1 or #ARGV - 1 ~= 2 * (#KEYS - 4) then
+if #ARGV < 1 or #ARGV - 1 ~= 2 * (#KEYS - 8) then
   return redis.error_reply('EMQINPUT start needs one id/token pair per job key')
 end
 local err = emq_fence(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
-local now = emq_int(emq_now())
+local now = emq_now()
+local stamp = emq_int(now)
 local cap = emq_events_cap(KEYS[3])
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
-for i = 5, #KEYS do ids[#ids + 1] = ARGV[2 * (i - 4)] end
+for i = 9, #KEYS do ids[#ids + 1] = ARGV[2 * (i - 8)] end
 local held = {}
 for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))) do
     held[#held + 1] = v
   end
 end
-local out = {}
-for i = 5, #KEYS do
-  local id, token = ARGV[2 * (i - 4)], ARGV[2 * (i - 4) + 1]
-  local key = KEYS[i]
-  local f = false
-  if held[i - 4] == token then
-    -- one read of what the handler needs; no payload field means the hash is gone
-    f = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at')
-    if not f[1] then f = false end
+
+-- The queue's rate window (see claim.lua): room is re-checked at the start instant.
+local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window')
+local rate_max, window = tonumber(f[1] or ''), tonumber(f[2] or '')
+local limited = rate_max and window and rate_max > 0 and window > 0
+if limited then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - window) end
+-- Whether this start may use the window now (recording it at the start instant).
+local function window_admits(token)
+  if not limited then return true end
+  if redis.call('ZSCORE', KEYS[6], token) or redis.call('ZCARD', KEYS[6]) < rate_max then
+    redis.call('ZADD', KEYS[6], now, token)
+    redis.call('PEXPIRE', KEYS[6], window)
+    return true
   end
-  if f then
-    local attempts = (tonumber(f[5] or '0') or 0) + 1
-    redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', now,
-      'worker', token)
-    emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
-    out[#out + 1] = {attempts, f[1], f[2], f[3], f[4], f[6], now}
-  else
-    if held[i - 4] == token then
-      -- a lease on a job whose hash vanished: drop the lease, nothing to run
+  return false
+end
+-- No room: the job waits (parked) until the window's oldest start leaves it.
+local function defer(id)
+  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  local open = tonumber(oldest[2] or now) + window
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[7], emq_delayed_score(KEYS[7], open), id)
+  emq_wake_at(KEYS[8], open)
+end
+
+local out = {}
+local orphaned = 0
+for i = 9, #KEYS do
+  local id, token = ARGV[2 * (i - 8)], ARGV[2 * (i - 8) + 1]
+  local key = KEYS[i]
+  local row = 0
+  if held[i - 8] == token then
+    -- one read of what the handler needs; no payload field means the hash is gone
+    local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
+      'worker', 'started')
+    if not h[1] then
+      -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', KEYS[2], id)
       redis.call('ZREM', KEYS[1], id)
+      orphaned = orphaned + 1
+      emq_event_untrimmed(KEYS[4], cap, 'orphaned', 'id', id)
+    elseif h[7] == token then
+      -- a re-sent start: this token started it already; report that run, write nothing
+      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp)}
+    elseif window_admits(token) then
+      local attempts = (tonumber(h[5] or '0') or 0) + 1
+      redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', stamp,
+        'worker', token)
+      emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
+      row = {attempts, h[1], h[2], h[3], h[4], h[6], now}
+    else
+      defer(id)
     end
-    out[#out + 1] = 0
   end
+  out[#out + 1] = row
 end
+if orphaned > 0 then redis.call('HINCRBY', KEYS[5], 'orphaned', orphaned) end
 emq_trim_events(KEYS[4], cap)
 return out

@@ -257,16 +257,20 @@ def _exercise_engine(redis_url: str, qname: str, r) -> None:
     assert len(failed) == 1
     q.retry(failed[0])
     q.trim(keep_completed=0, keep_failed=0)
-    # release: a worker stopped while its handler is still running
+    # release: a worker stopped with a job claimed that its handler has not begun (a
+    # running handler is never released: issue 11)
+    q.enqueue("busy")
     q.enqueue("held")
     gate = threading.Event()
-    w = emqfast.Worker(q, lambda job: gate.wait(20), shutdown_timeout_s=0.1)
+    w = emqfast.Worker(q, lambda job: gate.wait(20), concurrency=1, prefetch=1,
+                       shutdown_timeout_s=0.1)
     t = threading.Thread(target=w.run)
     t.start()
-    wait_until(lambda: w.stats.claimed >= 1, what="held job claimed")
+    wait_until(lambda: w.stats.claimed >= 2, what="held job claimed")
     w.stop()
-    t.join(30)
+    wait_until(lambda: w.stats.released >= 1, what="held job released")
     gate.set()
+    t.join(30)
     assert w.stats.released >= 1
 
 
@@ -319,9 +323,9 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
         else:
             assert n_args == fixed_argv, (name, n_args)
         if name == "claim" and n_keys > fixed_keys:
-            # group keys: ring, gactive, glimit, grate, then a lane and a rate key per
-            # group name (ARGV: three group settings, then the names)
-            assert n_keys - fixed_keys - 4 == 2 * (n_args - fixed_argv - 3), (n_keys, n_args)
+            # group keys: ring, gactive, glimit, grate, the claim record, then a lane and a
+            # rate key per group name (ARGV: three group settings, the request id, the names)
+            assert n_keys - fixed_keys - 5 == 2 * (n_args - fixed_argv - 4), (n_keys, n_args)
         elif var_keys and var_argv:  # one job key per variadic id (pairs/triples count as one)
             extra_keys, extra_args = n_keys - fixed_keys, n_args - fixed_argv
             per = 6 if name == "complete" else None  # id, token, result, attempt, started, wait

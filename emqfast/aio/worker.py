@@ -15,7 +15,15 @@ Same rules as :class:`emqfast.Worker` (the calls and reply handling come from
   ready, the next delayed job is due or the next schedule runs, the end kept to
   the millisecond by :class:`emqfast.aio.wake.MarkerWaiter` (as in the sync Worker);
 - :meth:`stop`, SIGTERM or SIGINT stop claiming; in-flight handlers get
-  ``shutdown_timeout_s`` to finish, then are cancelled and their jobs released.
+  ``shutdown_timeout_s`` to finish. Then coroutine handlers are cancelled, and a job is
+  released only once its handler has really ended by that cancellation (it can no longer
+  finish, so it never runs twice). A plain function running in the executor cannot be
+  interrupted: its job is NOT released; its lease is kept (extended) until it returns and
+  its outcome is written. Likewise a coroutine that swallows the cancellation and returns.
+- faults: every call is safe to re-send (see :class:`emqfast.Worker`): lost connections
+  and replies, LOADING/BUSY/failover/OOM are waited out with backoff; PermissionDenied
+  stops the worker (:meth:`run` raises it); an evicting server is refused
+  (:class:`~emqfast.errors.EvictionRisk`) unless ``allow_eviction=True``.
 """
 from __future__ import annotations
 
@@ -33,9 +41,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
+from .. import eviction
 from .. import worker_core as core
 from ..dispatch import JobRows
-from ..errors import ConnectionFailed
+from ..errors import EvictionRisk, PermissionDenied, VersionMismatch
 from ..job import Job
 from ..queue import check_int
 from ..scripts import run_pipeline_async
@@ -44,8 +53,6 @@ from .queue import Queue
 from .wake import MarkerWaiter
 
 log = logging.getLogger("emqfast.worker")
-
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, ConnectionFailed, OSError)
 
 
 @dataclass
@@ -69,7 +76,7 @@ class Worker:
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, allow_eviction: bool = False):
         if not isinstance(queue, Queue):
             raise TypeError("emqfast.aio.Worker needs an emqfast.aio.Queue")
         if not callable(handler):
@@ -82,13 +89,16 @@ class Worker:
         self.batch_size = check_int(batch_size or self.concurrency, "batch_size", 1, 10_000)
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.allow_eviction = allow_eviction
+        self._claim_prefix = uuid.uuid4().hex[:8]  # claim request ids, unique per object
+        self._claim_seq = 0
+        self._fatal: Optional[BaseException] = None  # a permanent error met by the acker
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = WorkerStats()
         self.beat_s = min(1.0, self.lease_ms / 4000.0)
         self._keys = queue.keys
         self._redis = queue.redis
-        self._is_coro = inspect.iscoroutinefunction(handler) or \
-            inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+        self._is_coro = core.is_async_handler(handler)
         self._rows = JobRows(queue.name)
         self._running: Dict[str, _Running] = {}
         self._outcomes: List[tuple] = []
@@ -147,7 +157,7 @@ class Worker:
     async def _wake(self) -> None:
         try:
             await self._redis.zadd(self._keys.marker, {"0": 0})
-        except redis.RedisError:
+        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
             pass
 
     def _on_signal(self, signum: int) -> None:
@@ -157,14 +167,19 @@ class Worker:
     # --- the claim loop ----------------------------------------------------------------
     async def _serve(self, until_idle: bool, deadline: Optional[float],
                      wait_scheduled: bool) -> None:
+        if not self.allow_eviction:
+            warning = await eviction.check_async(self._redis)
+            if warning:
+                raise EvictionRisk(warning)
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        self._fatal = None
         self._sem = asyncio.Semaphore(self.concurrency)
         self._changed = asyncio.Event()
         self._ack_ready = asyncio.Event()
         acker = asyncio.create_task(self._ack_loop(), name="emq-acker")
         leases = asyncio.create_task(self._lease_loop(), name="emq-leases")
-        retry_delay = 0.05
+        backoff = core.Backoff()
         try:
             while not self._stopping:
                 if deadline is not None and time.monotonic() > deadline:
@@ -172,14 +187,49 @@ class Worker:
                 try:
                     if await self._step(until_idle, wait_scheduled):
                         return
-                    retry_delay = 0.05
-                except _TRANSIENT as exc:
-                    log.warning("emqfast aio worker %s: redis unavailable (%s); retrying in %.2fs",
-                                self.name, type(exc).__name__, retry_delay)
-                    await asyncio.sleep(retry_delay)
-                    retry_delay = min(retry_delay * 2, 5.0)
+                    backoff.reset()
+                except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                    if not core.transient(exc):
+                        typed = core.typed(exc)
+                        if typed is exc:
+                            raise
+                        raise typed from exc
+                    wait = backoff()
+                    log.warning("emqfast aio worker %s: redis unavailable (%s); retrying in "
+                                "%.2fs", self.name, type(core.typed(exc)).__name__, wait)
+                    await asyncio.sleep(wait)
         finally:
             await self._shutdown(acker, leases)
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def _call(self, call: Any) -> Any:
+        """Run one script call; errors come up typed."""
+        try:
+            return await call.script.call_async(self._redis, call.keys, call.args)
+        except Exception as exc:  # noqa: BLE001 - typed, then re-raised
+            typed = core.typed(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
+
+    async def _call_until_done(self, call: Any, what: str,
+                               give_up: Callable[[], bool] = lambda: False) -> Any:
+        """Run a call that is safe to re-send, re-sending it after transient faults (a lost
+        reply included) until it gets a reply or ``give_up()`` (None then)."""
+        backoff = core.Backoff()
+        while True:
+            try:
+                return await self._call(call)
+            except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                if not core.transient(exc):
+                    raise
+                if give_up():
+                    return None
+                wait = backoff()
+                log.warning("emqfast aio worker %s: %s failed (%s); re-sending in %.2fs",
+                            self.name, what, type(core.typed(exc)).__name__, wait)
+                await asyncio.sleep(wait)
 
     def _idle(self) -> bool:
         return not self._running and self._pending_acks == 0
@@ -199,9 +249,13 @@ class Worker:
             await self._wait_changed(self.beat_s)
             return False
         idle_before_claim = self._idle()  # an outcome written after the claim is not in it
+        self._claim_seq += 1
         claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
-                                 self._groups)
-        reply = await claim.script.call_async(self._redis, claim.keys, claim.args)
+                                 self._groups, f"{self._claim_prefix}:{self._claim_seq}")
+        # a lost reply is re-sent with the same request id: the same leases come back
+        reply = await self._call_until_done(claim, "claim", lambda: self._stopping)
+        if reply is None:
+            return False
         now, status, next_due, pairs = core.parse_claim(reply)
         self._groups = core.claim_groups(reply)  # the lanes to serve next turn
         self._server_offset_ms = now - time.monotonic() * 1000
@@ -255,9 +309,9 @@ class Worker:
     # --- running jobs ------------------------------------------------------------------
     async def _start(self, pairs: List[Tuple[str, str]]) -> None:
         start = core.start_call(self._keys, pairs)
+        # re-sent after a lost reply: a job already started by its token is not counted twice
         started = core.started_jobs(self._rows, pairs,
-                                    await start.script.call_async(self._redis, start.keys,
-                                                                  start.args))
+                                    await self._call_until_done(start, "start"))
         now = time.monotonic()
         for job, token in started:
             job._extend_async = self._extender(job.id, token)
@@ -277,13 +331,12 @@ class Worker:
                 if self._is_coro:
                     result = await self.handler(job)
                 else:
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        None, self.handler, job)
+                    result = await self._in_executor(job)
                     if inspect.isawaitable(result):  # a plain function returning a coroutine
                         result = await result
                 outcome = core.success(job, token, result)
             except asyncio.CancelledError:
-                raise  # shutdown ran out of time: the job is released, no outcome written
+                raise  # shutdown ran out of time, handler ended: the job is released
             except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
                 outcome = core.failure(job, token, exc, traceback.format_exc())
         self._pending_acks += 1
@@ -291,12 +344,25 @@ class Worker:
         assert self._ack_ready is not None
         self._ack_ready.set()
 
+    async def _in_executor(self, job: Job) -> Any:
+        """A plain handler in the default executor. Its thread cannot be stopped: cancelled
+        (shutdown ran out of time), this still waits for it and returns its result, so
+        the job is not released while its handler may finish (it would run twice)."""
+        future = asyncio.get_running_loop().run_in_executor(None, self.handler, job)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.cancelled():
+                raise  # never began: nothing can finish
+            log.warning("emqfast aio worker %s: job %s runs in a thread that cannot be "
+                        "cancelled; keeping its lease until it returns", self.name, job.id)
+            return await future
+
     def _extender(self, job_id: str, token: str) -> Callable[[int], Any]:
         async def extend(ms: int) -> None:
             check_int(ms, "ms", 1, 1 << 40)
             call = core.extend_call(self._keys, ms, [(job_id, token)])
-            core.check_extended(job_id, await call.script.call_async(self._redis, call.keys,
-                                                                     call.args))
+            core.check_extended(job_id, await self._call_until_done(call, "extend"))
             running = self._running.get(job_id)
             if running is not None:
                 running.extended_at = time.monotonic()
@@ -333,26 +399,47 @@ class Worker:
                 batch, self._outcomes = self._outcomes[:1000], self._outcomes[1000:]
                 try:
                     await self._write_outcomes(batch)
-                except Exception:  # noqa: BLE001 - the acker must outlive any one batch
-                    log.exception("emqfast aio worker %s: could not write %d outcomes; the "
-                                  "reaper will re-run them", self.name, len(batch))
+                except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
+                    typed = core.typed(exc)
+                    log.error("emqfast aio worker %s: could not write %d outcomes (%s: %s); the "
+                              "reaper will re-run them", self.name, len(batch),
+                              type(typed).__name__, typed)
                     self._forget(batch)
+                    if isinstance(typed, (PermissionDenied, VersionMismatch)) \
+                            and self._fatal is None:  # permanent: stop, run() raises it
+                        self._fatal = typed
+                        self.stop()
 
     async def _write_outcomes(self, batch: List[tuple]) -> None:
         plan = core.AckPlan(self._keys, batch)
-        delay_s = 0.05
-        while True:  # an outcome is never dropped: retry until Redis takes it
-            try:
-                replies = plan.replies(await run_pipeline_async(self._redis, plan.calls))
-                break
-            except _TRANSIENT as exc:
-                log.warning("emqfast aio worker %s: cannot write outcomes (%s); retrying",
-                            self.name, type(exc).__name__)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
+        replies = plan.replies(await self._run_until_landed(plan.calls))
         core.tally(self.stats, batch, replies, plan.retrying)
         await self._write_run_times(batch, replies)
         self._forget(batch)
+
+    async def _run_until_landed(self, calls: List[Any]) -> List[Any]:
+        """Every call's reply, re-sending the calls a transient fault kept from landing with
+        backoff until Redis takes them (see :meth:`emqfast.Worker._run_until_landed`)."""
+        replies: List[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        backoff = core.Backoff()
+        while True:
+            try:
+                got = await run_pipeline_async(self._redis, [calls[i] for i in todo])
+                for i, reply in zip(todo, got):
+                    replies[i] = reply
+                todo = [todo[j] for j in core.transient_slots(got)]
+                fault: Any = replies[todo[0]] if todo else None
+            except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                if not core.transient(exc):
+                    raise
+                fault = exc
+            if not todo:
+                return replies
+            wait = backoff()
+            log.warning("emqfast aio worker %s: cannot write %d outcome calls (%s); re-sending "
+                        "in %.2fs", self.name, len(todo), type(core.typed(fault)).__name__, wait)
+            await asyncio.sleep(wait)
 
     async def _write_run_times(self, batch: List[tuple], replies: List[Any]) -> None:
         """Add the batch's wait/run times to the histograms in one call. Best effort: the
@@ -387,8 +474,9 @@ class Worker:
             await asyncio.sleep(self.beat_s)
             try:
                 await self._extend_leases()
-            except _TRANSIENT as exc:
-                log.warning("emqfast aio worker %s: cannot extend leases (%s)", self.name, exc)
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.warning("emqfast aio worker %s: cannot extend leases (%s)", self.name,
+                            core.typed(exc))
 
     async def _extend_leases(self) -> None:
         now = time.monotonic()
@@ -396,14 +484,16 @@ class Worker:
                if not r.lost and now - r.extended_at > self.lease_ms / 3000.0]
         if not due:
             return
-        call = core.extend_call(self._keys, self.lease_ms, [(r.job.id, r.token) for r in due])
-        replies = await call.script.call_async(self._redis, call.keys, call.args)
-        for r, ok in zip(due, replies):
-            if ok:
-                r.extended_at = now
-            else:
-                r.lost = True
-                log.warning("emqfast: lease on running job %s was lost", r.job.id)
+        for chunk in core.chunked(due):  # bounded server work per call
+            call = core.extend_call(self._keys, self.lease_ms,
+                                    [(r.job.id, r.token) for r in chunk])
+            replies = await self._call(call)
+            for r, ok in zip(chunk, replies):
+                if ok:
+                    r.extended_at = now
+                else:
+                    r.lost = True
+                    log.warning("emqfast: lease on running job %s was lost", r.job.id)
 
     async def _beat_if_due(self) -> None:
         now = time.monotonic()
@@ -426,6 +516,8 @@ class Worker:
 
     # --- shutdown ---------------------------------------------------------------------------
     async def _shutdown(self, acker: "asyncio.Task[None]", leases: "asyncio.Task[None]") -> None:
+        """Stop; see the module docstring for which late jobs are released (only those whose
+        handler has ended by cancellation) and which are waited for (lease kept)."""
         self._stopping = True
         tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         if tasks:
@@ -436,6 +528,8 @@ class Worker:
             assert r.task is not None
             r.task.cancel()
         if late:
+            # no timeout: a cancelled coroutine ends at once; a thread that cannot be
+            # cancelled is waited for (the lease loop keeps its lease) and its outcome written
             await asyncio.wait([r.task for _, r in late if r.task is not None])
         # let the acker write what finished before giving the rest back
         end = time.monotonic() + max(self.shutdown_timeout_s, 1.0)
@@ -448,28 +542,39 @@ class Worker:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - already logged
                 pass
-        await self._release([(job_id, r.token, core.job_group(r.job)) for job_id, r in late])
+        ended = [(job_id, r.token, core.job_group(r.job)) for job_id, r in late
+                 if r.task is not None and r.task.cancelled()]
+        await self._release(ended)
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             try:
                 await waiter.close()
-            except (redis.RedisError, OSError):
+            except Exception:  # noqa: BLE001 - closing a dead connection
                 pass
 
     async def _release(self, pairs: List[Tuple[str, str, Optional[str]]]) -> None:
-        """Give jobs back to pending (grouped ones to their lanes) in one round trip (the
-        reaper covers failures)."""
-        if not pairs:
-            return
-        calls, skip = core.release_calls(self._keys, pairs)
-        try:
-            replies = (await run_pipeline_async(self._redis, calls))[skip:]
-        except redis.RedisError as exc:
-            log.warning("emqfast: could not release %d jobs (%s); the reaper will", len(pairs), exc)
-            return
-        for (job_id, _, _), reply in zip(pairs, replies):
-            if reply == 1:
-                self.stats.released += 1
-            elif isinstance(reply, Exception):
-                log.warning("emqfast: could not release %s (%s); the reaper will", job_id, reply)
-            self._running.pop(job_id, None)
+        """Give jobs back to pending (grouped ones to their lanes), at most ``LEASE_CHUNK``
+        per round trip; transient faults are retried for a few seconds, then left to the
+        reaper (their leases expire)."""
+        until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+        for chunk in core.chunked(pairs):
+            calls, skip = core.release_calls(self._keys, chunk)
+            backoff = core.Backoff()
+            while True:
+                try:
+                    replies = (await run_pipeline_async(self._redis, calls))[skip:]
+                    break
+                except Exception as exc:  # noqa: BLE001 - sorted by core.transient
+                    if not core.transient(exc) or time.monotonic() + backoff.next_s > until:
+                        log.warning("emqfast: could not release %d jobs (%s); the reaper will",
+                                    len(chunk), exc)
+                        replies = [exc] * len(chunk)
+                        break
+                    await asyncio.sleep(backoff())
+            for (job_id, _, _), reply in zip(chunk, replies):
+                if reply == 1:
+                    self.stats.released += 1
+                elif isinstance(reply, Exception):
+                    log.warning("emqfast: could not release %s (%s); the reaper will", job_id,
+                                reply)
+                self._running.pop(job_id, None)
