@@ -224,12 +224,16 @@ class FaultProxy:
         """Stop accepting and close every live connection."""
         self._stopped.set()
         self._accepting.set()  # release held connections so their threads end
-        self._thread.join(5)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self._close_listener()
+        self.cut_all(count_as="closed_at_stop")
+
+    def _close_listener(self) -> None:
         try:
-            self._listener.close()
+            self._listener.close()  # new connections are refused, not left in a backlog
         except OSError:
             pass
-        self.cut_all(count_as="closed_at_stop")
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
@@ -306,6 +310,7 @@ class FaultProxy:
         while not self._stopped.is_set():
             if time.monotonic() - self._started > self.max_lifetime_s:
                 self._stopped.set()  # stops by itself: no test can leave it running
+                self._close_listener()
                 self.cut_all(count_as="closed_at_lifetime")
                 return
             try:

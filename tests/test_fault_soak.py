@@ -233,8 +233,12 @@ def wait_drained(done: Callable[[], int], n: int, worker_alive: Callable[[], boo
 # --- the sync variant -------------------------------------------------------------------------
 
 def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 1,
-              producers: int = 2, concurrency: int = 8, fault: str = "cut c2s/s2c/rst") -> SoakResult:
-    """Producers and one Worker, all through a fresh FaultProxy under chaos."""
+              producers: int = 2, concurrency: int = 8, fault: str = "cut c2s/s2c/rst",
+              faults: Sequence[str] = ("c2s", "s2c", "rst"),
+              gap_s: Sequence[float] = CHAOS_GAP_S, worker_after: bool = False) -> SoakResult:
+    """Producers and one Worker, all through a fresh FaultProxy under chaos. With
+    ``worker_after`` the Worker starts once every job is enqueued, so the cuts made while
+    it drains (``cuts['while_draining']``) can only hit the Worker's connections."""
     result = SoakResult(fault=fault)
     t0 = time.monotonic()
     deadline = t0 + BUDGET_S
@@ -264,9 +268,10 @@ def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 
         tags = [f"p{i}" for i in range(producers)]
         per = n_jobs // producers
         ids_of = {tag: job_ids_for(f"{qname}-{tag}", per) for tag in tags}
-        chaos = proxy.chaos(BUDGET_S, gap_s=CHAOS_GAP_S)
+        chaos = proxy.chaos(BUDGET_S, gap_s=tuple(gap_s), faults=faults)  # type: ignore[arg-type]
         wt = threading.Thread(target=run_worker, daemon=True, name="soak-worker")
-        wt.start()
+        if not worker_after:
+            wt.start()
         producer_errors: List[BaseException] = []
 
         def run_producer(tag: str) -> None:
@@ -281,12 +286,16 @@ def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 
         for t in pts:
             t.join(max(deadline - time.monotonic(), 0.1))
         ids = [j for tag in tags for j in ids_of[tag]]
+        cuts_before_drain = chaos.total
+        if worker_after:
+            wt.start()
         wait_drained(lambda: direct.zcard(q.keys.completed), len(ids), wt.is_alive, deadline)
         chaos.stop()
         chaos.join()
         worker.stop()
         wt.join(30)
         result.cuts = dict(chaos.cuts)
+        result.cuts["while_draining"] = chaos.total - cuts_before_drain
         if producer_errors:
             result.worker_error += f"producer: {producer_errors[0]!r}; "
         if worker_errors:
@@ -368,6 +377,20 @@ def soak_aio(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 2
 
 # --- the tests ------------------------------------------------------------------------------------
 
+def test_soak_reply_lost_storm_runs_every_job_exactly_once(redis_url, qname, backend):
+    """Only server->client cuts, every 20-60 ms: each one loses the reply of a command
+    Redis RAN (a claim, start, complete, enqueue batch...). The Worker starts after the
+    producers, so the cuts made while it drains hit its connections only. Nothing may be
+    re-run, double-counted or left leased to nobody."""
+    result = soak_sync(upstream_port_of(redis_url), qname, n_jobs=6_000, seed=9,
+                       faults=("s2c",), gap_s=(0.02, 0.06), worker_after=True,
+                       fault=f"proxy reply-lost storm (sync, {backend})")
+    report(result)
+    assert result.cuts.get("s2c", 0) >= 10, result.cuts
+    assert result.cuts["while_draining"] >= 1, result.cuts  # the Worker's own replies cut
+    assert result.problems() == {}, result
+
+
 @pytest.mark.parametrize("facade", ["sync", "aio"])
 def test_soak_through_cut_connections_runs_every_job_exactly_once(redis_url, qname, backend,
                                                                   facade):
@@ -375,7 +398,7 @@ def test_soak_through_cut_connections_runs_every_job_exactly_once(redis_url, qna
     result = run(upstream_port_of(redis_url), qname,
                  fault=f"proxy cuts ({facade}, {backend})")
     report(result)
-    assert sum(result.cuts.values()) >= 10, result.cuts  # the faults really happened
+    assert sum(result.cuts.get(f, 0) for f in ("c2s", "s2c", "rst")) >= 10, result.cuts
     assert result.problems() == {}, result
 
 
@@ -400,3 +423,38 @@ def test_fault_proxy_cuts_a_reply_after_the_server_ran_the_command(redis_url, r,
         assert c.ping()  # redis-py notices the reset idle connection and reconnects
         assert (proxy.stats["cut_s2c"], proxy.stats["cut_c2s"], proxy.stats["reset"]) == (1, 1, 1)
         c.close()
+
+
+def test_fault_proxy_delays_pauses_resumes_and_stops_by_itself(redis_url):
+    """The proxy's other faults: delay, paused acceptance (held, then dropped), and the
+    lifetime bound that stops it even if nobody calls stop()."""
+    from engine_util import wait_until
+
+    no_retry = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+    with FaultProxy(upstream_port_of(redis_url), seed=4) as proxy:
+        c = redis.Redis.from_url(proxy.url(), socket_timeout=5, retry=no_retry)
+        proxy.delay(0.05)
+        c.ping()
+        assert proxy.stats["bytes_s2c"] > 0
+        proxy.delay(0)
+        proxy.pause()
+        held = redis.Redis.from_url(proxy.url(), socket_timeout=0.3, retry=no_retry)
+        with pytest.raises(redis.TimeoutError):
+            held.ping()  # accepted by the kernel, never forwarded while paused
+        proxy.resume()
+        assert redis.Redis.from_url(proxy.url(), socket_timeout=5).ping()
+        proxy.pause(drop=True)
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis.from_url(proxy.url(), socket_timeout=5, retry=no_retry).ping()
+        wait_until(lambda: proxy.stats["dropped_while_paused"] >= 1, 5, "a dropped connection")
+        proxy.resume()
+        c.close()
+        held.close()
+    short = FaultProxy(upstream_port_of(redis_url), seed=5, max_lifetime_s=0.2).start()
+    live = redis.Redis.from_url(short.url(), socket_timeout=5, retry=no_retry)
+    live.ping()
+    wait_until(lambda: short._stopped.is_set() and short.live() == 0, 5,
+               "the proxy to stop itself at its lifetime")
+    with pytest.raises(redis.ConnectionError):
+        live.ping()
+    short.stop()
