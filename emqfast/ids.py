@@ -1,9 +1,11 @@
-"""Job ids: ``JOB`` + 12 hex digits of mint time (ms) + 11 base-62 digits of a 64-bit
-process nonce + 5 base-62 digits of a per-millisecond counter (31 characters).
+"""Job ids: ``JOB`` + 8 base-62 digits of mint time (ms) + 11 of a 64-bit process nonce
++ 4 of a per-millisecond counter (26 characters).
 
 They sort by mint time (to the millisecond across processes, exactly within one: the
 base-62 alphabet is in ASCII order and every field is fixed-width), carry the ``JOB``
-brand the scripts check, and are cheap to mint in bulk.
+brand the scripts check, and are cheap to mint in bulk. Base 62 keeps them shorter than
+the 27-character hex ids they replace, although they carry 48 more random bits: an id
+is stored several times per job (hash key, set members), so each character costs memory.
 
 The nonce is 64 random bits drawn per process, and drawn again in a forked child
 (``os.register_at_fork``): a pre-forking server or ``multiprocessing`` would otherwise
@@ -11,9 +13,9 @@ mint the parent's ids in the same millisecond, and the second enqueue of an id i
 silent ``duplicate``. With 64 bits, two of a million live producers share a nonce with
 probability ~3e-8, and even then only ids minted in the same millisecond could meet.
 
-Length 31 keeps clear of schedule occurrence ids (length 32, see
-:func:`emqfast.schedules.occurrence_of`). Ids of the older 27-character form
-(16-bit nonce) still parse in :func:`mint_time_ms`.
+Lengths: 26 here, 27 for the older hex form (``JOB`` + 12 hex ms + 4 hex nonce + 8 hex
+counter, still parsed by :func:`mint_time_ms`), 32 for schedule occurrence ids
+(:func:`emqfast.schedules.occurrence_of`).
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import time
 from typing import List, Optional
 
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # ASCII order
+_TIME_DIGITS = 8  # 62**8 ms: past the year 8000
 _NONCE_DIGITS = 11  # 62**11 > 2**64
-_COUNTER_DIGITS = 5
-_COUNTER_LIMIT = 62 ** _COUNTER_DIGITS  # ids per process per millisecond before borrowing
-ID_LENGTH = 3 + 12 + _NONCE_DIGITS + _COUNTER_DIGITS
+_COUNTER_DIGITS = 4
+_COUNTER_LIMIT = 62 ** _COUNTER_DIGITS  # 14.7M ids per process per ms, then the next ms
+ID_LENGTH = 3 + _TIME_DIGITS + _NONCE_DIGITS + _COUNTER_DIGITS
 _LEGACY_LENGTH = 27  # JOB + 12 hex ms + 4 hex nonce + 8 hex counter (before issue 11)
 
 
@@ -38,18 +41,12 @@ def _base62(value: int, width: int) -> str:
     return "".join(reversed(digits))
 
 
-# the 5-digit counter strings, built once: minting is a table look-up, not a divmod loop
-_COUNTERS: Optional[List[str]] = None
-_COUNTER_TABLE_SIZE = 1 << 16
+# every 2-digit string, in order: a 4-digit counter is two look-ups, not a divmod loop
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
 
 
 def _counter_str(i: int) -> str:
-    global _COUNTERS
-    if i < _COUNTER_TABLE_SIZE:
-        if _COUNTERS is None:
-            _COUNTERS = [_base62(n, _COUNTER_DIGITS) for n in range(_COUNTER_TABLE_SIZE)]
-        return _COUNTERS[i]
-    return _base62(i, _COUNTER_DIGITS)
+    return _PAIRS[i // 3844] + _PAIRS[i % 3844]
 
 
 def _draw_nonce() -> str:
@@ -94,7 +91,7 @@ def _reserve(n: int) -> tuple:
 def new_id() -> str:
     """One fresh job id."""
     ms, first, nonce = _reserve(1)
-    return f"JOB{ms:012X}{nonce}{_counter_str(first)}"
+    return f"JOB{_base62(ms, _TIME_DIGITS)}{nonce}{_counter_str(first)}"
 
 
 def new_ids(n: int) -> List[str]:
@@ -102,15 +99,31 @@ def new_ids(n: int) -> List[str]:
     if n <= 0:
         return []
     ms, first, nonce = _reserve(n)
-    prefix = f"JOB{ms:012X}{nonce}"
-    return [prefix + _counter_str(i) for i in range(first, first + n)]
+    prefix = f"JOB{_base62(ms, _TIME_DIGITS)}{nonce}"
+    out: List[str] = []
+    end = first + n
+    for high in range(first // 3844, (end - 1) // 3844 + 1):  # one high digit pair at a time
+        base = high * 3844
+        head = prefix + _PAIRS[high]
+        out += [head + low for low in _PAIRS[max(first - base, 0):min(end - base, 3844)]]
+    return out
 
 
 def mint_time_ms(job_id: str) -> Optional[int]:
     """Mint time of an id minted here (None for caller-chosen ids)."""
-    if len(job_id) not in (ID_LENGTH, _LEGACY_LENGTH) or not job_id.startswith("JOB"):
+    if not job_id.startswith("JOB"):
         return None
     try:
-        return int(job_id[3:15], 16)
+        if len(job_id) == ID_LENGTH:
+            digits = job_id[3:3 + _TIME_DIGITS]
+            if all(c in _ALPHABET for c in digits):
+                value = 0
+                for c in digits:
+                    value = value * 62 + _ALPHABET.index(c)
+                return value
+            return None
+        if len(job_id) == _LEGACY_LENGTH:
+            return int(job_id[3:15], 16)
     except ValueError:
         return None
+    return None
