@@ -6,9 +6,12 @@
 -- ARGV[1] '1' pause, '0' resume
 -- ARGV[2] keyspace version of the caller
 -- Returns: 1
--- Errors:  EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT ARGV[1] neither '1' nor '0'; EMQVERSION keyspace of another major version
 --@include common
 
+if ARGV[1] ~= '1' and ARGV[1] ~= '0' then
+  return redis.error_reply('EMQINPUT pause needs 1 (pause) or 0 (resume)')
+end
 local err = emq_fence(KEYS[1], ARGV[2])
 if err then return redis.error_reply(err) end
 if ARGV[1] == '1' then

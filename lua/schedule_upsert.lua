@@ -20,7 +20,7 @@
 -- ARGV[6] 'set': interval anchor, epoch ms ('' for cron cadences)
 -- ARGV[7] keyspace version of the caller
 -- ARGV[8..] option field, value pairs (kind, cron, tz, every, start, missed, limit,
---           payload, enc, opts, prio, name); written in both modes
+--           payload, enc, opts, prio, name; at most 64 pairs); written in both modes
 -- Returns: {status, next_run_ms (-1 none), generation ('' none), last_ms (-1 none), now_ms,
 --           anchor ('' none), last_job ('' none)}
 --          status 2 = cadence set (new or changed); 1 = options updated, timing kept;
@@ -30,12 +30,16 @@
 --@include common
 --@include schedule
 
+-- The options are written with unpack(): bound their count (never unpack a caller-sized
+-- table past Lua's stack limit, which would fail after the generation's INCR).
+local EMQ_MAX_OPTION_PAIRS = 64
 local name, sig, mode = ARGV[1], ARGV[2], ARGV[3]
 if name == '' or sig == '' or (mode ~= 'keep' and mode ~= 'set') then
   return redis.error_reply('EMQINPUT upsert needs a name, a signature and mode keep/set')
 end
-if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 then
-  return redis.error_reply('EMQINPUT upsert options must be field/value pairs')
+if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 or #ARGV - 7 > 2 * EMQ_MAX_OPTION_PAIRS then
+  return redis.error_reply('EMQINPUT upsert options must be at most ' .. EMQ_MAX_OPTION_PAIRS ..
+    ' field/value pairs')
 end
 -- Fields this script owns: the caller may not smuggle them in with the options.
 local reserved = {sig = true, gen = true, anchor = true, last = true, last_job = true}

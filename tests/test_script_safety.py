@@ -319,3 +319,21 @@ def test_bad_limits_are_typed_and_never_reach_redis(redis_url, qname, r, what, c
             with pytest.raises(InvalidInput):
                 call(q, value)
     assert dump_queue(r, qname) == before
+
+
+def test_pause_and_schedule_upsert_refuse_bad_arguments_before_any_write(redis_url, qname, r):
+    """pause.lua took any ARGV[1] but '1' as resume (writing the wake marker);
+    schedule_upsert.lua unpack()ed a caller-sized option list after its generation INCR,
+    so 5,000 pairs failed half-way (counter bumped). Both now refuse first."""
+    q = make_queue(redis_url, qname)
+    q.enqueue("x")
+    before = dump_queue(r, qname)
+    k = q.keys
+    with pytest.raises(InvalidInput):
+        load("pause")(r, [k.meta, k.marker], ["yes", KEYSPACE_VERSION])
+    options = [v for i in range(5000) for v in (f"field{i}", "v")]
+    with pytest.raises(InvalidInput):
+        load("schedule_upsert")(r, [k.repeat, k.schedule("s"), k.meta, k.marker, k.counter],
+                                ["s", "sig", "set", "", server_ms(r) + 60_000, "",
+                                 KEYSPACE_VERSION, *options])
+    assert dump_queue(r, qname) == before
