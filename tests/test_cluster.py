@@ -417,13 +417,22 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
     stop = threading.Event()
 
     def produce(kind: str, q: Queue) -> None:
-        for i in range(100_000):
-            if stop.is_set():
-                return
-            job_id = f"JOB-fo-{kind}-{i:06d}"
-            # an error is counted and the same id re-sent (a duplicate if it had landed)
-            retrying(lambda: q.enqueue({"i": i}, job_id=job_id), errors, untyped, deadline)
-            acked[kind].append(job_id)
+        """Blocks of 20 ids, alternately one enqueue_many and 20 enqueue calls; an error
+        is counted and the same ids re-sent (a duplicate where they had landed)."""
+        for b in range(10_000):
+            block = [f"JOB-fo-{kind}-{b:05d}-{i:02d}" for i in range(20)]
+            if b % 2 == 0:
+                if stop.is_set():
+                    return
+                retrying(lambda: q.enqueue_many([1] * len(block), job_ids=block), errors,
+                         untyped, deadline)
+                acked[kind].extend(block)
+                continue
+            for job_id in block:
+                if stop.is_set():
+                    return
+                retrying(lambda: q.enqueue(1, job_id=job_id), errors, untyped, deadline)
+                acked[kind].append(job_id)
 
     def handler(job):
         with lock:

@@ -357,7 +357,7 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     try:
         pumps += [spawn("pump", redis_url, qname) for _ in range(3)]
         next_event = 3
-        while slot_index() < n_slots:
+        while slot_index() < n_slots or kills < 10:  # slots jump under load: run on
             clock.check()
             sweep_jobs()
             i = slot_index()
