@@ -359,7 +359,8 @@ def _import_module(module_name: str, verbose: bool) -> Any:
             where = f" ({exc.filename}, line {exc.lineno})"
             exc = SyntaxError(exc.msg)
         detail = f"{type(exc).__name__}: {exc}{where}".strip()
-        hint = "" if verbose else " (run with --verbose for the traceback)"
+        hint = "" if verbose or isinstance(exc, ModuleNotFoundError) else \
+            " (run with --verbose for the traceback)"
         raise click.BadParameter(f"cannot import {module_name!r}: {detail}{hint}",
                                  param_hint="HANDLER") from None
 

@@ -306,6 +306,8 @@ def locked_server():
     proc, port, workdir = start_redis_server()
     admin = redis.Redis(port=port)
     admin.acl_setuser("nokeys", enabled=True, passwords=["+nokeys-pw"], commands=["+@all"])
+    admin.acl_setuser("noscripts", enabled=True, passwords=["+noscripts-pw"], keys=["emq:*"],
+                      commands=["+@all", "-evalsha", "-eval", "-script"])
     admin.config_set("requirepass", "Sup3r-Secret-Pw-4711")
     admin.close()
     yield port
@@ -322,6 +324,7 @@ def _last_line(text: str) -> str:
 @pytest.mark.parametrize("userinfo, says", [
     (":wrong-password@", "authentication failed: wrong user name or password"),
     ("nokeys:nokeys-pw@", "permission denied"),
+    ("noscripts:noscripts-pw@", "permission denied"),
     ("", "requires a password and none was given"),
 ])
 def test_worker_fails_fast_on_permanent_errors(locked_server, qname, tmp_path, userinfo, says):
@@ -333,6 +336,8 @@ def test_worker_fails_fast_on_permanent_errors(locked_server, qname, tmp_path, u
         assert out.returncode == 1, out.stderr
         assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert "retrying" not in out.stderr
+    if userinfo.startswith("noscripts"):
+        return  # stats reads without scripts: that user may run it
     out = emq("--url", url, "stats", qname)
     assert out.returncode == 1 and says in out.stderr and "Traceback" not in out.stderr
     if not userinfo:  # item 9: say how to pass one, not "HELLO must be called ..."
