@@ -275,10 +275,10 @@ class Worker:
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)
-        self._groups = core.claim_groups(reply)  # the lanes to serve next turn
+        served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
         self._server_offset_ms = now - time.monotonic() * 1000
         if pairs:
-            self._start(pairs)
+            self._start(pairs, served)
             return False
         if status == 1 and next_due != -1 and next_due <= now:
             if self.queue.promote(limit=1000):
@@ -343,8 +343,8 @@ class Worker:
             end = min(end, time.monotonic() + ahead_ms / 1000)
 
     # --- starting and running jobs ----------------------------------------------
-    def _start(self, pairs: List[Tuple[str, str]]) -> None:
-        start = core.start_call(self._keys, pairs)
+    def _start(self, pairs: List[Tuple[str, str]], groups: List[str]) -> None:
+        start = core.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
         rows = self._call_until_done(start, "start", lambda: False)
         started = core.started_jobs(self._rows, pairs, rows)

@@ -161,14 +161,15 @@ def claim_groups(reply: Sequence[Any]) -> List[str]:
     return []
 
 
-def start_call(k: QueueKeys, pairs: Sequence[Pair]) -> Call:
+def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) -> Call:
     """start.lua: stamp claimed jobs as started (their keys declared now that ids are known).
-    Safe to re-send with the same pairs: a job already started by its token is reported as
-    started, not counted again."""
+    ``groups``: the groups the claim served (every grouped job it claimed is in one), so a
+    start also re-checks its group's rate window. Safe to re-send with the same arguments:
+    a job already started by its token is reported as started, not counted again."""
     ids = [i for i, _ in pairs]
     return Call(_START, [k.active, k.leases, k.meta, k.events, k.metrics, k.rate, k.delayed,
-                         k.marker, *k.jobs(ids)],
-                [KEYSPACE_VERSION, *[x for pair in pairs for x in pair]])
+                         k.marker, k.grate, *k.jobs(ids), *[k.group_rate(g) for g in groups]],
+                [KEYSPACE_VERSION, *[x for pair in pairs for x in pair], *groups])
 
 
 def started_jobs(rows: JobRows, pairs: Sequence[Pair],

@@ -8,6 +8,8 @@
 -- its job is parked on the delayed set until the window opens (promote hands it back to
 -- its lane or pending; no attempt counted). So the window always holds every start of
 -- the last window ms: at most rate_max handler starts in any window, across workers.
+-- Per-group rate limits (grate) work the same way on the group's own window, for the
+-- groups the caller names (those its claim served: every grouped job it claimed is in one).
 -- A lease on a job whose hash is gone (evicted, deleted by hand) is dropped and counted:
 -- metrics 'orphaned' and an 'orphaned' event, never silently.
 --
@@ -19,9 +21,12 @@
 -- KEYS[6] rate zset      emq:{q}:rate     (lease token -> claim, then start, instant)
 -- KEYS[7] delayed zset   emq:{q}:delayed
 -- KEYS[8] marker zset    emq:{q}:marker
--- KEYS[9..] job hashes   emq:{q}:job:<id>, one per claimed job, in ARGV pair order
+-- KEYS[9] grate hash     emq:{q}:grate    (group -> "max:window")
+-- KEYS[10..] job hashes  emq:{q}:job:<id>, one per claimed job, in ARGV pair order, then
+--          optionally one rate zset emq:{q}:g:<group>:rate per group name after the pairs
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] pairs: job id, lease token (same order as KEYS[9..])
+-- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
+--          group names of the trailing rate keys (the groups the claim served)
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started} when
 --          the lease holds (enc, opts, run_at nil when the hash omits them; started =
 --          the start instant, server ms, which the Worker hands back to complete.lua), or 0
@@ -30,9 +35,14 @@
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 
-if #ARGV < 1 or #ARGV - 1 ~= 2 * (#KEYS - 8) then
-  return redis.error_reply('EMQINPUT start needs one id/token pair per job key')
+-- J jobs (a key and two ARGV each) and G groups (a key and a name each)
+local njobs = #ARGV - #KEYS + 8
+local ngroups = #KEYS - 9 - njobs
+if #ARGV < 1 or njobs < 0 or ngroups < 0 then
+  return redis.error_reply('EMQINPUT start needs one id/token pair per job key and one ' ..
+    'name per group rate key')
 end
+local last_job = 9 + njobs
 local err = emq_fence(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_now()
@@ -40,7 +50,7 @@ local stamp = emq_int(now)
 local cap = emq_events_cap(KEYS[3])
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
-for i = 9, #KEYS do ids[#ids + 1] = ARGV[2 * (i - 8)] end
+for i = 10, last_job do ids[#ids + 1] = ARGV[2 * (i - 9)] end
 local held = {}
 for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))) do
@@ -53,20 +63,56 @@ local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window')
 local rate_max, window = tonumber(f[1] or ''), tonumber(f[2] or '')
 local limited = rate_max and window and rate_max > 0 and window > 0
 if limited then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - window) end
--- Whether this start may use the window now (recording it at the start instant).
-local function window_admits(token)
-  if not limited then return true end
-  if redis.call('ZSCORE', KEYS[6], token) or redis.call('ZCARD', KEYS[6]) < rate_max then
-    redis.call('ZADD', KEYS[6], now, token)
-    redis.call('PEXPIRE', KEYS[6], window)
-    return true
-  end
-  return false
+-- Whether token's start fits window `wkey` of `max` now (it holds a place already, or
+-- there is room), and recording it there at the start instant (after every check).
+local function fits(wkey, max, token)
+  return redis.call('ZSCORE', wkey, token) or redis.call('ZCARD', wkey) < max
 end
--- No room: the job waits (parked) until the window's oldest start leaves it.
-local function defer(id)
-  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  local open = tonumber(oldest[2] or now) + window
+local function record(wkey, span, token)
+  redis.call('ZADD', wkey, now, token)
+  redis.call('PEXPIRE', wkey, span)
+end
+
+-- Group windows of the named groups (rate-limited ones only), pruned once per call.
+local gwin = {}
+if ngroups > 0 then
+  for j = 1, ngroups do
+    local g = ARGV[2 + 2 * njobs + j - 1]
+    local spec = redis.call('HGET', KEYS[9], g)
+    local gmax, gspan = string.match(spec or '', '^(%d+):(%d+)$')
+    gmax, gspan = tonumber(gmax), tonumber(gspan)
+    if gmax and gspan and gmax >= 1 and gspan >= 1 then
+      gwin[g] = {k = last_job + j, max = gmax, span = gspan}  -- k: its index in KEYS
+      redis.call('ZREMRANGEBYSCORE', KEYS[last_job + j], '-inf', now - gspan)
+    end
+  end
+end
+-- The group window a job's start uses (nil: none), from its options' group.
+local function group_window(opts)
+  if not next(gwin) or not opts or not string.find(opts, '"g"', 1, true) then return nil end
+  local ok, o = pcall(cjson.decode, opts)
+  if not ok or type(o) ~= 'table' or type(o.g) ~= 'string' then return nil end
+  return gwin[o.g]
+end
+
+-- Whether this start may use its windows now (recording it in them, then).
+local function window_admits(token, opts)
+  local gw = group_window(opts)
+  if limited and not fits(KEYS[6], rate_max, token) then return false, gw end
+  if gw and not fits(KEYS[gw.k], gw.max, token) then return false, gw end
+  if limited then record(KEYS[6], window, token) end
+  if gw then record(KEYS[gw.k], gw.span, token) end
+  return true
+end
+-- No room: the job waits (parked) until the fuller window's oldest start leaves it.
+local function opening(wkey, span)
+  local oldest = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+  return tonumber(oldest[2] or now) + span
+end
+local function defer(id, gw)
+  local open = now + 1
+  if limited then open = math.max(open, opening(KEYS[6], window)) end
+  if gw then open = math.max(open, opening(KEYS[gw.k], gw.span)) end
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZADD', KEYS[7], emq_delayed_score(KEYS[7], open), id)
@@ -75,11 +121,11 @@ end
 
 local out = {}
 local orphaned = 0
-for i = 9, #KEYS do
-  local id, token = ARGV[2 * (i - 8)], ARGV[2 * (i - 8) + 1]
+for i = 10, last_job do
+  local id, token = ARGV[2 * (i - 9)], ARGV[2 * (i - 9) + 1]
   local key = KEYS[i]
   local row = 0
-  if held[i - 8] == token then
+  if held[i - 9] == token then
     -- one read of what the handler needs; no payload field means the hash is gone
     local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
       'worker', 'started')
@@ -92,14 +138,17 @@ for i = 9, #KEYS do
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
       row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp)}
-    elseif window_admits(token) then
-      local attempts = (tonumber(h[5] or '0') or 0) + 1
-      redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', stamp,
-        'worker', token)
-      emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
-      row = {attempts, h[1], h[2], h[3], h[4], h[6], now}
     else
-      defer(id)
+      local admitted, gw = window_admits(token, h[3])
+      if admitted then
+        local attempts = (tonumber(h[5] or '0') or 0) + 1
+        redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', stamp,
+          'worker', token)
+        emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
+        row = {attempts, h[1], h[2], h[3], h[4], h[6], now}
+      else
+        defer(id, gw)
+      end
     end
   end
   out[#out + 1] = row

@@ -326,6 +326,10 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
             # group keys: ring, gactive, glimit, grate, the claim record, then a lane and a
             # rate key per group name (ARGV: three group settings, the request id, the names)
             assert n_keys - fixed_keys - 5 == 2 * (n_args - fixed_argv - 4), (n_keys, n_args)
+        elif name == "start":
+            # a key and an id/token pair per job, then a rate key and a name per group
+            jobs = (n_args - fixed_argv) - (n_keys - fixed_keys)
+            assert 0 <= jobs <= n_keys - fixed_keys, (n_keys, n_args)
         elif var_keys and var_argv:  # one job key per variadic id (pairs/triples count as one)
             extra_keys, extra_args = n_keys - fixed_keys, n_args - fixed_argv
             per = 6 if name == "complete" else None  # id, token, result, attempt, started, wait

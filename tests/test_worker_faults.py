@@ -638,6 +638,33 @@ def test_late_starts_cannot_bunch_with_the_next_windows_claims(redis_url, qname,
     assert _most_in_window(stamps, 600) <= 5, sorted(s - t0 for s in stamps)
 
 
+def test_late_starts_cannot_bunch_in_a_group_window(redis_url, qname, r):
+    """The same for a group's own rate limit: the start re-checks the group's window."""
+    from engine_util import server_ms, wait_server_past
+    q = make_queue(redis_url, qname)
+    q.groups.set_rate_limit("A", 5, 600)
+    refs = q.enqueue_many(list(range(10)), group="A")
+
+    def claim_and_start():
+        call = core.claim_call(q.keys, 5, 30_000, "w", ["A"], uuid.uuid4().hex)
+        pairs = core.parse_claim(call.script(q.redis, call.keys, call.args))[3]
+        if pairs:
+            start = core.start_call(q.keys, pairs, ["A"])
+            return pairs, start
+        return pairs, None
+    t0 = server_ms(r)
+    first, start = claim_and_start()
+    assert len(first) == 5
+    wait_server_past(r, t0 + 300)
+    assert all(start.script(q.redis, start.keys, start.args))
+    wait_server_past(r, t0 + 620)
+    second, start = claim_and_start()
+    if start is not None:
+        start.script(q.redis, start.keys, start.args)
+    stamps = [j.started_ms for j in (q.get(ref.id) for ref in refs) if j.started_ms]
+    assert _most_in_window(stamps, 600) <= 5, sorted(s - t0 for s in stamps)
+
+
 def test_start_parks_a_job_whose_claim_left_a_full_window(redis_url, qname, r):
     """A claimed job that starts after its claim left the window, with the window full of
     other starts, is not started: it waits on the delayed set for the window to open."""
