@@ -15,6 +15,9 @@ API (all methods are thread-safe)::
         proxy.cut("c2s")           # next request chunk is cut at a random byte: the server
                                    # sees half a command (Redis discards it) and a closed socket
         proxy.cut("any")           # either direction (decided by the seeded RNG)
+        proxy.cut_after(12)        # forward exactly 12 more reply bytes (over all connections),
+                                   # then close the one that carried the last: precise cuts
+                                   # ("the 3rd reply of this pipeline is lost"); None disarms
         proxy.reset()              # RST (SO_LINGER 0) a random live connection now
         proxy.cut_all()            # close every live connection now (FIN both sides)
         proxy.delay(0.05)          # add 50 ms before forwarding every chunk (0: off)
@@ -129,6 +132,13 @@ class _Link:
                 data = src.recv(_CHUNK)
                 if not data:
                     break
+                allowed = proxy._spend(direction, len(data))
+                if allowed is not None:  # cut_after: exactly `allowed` more bytes, then cut
+                    if allowed:
+                        dst.sendall(data[:allowed])
+                    proxy._count(f"cut_after_{direction}")
+                    self.close()
+                    return
                 if self._take_armed(direction) is not None:
                     at = proxy._randrange(len(data))  # 0 .. len-1: never the whole chunk
                     if at:
@@ -200,6 +210,7 @@ class FaultProxy:
         self._links_lock = threading.Lock()
         self._next_id = 0
         self._delay_s = 0.0
+        self._budgets: Dict[str, Optional[int]] = {"c2s": None, "s2c": None}
         self._accepting = threading.Event()
         self._accepting.set()
         self._drop_while_paused = False
@@ -259,6 +270,15 @@ class FaultProxy:
         link.arm(direction, timeout_s)
         self._count(f"armed_{direction}")
         return True
+
+    def cut_after(self, nbytes: Optional[int], direction: str = "s2c") -> None:
+        """Forward exactly ``nbytes`` more bytes ``direction`` (counted over every
+        connection), then close the connection that carried the last of them. One-shot;
+        ``None`` disarms. With 's2c' every request already sent has reached Redis."""
+        if direction not in self._budgets:
+            raise ValueError(f"direction must be c2s or s2c, not {direction!r}")
+        with self._rng_lock:
+            self._budgets[direction] = None if nbytes is None else max(0, int(nbytes))
 
     def reset(self) -> bool:
         """Reset (RST) one random live connection now. False if none is live."""
@@ -358,6 +378,19 @@ class FaultProxy:
         if not links:
             return None
         return self._choice(links)
+
+    def _spend(self, direction: str, n: int) -> Optional[int]:
+        """None: forward the ``n`` bytes. Else the armed budget ran out within them:
+        forward that many and cut (the budget is disarmed)."""
+        with self._rng_lock:
+            budget = self._budgets[direction]
+            if budget is None:
+                return None
+            if n < budget:
+                self._budgets[direction] = budget - n
+                return None
+            self._budgets[direction] = None
+            return budget
 
     def _count(self, what: str, n: int = 1) -> None:
         with self._rng_lock:

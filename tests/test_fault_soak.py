@@ -458,3 +458,22 @@ def test_fault_proxy_delays_pauses_resumes_and_stops_by_itself(redis_url):
     with pytest.raises(redis.ConnectionError):
         live.ping()
     short.stop()
+
+
+def test_fault_proxy_cut_after_exact_reply_bytes(redis_url, r, qname):
+    """cut_after(n): the replies of a pipeline are cut after exactly n bytes; every
+    command of it ran (the requests had all reached Redis)."""
+    key = f"test:{{{qname}}}:n"
+    no_retry = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+    with FaultProxy(upstream_port_of(redis_url), seed=6) as proxy:
+        c = redis.Redis.from_url(proxy.url(), socket_timeout=5, retry=no_retry)
+        c.ping()
+        proxy.cut_after(4 * 2 + 1)  # ":1\r\n" ":2\r\n" and one byte of the third reply
+        pipe = c.pipeline(transaction=False)
+        for _ in range(5):
+            pipe.incr(key)
+        with pytest.raises(redis.ConnectionError):
+            pipe.execute()
+        assert r.get(key) == b"5" and proxy.stats["cut_after_s2c"] == 1
+        assert c.incr(key) == 6  # one-shot: the next connection is not cut
+        c.close()
