@@ -337,3 +337,16 @@ def test_pause_and_schedule_upsert_refuse_bad_arguments_before_any_write(redis_u
                                 ["s", "sig", "set", "", server_ms(r) + 60_000, "",
                                  KEYSPACE_VERSION, *options])
     assert dump_queue(r, qname) == before
+
+
+def test_schedule_sweep_reads_due_names_in_bounded_calls(redis_url, qname):
+    from emqfast.schedules import SWEEP_BATCH
+    q = make_queue(redis_url, qname)
+    n = SWEEP_BATCH + 200
+    start = server_ms(q.redis) - 60_000  # every schedule has a missed slot: due now
+    q.schedules.upsert_many([{"name": f"s{i}", "every_ms": 3_600_000, "start_at_ms": start}
+                             for i in range(n)])
+    with monitored(redis_url) as seen:
+        assert q.schedules.pump(limit=100_000) == n
+    limits = [int(args[0]) for keys, args in script_calls(seen, "due")]
+    assert limits and max(limits) <= SWEEP_BATCH, limits
