@@ -156,6 +156,8 @@ class SharedBatcher:
         return self.batcher().evalsha_columns(*args)
 
     def __getattr__(self, name: str) -> Any:  # anything else a Batcher offers
+        if name.startswith("__") or name in ("_params", "_key"):
+            raise AttributeError(name)  # copy/pickle probes, or a half-built handle
         return getattr(self.batcher(), name)
 
     def close(self) -> None:
