@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict
+
+if __name__ == "__main__" and sys.argv[1:2] == ["count-worker"]:
+    # before the slow imports: see _defer_sigterm_until_serving
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,6 +31,15 @@ import redis  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast import LeaseLost, Queue, Worker  # noqa: E402
+
+
+def _defer_sigterm_until_serving(w: Worker) -> None:
+    """A SIGTERM that arrives before ``w.run()`` installed its graceful handler would kill
+    the process outright (exit -15): it is blocked from the top of this script until the first beat, which runs in the main thread inside run(),
+    and delivered then (a graceful stop)."""
+    def unblock() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    w.beat_hooks.append(unblock)
 
 
 def count_worker(url: str, queue: str, name: str, lease_ms: str, counts_key: str) -> None:
@@ -38,6 +52,7 @@ def count_worker(url: str, queue: str, name: str, lease_ms: str, counts_key: str
 
     w = Worker(q, handler, concurrency=4, lease_ms=int(lease_ms), name=name,
                keep_completed=10**9, max_stalled=1000, shutdown_timeout_s=5)
+    _defer_sigterm_until_serving(w)
     print(json.dumps(asdict(w.run())), flush=True)
 
 

@@ -300,19 +300,13 @@ def test_frozen_worker_cannot_complete_a_job_the_reaper_gave_away(redis_url, r, 
 def test_an_ack_resent_after_a_lost_reply_is_idempotent(r, qname):
     """A completion re-sent after its reply was lost (connection drop, restart) finds its
     own outcome and succeeds; any other token still meets LeaseLost."""
-    from emqfast.scripts import load
-    from emqfast.version import KEYSPACE_VERSION
-    from engine_util import complete
+    from engine_util import claim, complete
 
     q = Queue(qname, r)
     ref = q.enqueue("x")
-    k = q.keys
-    reply = load("claim")(r, [k.pending, k.active, k.leases, k.meta, k.marker, k.delayed,
-                              k.counter, k.rate], [1, 10_000, "w", KEYSPACE_VERSION])
-    job_id, token = reply[3].decode(), reply[4].decode()
+    # claim.lua + start.lua as a bare client would (engine_util follows the scripts' layout)
+    [(job_id, token)] = claim(q, "w", 10_000)
     assert job_id == ref.id
-    load("start")(r, [k.active, k.leases, k.meta, k.events, k.job(job_id)],
-                  [KEYSPACE_VERSION, job_id, token])
     assert complete(q, job_id, token, b'"first"')[1] >= 0  # run ms
     finished = q.get(job_id).finished_ms
     # the re-sent ack: same outcome, and no run times (it was timed already)
