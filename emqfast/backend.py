@@ -176,6 +176,32 @@ def close_shared() -> None:
         batcher.close()
 
 
+_no_password_ok: set = set()
+
+
+def _check_needs_no_password(client: Any, key: Tuple) -> None:
+    """Once per process and server: a server that wants a password cuts a pipelined
+    hiredis batch sent without one ("Server closed the connection"), which reads like
+    a network fault. One PING over redis-py first says what is wrong instead
+    (PermissionDenied: a password is required, and how to pass it)."""
+    if key in _no_password_ok:
+        return
+    import redis
+
+    from .errors import translate
+
+    from .diagnose import password_missing
+
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        if password_missing(str(exc)):
+            raise translate(exc) from None
+        if not isinstance(exc, redis.ResponseError):
+            return  # down or unreachable: the batch itself will say so (checked again later)
+    _no_password_ok.add(key)  # answered (or refused PING itself: an ACL without +ping)
+
+
 def batcher_for(client):
     """A pipelining Batcher for ``client``: the hiredis one under the C backend, when the
     connection is one it can speak (TCP or unix socket, no TLS, no cluster), else redis-py's.
@@ -192,7 +218,10 @@ def batcher_for(client):
     if _current == "c":
         try:
             params = _native.Batcher.params_from_redis(client)  # type: ignore[union-attr]
-            return SharedBatcher(params)
+            handle = SharedBatcher(params)
+            if params.get("password") is None:
+                _check_needs_no_password(client, handle._key)
+            return handle
         except BackendUnavailable as exc:
             from .connection import redact
 

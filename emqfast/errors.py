@@ -200,7 +200,7 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
         return ServerBusy(f"redis is loading its dataset: {text}", "LOADING")
     if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError,
                         rx.AuthenticationWrongNumberOfArgsError, rx.NoPermissionError)):
-        return PermissionDenied(text)
+        return PermissionDenied(_password_hint(text))
     if isinstance(exc, rx.OutOfMemoryError):
         return ServerFull(text)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)):
@@ -213,8 +213,8 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
             return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
         if head == "OOM":
             return ServerFull(text)
-        if head in ("NOPERM", "NOAUTH", "WRONGPASS"):
-            return PermissionDenied(text)
+        if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _password_hint(text) is not text:
+            return PermissionDenied(_password_hint(text))
         typed = from_reply(text)
         if typed is not None:
             return typed
@@ -227,3 +227,14 @@ def is_transient(exc: BaseException) -> bool:
     input errors are permanent."""
     exc = translate(exc)
     return isinstance(exc, (ConnectionFailed, ServerBusy, ServerFull))
+
+
+def _password_hint(text: str) -> str:
+    """A server's "needs a password" reply ("HELLO must be called with the client already
+    authenticated...", NOAUTH, a cut unauthenticated pipeline) in plain words, saying how
+    to pass one (issue 20 item 9); any other text unchanged (the same object)."""
+    from .diagnose import HOW_TO_PASS_A_PASSWORD, password_missing
+
+    if not password_missing(text):
+        return text
+    return f"the Redis server requires a password and none was given: {HOW_TO_PASS_A_PASSWORD}"

@@ -427,3 +427,16 @@ def test_cli_never_echoes_a_malformed_urls_password(url, monkeypatch, capsys, tm
     for argv, env_url in ((["--url", url, "stats"], ""), (["stats", "q"], url)):
         text = _cli(monkeypatch, capsys, argv, env_url)
         assert "error" in text and not _leaked(text), text
+
+
+def test_a_missing_password_says_so_and_how_to_pass_one(server_factory, backend):
+    """Issue 20 item 9: not "HELLO must be called with the client already authenticated"."""
+    _, port, _ = server_factory()
+    redis.Redis(port=port).config_set("requirepass", SECRET)
+    q = Queue("needs-auth", emqfast.connect(f"redis://127.0.0.1:{port}/0"))
+    for call in (lambda: q.enqueue("x"), lambda: q.enqueue_many(["x", "y"]), q.counts):
+        with pytest.raises(emqfast.errors.PermissionDenied) as info:
+            call()
+        text = str(info.value)
+        assert "requires a password" in text and "HELLO" not in text, text
+        assert "PASSWORD@HOST:PORT" in text
