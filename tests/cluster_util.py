@@ -116,6 +116,14 @@ class Cluster:
             return all(_node_ok(p) for p in self.live_ports())
         _wait(promoted, timeout, f"replica {replica_port} to take over")
 
+    def refresh_roles(self) -> None:
+        """Re-read who is master and who replica (after a failover): ``ports`` := the live
+        masters, ``replica_ports`` := the live replicas."""
+        live = self.live_ports()
+        roles = {p: _role(p).get("role") for p in live}
+        self.ports[:] = [p for p in live if roles[p] == "master"]
+        self.replica_ports[:] = [p for p in live if roles[p] == "slave"]
+
     def live_ports(self) -> List[int]:
         """Ports of the nodes whose process still runs."""
         return [p for p, proc in self.proc_of.items() if proc.poll() is None]

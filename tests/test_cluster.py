@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import threading
 import time
 
 import pytest
@@ -375,133 +376,234 @@ def replicated_cluster():
     c.stop()
 
 
-def durable_queue(name: str, conn) -> Queue:
-    """A Queue whose enqueues wait for one replica to acknowledge (WAIT). Issue 11 asks for
-    the option; a missing one fails the test that needs it (pending), never skips it."""
+def require_wait_option() -> None:
+    """Issue 11 asks for a durability option that waits for a replica (WAIT); a missing
+    one fails the test that needs it (pending), never skips it."""
     import inspect
-    params = inspect.signature(Queue.__init__).parameters
-    if "wait_replicas" not in params:
+    if "wait_replicas" not in inspect.signature(Queue.__init__).parameters:
         raise AssertionError("pending (issue 11): emqfast.Queue has no wait_replicas option; "
                              "enqueues that wait for a replica cannot be tested yet")
+
+
+def durable_queue(name: str, conn) -> Queue:
+    """A Queue whose enqueues wait for one replica to acknowledge (WAIT)."""
+    require_wait_option()
     return Queue(name, conn, wait_replicas=1)
 
 
+class _FailoverLoad:
+    """Producers (plain and wait_replicas=1, own ids) and one Worker on one queue, for the
+    failover test: the sync facade in threads. ``acked`` holds every id an enqueue
+    returned for; ``execs`` counts handler runs per id."""
+
+    def __init__(self, url: str, name: str, deadline: float):
+        from collections import Counter
+
+        self.url, self.name, self.deadline = url, name, deadline
+        self.errors, self.untyped, self.execs = Counter(), Counter(), Counter()
+        self.acked = {"waited": [], "plain": []}
+        self.stop_producing = threading.Event()
+        self.missing_option = None
+        self.failed: list = []
+
+    def ids(self, kind: str, b: int) -> list:
+        return [f"JOB-fo-{kind}-{b:05d}-{i:02d}" for i in range(20)]
+
+    def start(self) -> None:
+        from test_fault_soak import retrying
+
+        conn = self.conn = emqfast.connect(self.url)
+        plain = self.plain = Queue(self.name, conn)
+        try:
+            waited = durable_queue(self.name, conn)
+        except AssertionError as exc:  # measured without it; the test fails at the end
+            self.missing_option, waited = exc, plain
+        lock = threading.Lock()
+
+        def handler(job):
+            with lock:
+                self.execs[job.id] += 1
+
+        def produce(kind: str, q: Queue) -> None:
+            """Blocks of 20 ids, alternately one enqueue_many and 20 enqueue calls; an
+            error is counted and the same ids re-sent (a duplicate where they landed)."""
+            for b in range(10_000):
+                block = self.ids(kind, b)
+                calls = [(block, lambda: q.enqueue_many([1] * len(block), job_ids=block))] \
+                    if b % 2 == 0 else [([j], lambda j=j: q.enqueue(1, job_id=j)) for j in block]
+                for landed, call in calls:
+                    if self.stop_producing.is_set():
+                        return
+                    retrying(call, self.errors, self.untyped, self.deadline)
+                    self.acked[kind].extend(landed)
+
+        self.worker = Worker(plain, handler, concurrency=8, lease_ms=2000, max_stalled=100,
+                             keep_completed=10**9, name=f"fo-{self.name}")
+        self.threads = [threading.Thread(target=produce, args=(k, q), daemon=True)
+                        for k, q in (("waited", waited), ("plain", plain))]
+        self.wt = threading.Thread(target=self.worker.run, daemon=True)
+        for t in self.threads + [self.wt]:
+            t.start()
+
+    def stop_producers(self) -> None:
+        self.stop_producing.set()
+        for t in self.threads:
+            t.join(30)
+
+    def stop(self) -> None:
+        self.stop_producing.set()
+        self.worker.stop()
+        self.wt.join(30)
+        self.conn.close()
+
+
+class _AioFailoverLoad(_FailoverLoad):
+    """The same load with emqfast.aio (redis.asyncio.RedisCluster): producer tasks and an
+    aio Worker on an event loop in a thread of its own."""
+
+    def start(self) -> None:
+        import asyncio
+
+        import emqfast.aio
+        from test_fault_soak import retrying_async
+
+        self._stop_worker = threading.Event()
+        self._producers_done = threading.Event()
+
+        async def main() -> None:
+            conn = emqfast.aio.connect(self.url)
+            plain = emqfast.aio.Queue(self.name, conn)
+            try:
+                require_wait_option()
+                waited = emqfast.aio.Queue(self.name, conn, wait_replicas=1)
+            except AssertionError as exc:
+                self.missing_option, waited = exc, plain
+
+            async def handler(job):
+                self.execs[job.id] += 1
+
+            async def produce(kind: str, q) -> None:
+                for b in range(10_000):
+                    block = self.ids(kind, b)
+                    calls = [(block, lambda: q.enqueue_many([1] * len(block), job_ids=block))] \
+                        if b % 2 == 0 else [([j], lambda j=j: q.enqueue(1, job_id=j))
+                                            for j in block]
+                    for landed, call in calls:
+                        if self.stop_producing.is_set():
+                            return
+                        await retrying_async(call, self.errors, self.untyped, self.deadline)
+                        self.acked[kind].extend(landed)
+
+            worker = emqfast.aio.Worker(plain, handler, concurrency=8, lease_ms=2000,
+                                        max_stalled=100, keep_completed=10**9,
+                                        name=f"fo-aio-{self.name}")
+            wtask = asyncio.create_task(worker.run())
+            await asyncio.gather(produce("waited", waited), produce("plain", plain))
+            self._producers_done.set()
+            while not self._stop_worker.is_set() and not wtask.done():
+                await asyncio.sleep(0.02)
+            worker.stop()
+            await asyncio.wait_for(wtask, 30)
+            await conn.aclose()
+
+        def run() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # noqa: BLE001 - surfaced by the test
+                self.failed.append(exc)
+            finally:
+                self._producers_done.set()
+
+        self.wt = threading.Thread(target=run, daemon=True)
+        self.wt.start()
+
+    def stop_producers(self) -> None:
+        self.stop_producing.set()
+        self._producers_done.wait(30)
+
+    def stop(self) -> None:
+        self.stop_producing.set()
+        self._stop_worker.set()
+        self.wt.join(40)
+
+
+@pytest.mark.parametrize("facade", ["sync", "aio"])
 def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
-        replicated_cluster, qname):
+        replicated_cluster, qname, facade):
     """SIGKILL the master that owns the queue while producers enqueue and a Worker drains;
     its replica takes over (cluster-node-timeout 1.5 s) and everyone carries on. Enqueues
     made with wait_replicas=1 are never lost; plain ones may be (asynchronous replication:
-    the README's window; on loopback it is microseconds, so usually none), counted and
-    reported, not asserted, as are jobs run twice (an outcome the new master never saw
-    runs again after its lease). Every surviving job is completed, none is left active."""
-    import threading
-    from collections import Counter
-
-    from test_fault_soak import SoakResult, report, retrying
+    the README's window), counted and reported, not asserted, as are jobs run twice (an
+    outcome or claim the new master never saw: the job runs again). Every surviving job
+    is completed, none is left active. The killed node then rejoins as a replica."""
+    from test_fault_soak import SoakResult, report
 
     cluster = replicated_cluster
+    cluster.refresh_roles()  # an earlier run of this test swapped a master and its replica
     name = next(n for n in names_over_masters(cluster, 2, qname)
                 if cluster.owner_port(slot_of(n)) != cluster.ports[0])  # keep the seed node
     master = cluster.owner_port(slot_of(name))
     replica = cluster.replica_of(master)
-    conn = emqfast.connect(cluster.url)
-    plain_q = Queue(name, conn)
-    missing_option = None
-    try:
-        waited_q = durable_queue(name, conn)
-    except AssertionError as exc:  # measured without it; fails at the end
-        missing_option, waited_q = exc, plain_q
-    deadline = time.monotonic() + 120
-    errors, untyped, execs = Counter(), Counter(), Counter()
-    lock = threading.Lock()
-    acked = {"waited": [], "plain": []}
-    stop = threading.Event()
-
-    def produce(kind: str, q: Queue) -> None:
-        """Blocks of 20 ids, alternately one enqueue_many and 20 enqueue calls; an error
-        is counted and the same ids re-sent (a duplicate where they had landed)."""
-        for b in range(10_000):
-            block = [f"JOB-fo-{kind}-{b:05d}-{i:02d}" for i in range(20)]
-            if b % 2 == 0:
-                if stop.is_set():
-                    return
-                retrying(lambda: q.enqueue_many([1] * len(block), job_ids=block), errors,
-                         untyped, deadline)
-                acked[kind].extend(block)
-                continue
-            for job_id in block:
-                if stop.is_set():
-                    return
-                retrying(lambda: q.enqueue(1, job_id=job_id), errors, untyped, deadline)
-                acked[kind].append(job_id)
-
-    def handler(job):
-        with lock:
-            execs[job.id] += 1
-
-    worker = Worker(plain_q, handler, concurrency=8, lease_ms=2000, max_stalled=100,
-                    keep_completed=10**9, name=f"fo-{qname}")
-    threads = [threading.Thread(target=produce, args=(k, q), daemon=True)
-               for k, q in (("waited", waited_q), ("plain", plain_q))]
-    wt = threading.Thread(target=worker.run, daemon=True)
+    started = time.monotonic()
+    load = (_FailoverLoad if facade == "sync" else _AioFailoverLoad)(
+        cluster.url, name, started + 120)
+    keys = QueueKeys(name)
 
     def done() -> int:
         try:
             with redis.Redis(port=cluster.owner_port(slot_of(name)), socket_timeout=2) as c:
-                return c.zcard(plain_q.keys.completed)
+                return c.zcard(keys.completed)
         except redis.RedisError:
             return -1
 
+    acked = load.acked
     try:
-        for t in threads + [wt]:
-            t.start()
-        wait_for(lambda: done() >= 300, 30, "jobs to flow before the kill")
+        load.start()
+        wait_for(lambda: done() >= 300 or load.failed, 30, "jobs to flow before the kill")
         cluster.kill(master)
         cluster.wait_promoted(replica, timeout=30)
         at_failover = dict((k, len(v)) for k, v in acked.items())
         # the dead node comes back as the new master's replica (what an operator does):
         # until then waited enqueues get NotReplicated (no replica left) and are re-sent
         cluster.restart(master)
-        wait_for(lambda: all(len(acked[k]) >= at_failover[k] + 100 for k in acked), 30,
-                 "both producers to carry on after the failover")
-        stop.set()
-        for t in threads:
-            t.join(30)
+        cluster.refresh_roles()
+        wait_for(lambda: all(len(acked[k]) >= at_failover[k] + 100 for k in acked)
+                 or load.failed, 30, "both producers to carry on after the failover")
+        load.stop_producers()
         all_acked = acked["waited"] + acked["plain"]
         with redis.Redis(port=replica, socket_timeout=5) as c:
             def completed_now() -> set:
-                return {j.decode() for j in c.zrange(plain_q.keys.completed, 0, -1)}
+                return {j.decode() for j in c.zrange(keys.completed, 0, -1)}
 
             def present(ids) -> set:
                 pipe = c.pipeline(transaction=False)
                 for j in ids:
-                    pipe.exists(plain_q.keys.job(j))
+                    pipe.exists(keys.job(j))
                 return {j for j, e in zip(ids, pipe.execute()) if e}
             lost = {k: sorted(set(v) - present(v)) for k, v in acked.items()}
             survivors = set(all_acked) - set(lost["waited"]) - set(lost["plain"])
-            wait_for(lambda: survivors <= completed_now(), 60,
+            wait_for(lambda: survivors <= completed_now() or load.failed, 60,
                      "the worker to drain every surviving job")
-            counts = plain_q.counts()
+            counts = Queue(name, c).counts()
             survivors_list = sorted(survivors)
             pipe = c.pipeline(transaction=False)
             for j in survivors_list:
-                pipe.hmget(plain_q.keys.job(j), "attempts", "stalls")
+                pipe.hmget(keys.job(j), "attempts", "stalls")
             rows = pipe.execute()
-            odd = {j: (a, st, execs[j]) for j, (a, st) in zip(survivors_list, rows)
-                   if int(a or 0) != 1}  # (attempts, stalls, handler runs) where not 1 run
     finally:
-        stop.set()
-        worker.stop()
-        wt.join(30)
-        conn.close()
-    result = SoakResult(fault="cluster master SIGKILL + replica failover",
-                        seconds=round(time.monotonic() - deadline + 120, 1),
+        load.stop()
+    execs = load.execs
+    odd = {j: (a, st, execs[j]) for j, (a, st) in zip(survivors_list, rows)
+           if int(a or 0) != 1}  # (attempts, stalls, handler runs)
+    result = SoakResult(fault=f"cluster master SIGKILL + replica failover ({facade})",
+                        seconds=round(time.monotonic() - started, 1),
                         jobs=len(all_acked), lost=len(lost["waited"]) + len(lost["plain"]),
                         run_twice=sum(1 for j in survivors if execs[j] > 1),
                         never_run=sum(1 for j in survivors if execs[j] == 0),
                         stalls=sum(int(st or 0) for _, st in rows),
-                        attempts_not_1=sum(1 for a, _ in rows if int(a or 0) != 1),
-                        producer_errors=dict(errors), untyped_errors=dict(untyped),
+                        attempts_not_1=len(odd),
+                        producer_errors=dict(load.errors), untyped_errors=dict(load.untyped),
+                        worker_error=repr(load.failed[0]) if load.failed else "",
                         cuts={"waited_acked": len(acked["waited"]),
                               "waited_lost": len(lost["waited"]),
                               "plain_acked": len(acked["plain"]),
@@ -509,8 +611,9 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
                         not_completed={"attempts_not_1 (attempts, stalls, runs)":
                                        dict(list(odd.items())[:5])})
     report(result)
+    assert not load.failed, load.failed
     assert counts["active"] == 0 and counts["pending"] == 0, counts
     assert not lost["waited"], f"{len(lost['waited'])} waited enqueues lost: {lost['waited'][:5]}"
-    assert result.never_run == 0
-    if missing_option is not None:
-        raise missing_option
+    assert result.never_run == 0 and not result.untyped_errors, result
+    if load.missing_option is not None:
+        raise load.missing_option
