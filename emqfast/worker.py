@@ -133,6 +133,7 @@ class Worker:
         self._claim_prefix = uuid.uuid4().hex[:8]
         self._claim_seq = 0
         self._fatal: Optional[BaseException] = None  # a permanent error met by the acker
+        self._stopped_at = 0.0  # monotonic s of the last stop()
         self._keys: QueueKeys = queue.keys
         self._redis = queue.redis
         self._running: Dict[str, _Running] = {}
@@ -172,6 +173,7 @@ class Worker:
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once in-flight jobs are finished or released."""
+        self._stopped_at = time.monotonic()
         self._stop.set()
         try:  # wake the claim loop if it is blocked on the marker
             self._redis.zadd(self._keys.marker, {"0": 0})
@@ -222,6 +224,11 @@ class Worker:
         log.warning("emqfast worker %s: redis unavailable (%s); retrying in %.2fs",
                     self.name, type(core.typed(exc)).__name__, wait)
         self._stop.wait(wait)
+
+    def _stop_overdue(self) -> bool:
+        """Stopping for longer than ``shutdown_timeout_s``: stop re-sending."""
+        return self._stop.is_set() and \
+            time.monotonic() - self._stopped_at > self.shutdown_timeout_s
 
     def _call(self, call: Any) -> Any:
         """Run one script call; errors come up typed."""
@@ -346,7 +353,11 @@ class Worker:
     def _start(self, pairs: List[Tuple[str, str]], groups: List[str]) -> None:
         start = core.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
-        rows = self._call_until_done(start, "start", lambda: False)
+        rows = self._call_until_done(start, "start", self._stop_overdue)
+        if rows is None:  # stopping and Redis still unreachable: the leases will expire
+            log.warning("emqfast worker %s: could not start %d claimed jobs before stopping; "
+                        "the reaper will hand them back", self.name, len(pairs))
+            return
         started = core.started_jobs(self._rows, pairs, rows)
         now = time.monotonic()
         for job, token in started:

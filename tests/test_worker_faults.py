@@ -415,15 +415,16 @@ def test_outcomes_wait_out_a_busy_server(private_redis, qname):
     admin.config_set("busy-reply-threshold", 20)
     ref = q.enqueue("x").id
     handler, gate, started = _gated_handler()
-    busy_script = ("local t0 = redis.call('TIME') local s = tonumber(t0[1]) "
-                   "while tonumber(redis.call('TIME')[1]) < s + 2 do end return 1")
+    busy_script = ("local function ms() local t = redis.call('TIME') "
+                   "return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 end "
+                   "local stop = ms() + 2000 while ms() < stop do end return 1")
     w = emqfast.Worker(q, handler)
     with running_worker(w):
         assert started.wait(15)
         busy = threading.Thread(target=lambda: redis.Redis.from_url(
-            private_redis["url"]).eval(busy_script, 0), daemon=True)
+            private_redis["url"], socket_timeout=30).eval(busy_script, 0), daemon=True)
         busy.start()
-        wait_until(lambda: _is_busy(private_redis["url"]), what="server busy")
+        wait_until(lambda: _is_busy(private_redis["url"]), what="server busy", interval=0.001)
         gate.set()
         wait_until(lambda: _state(q, ref) == "completed", what="outcome after BUSY")
         busy.join(10)

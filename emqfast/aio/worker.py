@@ -93,6 +93,7 @@ class Worker:
         self._claim_prefix = uuid.uuid4().hex[:8]  # claim request ids, unique per object
         self._claim_seq = 0
         self._fatal: Optional[BaseException] = None  # a permanent error met by the acker
+        self._stopped_at = 0.0  # monotonic s of the last stop()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = WorkerStats()
         self.beat_s = min(1.0, self.lease_ms / 4000.0)
@@ -148,6 +149,7 @@ class Worker:
         """Stop claiming; :meth:`run` returns once in-flight jobs are finished or released.
         Call it from the worker's event loop (signal handlers do)."""
         self._stopping = True
+        self._stopped_at = time.monotonic()
         if self._changed is not None:
             self._changed.set()
         if self._loop is not None and not self._loop.is_closed():
@@ -202,6 +204,10 @@ class Worker:
             await self._shutdown(acker, leases)
         if self._fatal is not None:
             raise self._fatal
+
+    def _stop_overdue(self) -> bool:
+        """Stopping for longer than ``shutdown_timeout_s``: stop re-sending."""
+        return self._stopping and time.monotonic() - self._stopped_at > self.shutdown_timeout_s
 
     async def _call(self, call: Any) -> Any:
         """Run one script call; errors come up typed."""
@@ -310,8 +316,12 @@ class Worker:
     async def _start(self, pairs: List[Tuple[str, str]], groups: List[str]) -> None:
         start = core.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
-        started = core.started_jobs(self._rows, pairs,
-                                    await self._call_until_done(start, "start"))
+        rows = await self._call_until_done(start, "start", self._stop_overdue)
+        if rows is None:  # stopping and Redis still unreachable: the leases will expire
+            log.warning("emqfast aio worker %s: could not start %d claimed jobs before "
+                        "stopping; the reaper will hand them back", self.name, len(pairs))
+            return
+        started = core.started_jobs(self._rows, pairs, rows)
         now = time.monotonic()
         for job, token in started:
             job._extend_async = self._extender(job.id, token)
