@@ -14,7 +14,6 @@ Not a timing benchmark: it reports counts, never rates.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import uuid
 from pathlib import Path
