@@ -232,9 +232,9 @@ def _is_our_server(process: int, directory: Path) -> bool:
     redis-server chdirs to its --dir). A pid reused by anything else is not ours."""
     if not _alive(process):
         return False
-    proc = Path(f"/proc/{process}")
-    if not proc.exists():  # no procfs: trust a live recorded pid rather than double the server
+    if not Path("/proc/self").exists():  # no procfs: trust a live pid rather than double it
         return True
+    proc = Path(f"/proc/{process}")
     try:
         cwd = os.readlink(proc / "cwd")
         name = (proc / "comm").read_text().strip()
@@ -244,9 +244,22 @@ def _is_our_server(process: int, directory: Path) -> bool:
 
 
 def _recorded_server(directory: Path) -> Optional[int]:
-    """The pid of our live redis-server recorded in ``directory``, else None."""
+    """The pid of our live redis-server working in ``directory``: the recorded one, else
+    (pidfile deleted too) any redis-server of ours whose working dir it is; else None."""
     process = pid()
-    return process if process and _is_our_server(process, directory) else None
+    if process and _is_our_server(process, directory):
+        return process
+    return _server_working_in(directory)
+
+
+def _server_working_in(directory: Path) -> Optional[int]:
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and _is_our_server(int(entry.name), directory):
+            return int(entry.name)
+    return None
 
 
 def _wait_exit(process: int, timeout_s: float) -> bool:

@@ -141,6 +141,12 @@ def test_a_deleted_socket_never_starts_a_second_server(sandbox):
     assert _servers_in(directory) == [embedded.pid()]  # one server on this data dir
     assert embedded.pid() == first or not _alive(first)
     assert emqfast.Queue("keep", client).get(job.id).payload == "x"  # nothing lost
+    # the pidfile deleted too: the server working in the dir is still found, not doubled
+    embedded.socket_path().unlink()
+    (directory / "redis.pid").unlink()
+    assert emqfast.connect().ping()
+    assert len(_servers_in(directory)) == 1
+    assert emqfast.Queue("keep").get(job.id).payload == "x"
     embedded.stop()
 
 
