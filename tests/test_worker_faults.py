@@ -760,3 +760,29 @@ def test_lease_extensions_and_releases_go_in_bounded_chunks(redis_url, qname, r,
     assert max(sizes["extend"]) <= 7
     assert not sizes["release"] or max(sizes["release"]) <= 7
     assert q.counts()["completed"] + r.zcard(q.keys.pending) == 30
+
+
+def test_shutdown_releases_held_jobs_in_bounded_chunks(redis_url, qname, r, monkeypatch):
+    q = make_queue(redis_url, qname)
+    refs = q.enqueue_many(list(range(21)))
+    monkeypatch.setattr(core, "LEASE_CHUNK", 7)
+    sizes: List[int] = []
+    real_release = core.release_calls
+    monkeypatch.setattr(core, "release_calls", lambda k, held: sizes.append(len(held))
+                        or real_release(k, held))
+    gate, started = threading.Event(), threading.Event()
+
+    def handler(job):
+        started.set()
+        gate.wait(30)
+    w = emqfast.Worker(q, handler, concurrency=1, prefetch=20, shutdown_timeout_s=5)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    wait_until(lambda: w.stats.claimed == 21 and started.is_set(), what="21 claimed, 1 running")
+    w.stop()
+    wait_until(lambda: w.stats.released == 20, what="20 held jobs released")
+    gate.set()
+    thread.join(15)
+    assert sizes == [7, 7, 6]
+    assert q.counts()["completed"] == 1 and r.zcard(q.keys.pending) == 20
+    assert all(q.get(ref.id).attempts == 0 for ref in refs if q.get(ref.id).state != "completed")
