@@ -36,7 +36,6 @@ from rich.table import Table
 from . import embedded
 from .connection import connect
 from .redaction import redact, scrub as scrub_text
-from .errors import EmqError
 from .job import STATES, Job
 from .keys import queue_meta_glob, queue_of_key
 from .queue import Queue

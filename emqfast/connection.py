@@ -1,6 +1,7 @@
 """``connect()``: an explicit URL, else ``EMQ_REDIS_URL``, else the embedded Redis."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Optional
 
@@ -10,6 +11,8 @@ from redis.retry import Retry
 
 from .errors import ConnectionFailed, InvalidInput
 from .redaction import scrub as _scrub_any
+
+log = logging.getLogger("emqfast")
 
 # Redaction lives in emqfast.redaction (it parses no URL, so malformed ones are masked
 # too); these names stay for the callers that import them from here.
@@ -35,11 +38,50 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     may have run, and emqfast reports that (:class:`~emqfast.errors.ReplyLost`) rather
     than run it twice. emqfast's own script calls never use a client's retry anyway
     (see :mod:`emqfast.transport`).
+
+    The first connect() to a server whose ``maxmemory-policy`` may evict keys logs a
+    loud warning (logger ``emqfast``): jobs would vanish under memory pressure. The
+    check never fails connect() (an unreachable or ACL-restricted server is not checked).
     """
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         return url
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-    return open_client(target_url(url), redis.Redis, redis.RedisCluster, **kwargs)
+    target = target_url(url)
+    client = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
+    _warn_if_evicting(client, target)
+    return client
+
+
+_checked: set = set()  # servers (redacted URLs) whose eviction policy was looked at
+
+
+def _warn_if_evicting(client: Any, url: str) -> None:
+    """Log a loud warning, once per server and process, when the server may evict
+    emqfast's keys (see :mod:`emqfast.eviction`). Never raises; at most ~1 s per probe."""
+    where = redact(url)
+    if where in _checked:
+        return
+    _checked.add(where)
+    try:
+        from . import eviction
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return
+    probe = client
+    try:
+        if isinstance(client, redis.Redis):  # a short-lived probe: bounded timeouts
+            pool = client.connection_pool
+            kw = dict(pool.connection_kwargs)
+            kw.update(socket_connect_timeout=1, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+            probe = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **kw))
+        warning = eviction.check(probe)
+    except Exception:  # noqa: BLE001 - a warning must never fail connect()
+        return
+    finally:
+        if probe is not client:
+            probe.close()
+    if warning:
+        log.warning("emqfast: WARNING %s: %s", where, warning)
 
 
 def target_url(url: Optional[str]) -> str:

@@ -37,6 +37,26 @@ _STATUS = {**_ADMITTED, 0: "duplicate"}
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 
 
+ACL_CHECKED_ALONE = 64  # batches above this send one checked call first (see _sends)
+
+
+def _sends(n: int) -> Iterator[Tuple[int, int, int]]:
+    """The round trips of an ``enqueue_many`` of ``n`` jobs: ``(start, stop, acl)``.
+
+    Each enqueue script checks the user's ACL for every command it writes with before its
+    first write (~1.5 us of Redis CPU, a quarter of an enqueue). A chunk of more than
+    ``ACL_CHECKED_ALONE`` jobs sends its first job alone, checked, then the rest
+    unchecked (same user): one more round trip per 50,000 jobs instead of the check per
+    job. A refused first call stops the batch before the rest is sent."""
+    for start in range(0, n, ENQUEUE_CHUNK):
+        stop = min(start + ENQUEUE_CHUNK, n)
+        if stop - start <= ACL_CHECKED_ALONE:
+            yield start, stop, 1
+        else:
+            yield start, start + 1, 1
+            yield start + 1, stop, 0
+
+
 class _Batch:
     """What one ``enqueue_many`` sends: ids, encoded payloads, shared options; kept on its
     PartialBatch so :meth:`Queue.retry_partial` can re-send exactly the same jobs."""
@@ -158,7 +178,7 @@ class Queue:
             call = self._grouped_call(job_id, data, enc, opts, priority, mode, value, group)
         else:
             call = Call(_ENQUEUE, [self.keys.job(job_id), *self._fixed_keys()],
-                        [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION])
+                        [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION, 1])
         if self._wait is None:
             reply = yield call
             return JobRef(job_id, _ADMITTED.get(int(reply), "duplicate"))
@@ -179,11 +199,12 @@ class Queue:
                 landed, acked or 0, self._wait[0])
 
     def _grouped_call(self, job_id: str, data: bytes, enc: Any, opts: bytes, priority: int,
-                      mode: bytes, value: int, group: str) -> Call:
+                      mode: bytes, value: int, group: str, acl: int = 1) -> Call:
         k = self.keys
         return Call(_ENQUEUE_GROUP, [k.job(job_id), k.group_pending(group), k.delayed, k.marker,
                                      k.meta, k.counter, k.events, k.groups],
-                    [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION, group])
+                    [job_id, data, enc, opts, priority, mode, value, KEYSPACE_VERSION, group,
+                     acl])
 
     def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (epoch ms, compared with the server clock)."""
@@ -270,12 +291,14 @@ class Queue:
         replies: List[Any] = []
         acked: Optional[int] = None
         try:
-            for start in range(0, len(batch.job_ids), ENQUEUE_CHUNK):
-                got = yield self._chunk_request(batch, start, start + ENQUEUE_CHUNK)
+            for start, stop, acl in _sends(len(batch.job_ids)):
+                got = yield self._chunk_request(batch, start, stop, acl)
                 if self._wait is not None:
                     acked = got[-1] if acked is None else min(acked, got[-1])
                     got = got[:-1]
                 replies += got
+                if acl and isinstance(got[0], Exception):
+                    break  # refused (NOPERM, OOM, ...): the rest would be too; not sent
         except ConnectionFailed as exc:
             cut = list(getattr(exc, "replies", None) or [])
             rest = len(batch.job_ids) - len(replies) - len(cut)
@@ -283,12 +306,13 @@ class Queue:
             if all(r is transport.UNSENT or isinstance(r, Exception) for r in replies):
                 raise  # nothing written, nothing in doubt: the plain typed error
             raise self._partial(batch, replies, exc) from exc
+        replies += [transport.UNSENT] * (len(batch.job_ids) - len(replies))
         try:  # the common case, every reply a status code: one cheap pass
             refs = [JobRef(job_id, _STATUS[reply]) for job_id, reply in zip(batch.job_ids, replies)]
         except (KeyError, TypeError):
             errs = [r for r in replies if isinstance(r, Exception)]
-            if len(errs) == len(replies):  # nothing landed: the plain typed error
-                raise map_error(errs[0]) from None
+            if all(r is transport.UNSENT or isinstance(r, Exception) for r in replies):
+                raise map_error(errs[0]) from None  # nothing landed: the plain typed error
             raise self._partial(batch, replies, map_error(errs[0])) from map_error(errs[0])
         if batch.recovering:
             refs = [JobRef(r.id, "recovered") if r.status == "duplicate" and r.id in batch.recovering
@@ -296,15 +320,16 @@ class Queue:
         self._check_replicated(refs, acked)
         return refs
 
-    def _chunk_request(self, batch: "_Batch", start: int, stop: int) -> Any:
-        """The request sending jobs ``[start, stop)`` of ``batch`` (one round trip)."""
+    def _chunk_request(self, batch: "_Batch", start: int, stop: int, acl: int) -> Any:
+        """The request sending jobs ``[start, stop)`` of ``batch`` (one round trip); ``acl``
+        says whether the scripts check the user's rights (see :func:`_sends`)."""
         ids_, encoded = batch.job_ids[start:stop], batch.encoded[start:stop]
         if batch.group is not None:
             return Batch([self._grouped_call(j, data, enc, batch.opts, batch.priority,
-                                             batch.mode, batch.value, batch.group)
+                                             batch.mode, batch.value, batch.group, acl)
                           for j, (data, enc) in zip(ids_, encoded)], wire=True, wait=self._wait)
         tail = [batch.opts, str(batch.priority).encode(), batch.mode, str(batch.value).encode(),
-                KEYSPACE_VERSION.encode()]
+                KEYSPACE_VERSION.encode(), b"%d" % acl]
         # Only the job key, id, payload and encoding differ between jobs: they travel as
         # columns, every other argument once (the C batcher frames and streams each call).
         encs = {enc for _, enc in encoded}

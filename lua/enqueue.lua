@@ -16,6 +16,8 @@
 -- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')
 -- ARGV[8] keyspace version of the caller
+-- ARGV[9] acl: '0' skips the ACL check of the commands it writes with (a batch checks them
+--         in its first call on the connection); anything else, or absent, checks
 -- Returns: 1 admitted as pending (due now or already past), 2 admitted as scheduled
 --          (parked on the delayed set), 0 duplicate id (idempotent no-op, nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
@@ -34,8 +36,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local cap = emq_events_cap(KEYS[5])
 local dscore = emq_admit_score(KEYS[3], run_at, now)
-local denied = emq_admit_denied(KEYS[1], dscore and KEYS[3] or KEYS[2], KEYS[4], KEYS[6],
-  KEYS[5], KEYS[7])
+local denied = nil
+if ARGV[9] ~= '0' then
+  local set_key = KEYS[2]
+  if dscore then set_key = KEYS[3] end
+  denied = emq_admit_denied(KEYS[1], set_key, KEYS[4], KEYS[6], KEYS[7], cap ~= nil)
+end
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end

@@ -20,6 +20,8 @@
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')
 -- ARGV[8] keyspace version of the caller
 -- ARGV[9] group name (validated by the caller: no braces, no NUL)
+-- ARGV[10] acl: '0' skips the ACL check of the commands it writes with (a batch checks
+--          them in its first call on the connection); anything else, or absent, checks
 -- Returns: 1 admitted to its lane, 2 admitted as scheduled, 0 duplicate id (nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
 --          EMQINPUT malformed mode/number or empty group; EMQVERSION keyspace of another major version;
@@ -41,12 +43,16 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local cap = emq_events_cap(KEYS[5])
 local dscore = emq_admit_score(KEYS[3], run_at, now)
-local denied = emq_admit_denied(KEYS[1], dscore and KEYS[3] or KEYS[2], KEYS[4], KEYS[6],
-  KEYS[5], KEYS[7])
-if not denied and not dscore and redis.acl_check_cmd
-    and not (redis.acl_check_cmd('ZADD', KEYS[8], '0', 'm')
-             and redis.acl_check_cmd('ZRANGE', KEYS[8], '-1', '-1')) then
-  denied = 'NOPERM this user may not ZADD/ZRANGE the ring of ready groups: nothing was written'
+local denied = nil
+if ARGV[10] ~= '0' then
+  local set_key = KEYS[2]
+  if dscore then set_key = KEYS[3] end
+  denied = emq_admit_denied(KEYS[1], set_key, KEYS[4], KEYS[6], KEYS[7], cap ~= nil)
+  if not denied and not dscore and redis.acl_check_cmd
+      and not (redis.acl_check_cmd('ZADD', KEYS[8], '0', 'm')
+               and redis.acl_check_cmd('ZRANGE', KEYS[8], '-1', '-1')) then
+    denied = 'NOPERM this user may not ZADD/ZRANGE the ring of ready groups: nothing was written'
+  end
 end
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write

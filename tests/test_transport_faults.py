@@ -382,6 +382,28 @@ def test_enqueue_denied_a_write_command_writes_nothing(r, redis_url, qname):
             q.enqueue("x", group="g")
         with pytest.raises(errors.PermissionDenied):
             q.enqueue_many(["a", "b"])
+        # a big batch checks once, in its first call, and sends nothing more when refused
+        for group in (None, "g"):
+            with pytest.raises(errors.PermissionDenied):
+                q.enqueue_many(["a"] * 200, group=group)
         assert dump_queue(r, qname) == before
     finally:
         r.acl_deluser(user)
+
+
+# --- defect 12: connect() warns about an evicting server -----------------------------------
+
+def test_connect_warns_loudly_on_an_evicting_server(full_server, caplog):
+    import logging
+    caplog.set_level(logging.WARNING, logger="emqfast")
+    evicting = full_server("--maxmemory-policy", "allkeys-lru")
+    safe = full_server()
+    client = emqfast.connect(f"redis://127.0.0.1:{evicting}/0")
+    assert client.ping()
+    warnings = [r for r in caplog.records if r.name == "emqfast" and "allkeys-lru" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    emqfast.connect(f"redis://127.0.0.1:{evicting}/0")  # once per server and process
+    emqfast.connect(f"redis://127.0.0.1:{safe}/0")
+    emqfast.connect(_dead_url())  # never fails connect()
+    assert len([r for r in caplog.records if r.name == "emqfast"
+                and "maxmemory-policy" in r.getMessage()]) == 1
