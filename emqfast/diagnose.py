@@ -14,7 +14,7 @@ from typing import Callable, Optional
 # HELLO first; RESP2 gets NOAUTH; a pipelined hiredis batch is cut with a protocol error).
 _PASSWORD_MISSING = re.compile(
     r"NOAUTH|Authentication required|HELLO must be called with the client already "
-    r"authenticated|unauthenticated (multi)?bulk", re.I)
+    r"authenticated|unauthenticated (multi)?bulk|requires a password and none was given", re.I)
 _PASSWORD_WRONG = re.compile(r"WRONGPASS|invalid username-password|invalid password", re.I)
 _NO_PERMISSION = re.compile(r"NOPERM|no permissions to", re.I)
 
