@@ -18,13 +18,16 @@ API (all methods are thread-safe)::
         proxy.cut_after(12)        # forward exactly 12 more reply bytes (over all connections),
                                    # then close the one that carried the last: precise cuts
                                    # ("the 3rd reply of this pipeline is lost"); None disarms
+        proxy.hold(0.5)            # the next reply on a random live connection comes 0.5 s
+                                   # late (past a client's socket timeout: a stale reply)
         proxy.reset()              # RST (SO_LINGER 0) a random live connection now
         proxy.cut_all()            # close every live connection now (FIN both sides)
         proxy.delay(0.05)          # add 50 ms before forwarding every chunk (0: off)
         proxy.pause()              # hold new connections (accepted, not forwarded) ...
         proxy.resume()             # ... until resume; pause(drop=True) closes them instead
         run = proxy.chaos(duration_s=10, gap_s=(0.05, 0.2))   # background: every 50-200 ms
-        run.stop(); run.join()     # cut a random live connection ("c2s"/"s2c"/"rst"); bounded
+        run.stop(); run.join()     # cut a random live connection ("c2s"/"s2c"/"rst", or
+                                   # "hold" a reply hold_s); bounded
         proxy.stats                # Counter: accepted, cut_c2s, cut_s2c, reset, ...
         proxy.live()               # number of live proxied connections
 
@@ -87,6 +90,7 @@ class _Link:
         self.proxy, self.cid = proxy, cid
         self.client, self.upstream = client, upstream
         self.armed: Dict[str, float] = {}  # direction -> monotonic deadline of the cut
+        self.holds: Dict[str, float] = {}  # direction -> seconds to hold its next chunk
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
@@ -108,6 +112,14 @@ class _Link:
         (_rst_close if rst else _close)(self.client)
         _close(self.upstream)
         self.proxy._forget(self)
+
+    def hold_next(self, direction: str, seconds: float) -> None:
+        with self._lock:
+            self.holds[direction] = seconds
+
+    def _take_hold(self, direction: str) -> float:
+        with self._lock:
+            return self.holds.pop(direction, 0.0)
 
     def _take_armed(self, direction: str) -> Optional[float]:
         with self._lock:
@@ -147,6 +159,11 @@ class _Link:
                     proxy._count(f"cut_{direction}_bytes", at)
                     self.close()
                     return
+                held = self._take_hold(direction)
+                if held:  # one late chunk: the client may time out; the bytes still come
+                    proxy._count(f"held_{direction}")
+                    if self.closed.wait(held) or proxy._stopped.is_set():
+                        break
                 if proxy._delay_s:
                     time.sleep(proxy._delay_s)
                 dst.sendall(data)
@@ -160,8 +177,9 @@ class ChaosRun:
     """A background run of cuts at random gaps; stops by itself (duration, max cuts)."""
 
     def __init__(self, proxy: "FaultProxy", duration_s: float, gap_s: Tuple[float, float],
-                 faults: Sequence[str], max_cuts: int):
+                 faults: Sequence[str], max_cuts: int, hold_s: float = 1.0):
         self.proxy, self.duration_s, self.gap_s = proxy, duration_s, gap_s
+        self.hold_s = hold_s
         self.faults, self.max_cuts = tuple(faults), max_cuts
         self.cuts: Counter = Counter()
         self._stop = threading.Event()
@@ -189,7 +207,12 @@ class ChaosRun:
             if self._stop.wait(gap) or time.monotonic() > end or proxy._stopped.is_set():
                 return
             fault = proxy._choice(self.faults)
-            done = proxy.reset() if fault == "rst" else proxy.cut(fault)
+            if fault == "rst":
+                done = proxy.reset()
+            elif fault == "hold":
+                done = proxy.hold(self.hold_s)
+            else:
+                done = proxy.cut(fault)
             if done:
                 self.cuts[fault] += 1
 
@@ -280,6 +303,20 @@ class FaultProxy:
         with self._rng_lock:
             self._budgets[direction] = None if nbytes is None else max(0, int(nbytes))
 
+    def hold(self, seconds: float, direction: str = "s2c") -> bool:
+        """Hold the next chunk flowing ``direction`` on one random live connection for
+        ``seconds``, then deliver it: with 's2c' longer than the client's socket timeout,
+        the client gives up on a reply that still arrives later on that connection (a
+        client that reuses the connection then reads a stale reply). False if none."""
+        if direction not in ("c2s", "s2c"):
+            raise ValueError(f"direction must be c2s or s2c, not {direction!r}")
+        link = self._pick()
+        if link is None:
+            return False
+        link.hold_next(direction, seconds)
+        self._count(f"armed_hold_{direction}")
+        return True
+
     def reset(self) -> bool:
         """Reset (RST) one random live connection now. False if none is live."""
         link = self._pick()
@@ -314,11 +351,12 @@ class FaultProxy:
 
     def chaos(self, duration_s: float, gap_s: Tuple[float, float] = (0.05, 0.2),
               faults: Sequence[str] = ("c2s", "s2c", "rst"),
-              max_cuts: int = 10_000) -> ChaosRun:
+              max_cuts: int = 10_000, hold_s: float = 1.0) -> ChaosRun:
         """Start a background run: every ``gap_s`` (uniform) seconds one fault from
-        ``faults`` ('c2s', 's2c', 'any', 'rst') on a random live connection, until
-        ``duration_s`` passed, ``max_cuts`` were made or :meth:`ChaosRun.stop`."""
-        return ChaosRun(self, duration_s, gap_s, faults, max_cuts).start()
+        ``faults`` ('c2s', 's2c', 'any', 'rst', 'hold': a reply held ``hold_s``) on a
+        random live connection, until ``duration_s`` passed, ``max_cuts`` were made or
+        :meth:`ChaosRun.stop`."""
+        return ChaosRun(self, duration_s, gap_s, faults, max_cuts, hold_s).start()
 
     def live(self) -> int:
         """How many proxied connections are live now."""

@@ -239,7 +239,8 @@ def wait_drained(done: Callable[[], int], n: int, worker_alive: Callable[[], boo
 def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 1,
               producers: int = 2, concurrency: int = 8, fault: str = "cut c2s/s2c/rst",
               faults: Sequence[str] = ("c2s", "s2c", "rst"),
-              gap_s: Sequence[float] = CHAOS_GAP_S, worker_after: bool = False) -> SoakResult:
+              gap_s: Sequence[float] = CHAOS_GAP_S, worker_after: bool = False,
+              socket_timeout: float = 5.0, hold_s: float = 1.0) -> SoakResult:
     """Producers and one Worker, all through a fresh FaultProxy under chaos. With
     ``worker_after`` the Worker starts once every job is enqueued, so the cuts made while
     it drains (``cuts['while_draining']``) can only hit the Worker's connections."""
@@ -252,7 +253,7 @@ def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 
     lock = threading.Lock()
     direct = redis.Redis(port=upstream_port)
     with FaultProxy(upstream_port, seed=seed) as proxy:
-        conn = emqfast.connect(proxy.url(), socket_timeout=5)
+        conn = emqfast.connect(proxy.url(), socket_timeout=socket_timeout)
         q = Queue(qname, conn)
 
         def handler(job: emqfast.Job) -> None:
@@ -272,7 +273,8 @@ def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 
         tags = [f"p{i}" for i in range(producers)]
         per = n_jobs // producers
         ids_of = {tag: job_ids_for(f"{qname}-{tag}", per) for tag in tags}
-        chaos = proxy.chaos(BUDGET_S, gap_s=tuple(gap_s), faults=faults)  # type: ignore[arg-type]
+        chaos = proxy.chaos(BUDGET_S, gap_s=tuple(gap_s), faults=faults,  # type: ignore[arg-type]
+                            hold_s=hold_s)
         wt = threading.Thread(target=run_worker, daemon=True, name="soak-worker")
         if not worker_after:
             wt.start()
@@ -392,6 +394,20 @@ def test_soak_reply_lost_storm_runs_every_job_exactly_once(redis_url, qname, bac
     report(result)
     assert result.cuts.get("s2c", 0) >= 5, result.cuts
     assert result.cuts["while_draining"] >= 1, result.cuts  # the Worker's own replies cut
+    assert result.problems() == {}, result
+
+
+def test_soak_late_replies_past_the_socket_timeout_run_every_job_exactly_once(
+        redis_url, qname, backend):
+    """A reply held past the client's socket timeout (0.3 s) every 50-200 ms: the client
+    gives up (TimeoutError: the command may have run) while the reply is still on its way
+    on that connection. A connection reused after a timeout would hand its stale reply to
+    the next command; nothing may be lost, re-run, double-counted or left leased."""
+    result = soak_sync(upstream_port_of(redis_url), qname, n_jobs=5_000, seed=12,
+                       faults=("hold",), gap_s=(0.05, 0.2), socket_timeout=0.3, hold_s=0.6,
+                       fault=f"proxy late replies (sync, {backend})")
+    report(result)
+    assert result.cuts.get("hold", 0) >= 5, result.cuts
     assert result.problems() == {}, result
 
 
