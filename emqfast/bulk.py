@@ -45,16 +45,17 @@ def _text(value: Any) -> str:
 
 def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
     """The operation behind :func:`promote_many` (both facades): rounds of pipelined passes
-    (due ids, their groups, the moves), each script call bounded to ``PROMOTE_BATCH`` jobs;
-    a queue takes part in the next round while it had a full batch due and ``limit``
-    allows more (a limit of at most ``PROMOTE_BATCH`` is a single round, as before)."""
-    from .queue import PROMOTE_BATCH
+    (due ids, their groups, the moves); a round reads at most ``DUE_BATCH`` due ids per
+    queue and moves them in script calls of at most ``PROMOTE_BATCH`` jobs; a queue takes
+    part in the next round while it had a full read due and ``limit`` allows more (a limit
+    of at most ``DUE_BATCH`` is a single round)."""
+    from .queue import DUE_BATCH
 
     moved = {k.name: 0 for k in keys}
     seen = {k.name: 0 for k in keys}
     active = list(keys)
     while active:
-        asked = {k.name: min(PROMOTE_BATCH, limit - seen[k.name]) for k in active}
+        asked = {k.name: min(DUE_BATCH, limit - seen[k.name]) for k in active}
         found = yield from _promote_round(active, asked, moved)
         for k, ids in found:
             seen[k.name] += len(ids)
@@ -67,6 +68,8 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
                    moved: Dict[str, int]) -> Op:
     """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
     per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
+    from .queue import PROMOTE_BATCH
+
     due = yield Batch([Call(_DUE, [k.delayed, k.meta], [asked[k.name], 1]) for k in keys],
                       wire=True)
     found: List[Tuple[QueueKeys, List[str]]] = []
@@ -100,7 +103,7 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
         # the same calls Queue.promote makes (tests hold the two in step)
         for call in lane_moves(k, by_group, lambda pending, ids_, k=k: Call(
                 _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
-                [KEYSPACE_VERSION, *ids_])):
+                [KEYSPACE_VERSION, *ids_]), PROMOTE_BATCH):
             calls.append(call)
             owners.append(k.name if call.script is _PROMOTE else None)
     # One round trip per distinct due count (a single one when every queue had `limit`).
@@ -127,8 +130,8 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     :class:`emqfast.Queue` objects on that server. At most ``limit`` jobs per
     queue move in one call. Returns ``{queue name: jobs released}`` for every
     queue given. Same effect as ``Queue.promote`` on each, in a few pipelined round
-    trips per round (a round moves at most ``PROMOTE_BATCH`` jobs per queue: bounded
-    work per script call, so a ``limit`` above it takes more rounds).
+    trips per round (a round reads at most ``DUE_BATCH`` due ids per queue and moves
+    them ``PROMOTE_BATCH`` per script call: bounded work per call).
     """
     from .connection import resolve
 

@@ -46,14 +46,18 @@ def join_call(k: QueueKeys, groups: Sequence[str]) -> Call:
 
 
 def lane_moves(k: QueueKeys, by_group: Dict[Optional[str], List[str]],
-               move: Any) -> List[Call]:
+               move: Any, size: Optional[int] = None) -> List[Call]:
     """The calls that move jobs into their lanes: ``move(pending_key, ids)`` per group
     (the flat pending set for ungrouped ids), preceded by one ring join when any job
-    is grouped, so that a lane never fills while its group is off the ring."""
+    is grouped, so that a lane never fills while its group is off the ring. With
+    ``size``, a group's ids go ``size`` per call (bounded work per script call)."""
     groups = [g for g in by_group if g is not None]
     calls = [join_call(k, groups)] if groups else []
     for g, ids in by_group.items():
-        calls.append(move(k.pending if g is None else k.group_pending(g), ids))
+        pending = k.pending if g is None else k.group_pending(g)
+        step = size or max(len(ids), 1)
+        for start in range(0, len(ids), step):
+            calls.append(move(pending, ids[start:start + step]))
     return calls
 
 

@@ -35,6 +35,16 @@ MAX_ATTEMPTS = 1_000_000
 _ADMITTED = {1: "pending", 2: "scheduled"}
 _STATUS = {**_ADMITTED, 0: "duplicate"}
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
+# Bounded work per script call (issue 11): promote/reap/trim hand a script at most this
+# many jobs (the scripts refuse more than 4,000), so a 1M backlog is many calls of a few
+# ms each, never one call that blocks Redis for seconds. Larger limits loop.
+PROMOTE_BATCH = 1000
+DUE_BATCH = 4000      # due ids read per due.lua call (its maximum); promote moves them in
+                      # PROMOTE_BATCH calls pipelined together: few round trips per 1M
+REAP_BATCH = 500      # reap does the most per job (lease, counters, events)
+TRIM_BATCH = 1000
+MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handle in all
+TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
 
 
 ACL_CHECKED_ALONE = 64  # batches above this send one checked call first (see _sends)
@@ -371,34 +381,57 @@ class Queue:
     # --- moves on the server clock ------------------------------------------
     @operation
     def promote(self, limit: int = 1000) -> int:
-        """Release due delayed jobs to pending (server clock); returns how many moved."""
-        check_int(limit, "limit", 1, 1_000_000)
+        """Release up to ``limit`` due delayed jobs to pending (server clock); returns how
+        many moved. Reads the due ids :data:`DUE_BATCH` at a time and moves them in script
+        calls of at most :data:`PROMOTE_BATCH` jobs (bounded work per call)."""
+        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
+        moved = 0
+        for asked in _batches(limit, DUE_BATCH):
+            seen, n = yield from self._promote_batch(asked)
+            moved += n
+            if seen < asked:  # the due head is drained
+                break
+        return moved
+
+    def _promote_batch(self, asked: int) -> Op:
+        """One round of :meth:`promote`: ``(due ids seen, jobs moved)``."""
         k = self.keys
-        reply = yield Call(_DUE, [k.delayed, k.meta], [limit, 1])
+        reply = yield Call(_DUE, [k.delayed, k.meta], [asked, 1])
         due = [i.decode() for i in reply[2:]]
         if not due:
-            return 0
+            return 0, 0
         # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
         # standing in for its pending set (queues that never had groups skip the lookup)
         by_group = (yield from groups_mod.groups_of(k, due)) if reply[1] else {None: due}
         calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
             _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
-            [KEYSPACE_VERSION, *ids_]))
+            [KEYSPACE_VERSION, *ids_]), PROMOTE_BATCH)
         if len(calls) == 1:
-            return int((yield calls[0]))
+            return len(due), int((yield calls[0]))
         replies = yield Batch(calls)
-        return _moved(calls, replies, sum)
+        return len(due), _moved(calls, replies, sum)
 
     @operation
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
-        """Return jobs with expired leases to pending; ``(requeued, failed_as_stalled)``."""
+        """Return up to ``limit`` jobs with expired leases to pending;
+        ``(requeued, failed_as_stalled)``. Works in calls of at most :data:`REAP_BATCH` jobs."""
         check_int(max_stalled, "max_stalled", 0, 1_000_000)
-        check_int(limit, "limit", 1, 1_000_000)
+        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
+        requeued = failed = 0
+        for asked in _batches(limit, REAP_BATCH):
+            seen, (r, f) = yield from self._reap_batch(max_stalled, asked)
+            requeued, failed = requeued + r, failed + f
+            if seen < asked:  # no more expired leases
+                break
+        return requeued, failed
+
+    def _reap_batch(self, max_stalled: int, asked: int) -> Op:
+        """One bounded step of :meth:`reap`: ``(expired ids seen, (requeued, failed))``."""
         k = self.keys
-        reply = yield Call(_DUE, [k.active, k.meta], [limit, 0])
+        reply = yield Call(_DUE, [k.active, k.meta], [asked, 0])
         expired = [i.decode() for i in reply[2:]]
         if not expired:
-            return 0, 0
+            return 0, (0, 0)
         # a reaped grouped job rejoins its lane (queues that never had groups skip the lookup)
         by_group = (yield from groups_mod.groups_of(k, expired)) if reply[1] else {None: expired}
         calls = groups_mod.lane_moves(k, by_group, lambda pending, ids_: Call(
@@ -408,9 +441,9 @@ class Queue:
             [max_stalled, KEYSPACE_VERSION, *ids_]))
         if len(calls) == 1:
             requeued, failed = yield calls[0]
-            return int(requeued), int(failed)
+            return len(expired), (int(requeued), int(failed))
         replies = yield Batch(calls)
-        return _moved(calls, replies, groups_mod.split_counts)
+        return len(expired), _moved(calls, replies, groups_mod.split_counts)
 
     @operation
     def server_time_ms(self) -> int:
@@ -508,24 +541,39 @@ class Queue:
 
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
-             max_age_ms: Optional[int] = None) -> int:
-        """Retention: delete the oldest finished jobs beyond the counts (and older than the age)."""
+             max_age_ms: Optional[int] = None, limit: int = TRIM_LIMIT) -> int:
+        """Retention: delete the oldest finished jobs beyond the counts (and older than
+        ``max_age_ms``, server clock); returns how many were deleted.
+
+        At most ``limit`` jobs per finished set go in one call (in script calls of
+        :data:`TRIM_BATCH`), so the Worker's beat stays short; call again for the rest.
+        """
         k = self.keys
         # validate everything first: a bad keep_failed must not leave completed trimmed
         check_int(keep_completed, "keep_completed", 0, 1 << 40)
         check_int(keep_failed, "keep_failed", 0, 1 << 40)
         if max_age_ms is not None:
             check_int(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
+        check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
+        age = -1 if max_age_ms is None else max_age_ms
         removed = 0
-        now = (yield from Queue.server_time_ms.op(self)) if max_age_ms is not None else None
         for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
-            victims = {i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, -(keep + 1)))}
-            if now is not None:
-                victims.update(i.decode() for i in
-                               (yield Cmd.of("ZRANGEBYSCORE", key, "-inf", now - max_age_ms)))
-            for chunk in _chunks(sorted(victims), 500):
-                removed += int((yield Call(_TRIM, [key, k.meta, *k.jobs(chunk)],
-                                           [KEYSPACE_VERSION, *chunk])))
+            removed += yield from self._trim_set(key, keep, age, limit)
+        return removed
+
+    def _trim_set(self, key: str, keep: int, age: int, limit: int) -> Op:
+        """Trim one finished set: read its oldest ids a batch at a time (a bounded ZRANGE)
+        and let trim.lua delete those the rule does not keep (it re-checks each)."""
+        removed = 0
+        for asked in _batches(limit, TRIM_BATCH):
+            head = [i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, asked - 1))]
+            if not head:
+                break
+            deleted, more = yield Call(_TRIM, [key, self.keys.meta, *self.keys.jobs(head)],
+                                       [KEYSPACE_VERSION, keep, age, *head])
+            removed += int(deleted)
+            if not int(more) or len(head) < asked:
+                break
         return removed
 
     @operation
@@ -639,6 +687,13 @@ def _moved(calls: List[Call], replies: List[Any], combine: Any) -> Any:
             raise reply
     moves = replies[1:] if calls[0].script.name == "group_join" else replies
     return combine(moves)
+
+
+def _batches(limit: int, size: int) -> Iterator[int]:
+    """Per-call counts that add up to ``limit``, none above ``size``."""
+    while limit > 0:
+        yield min(limit, size)
+        limit -= size
 
 
 def _chunks(items: List[Any], size: int) -> Iterable[List[Any]]:
