@@ -567,8 +567,11 @@ class Batcher:
         if not wait:
             return replies
         values, blob, lens = _pack_args([b"WAIT", int(wait[0]), int(wait[1])])
-        (acked,), _ = self._run(1, lambda conn: lib.emq_command_batch(
-            conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False)
+        try:
+            (acked,), _ = self._run(1, lambda conn: lib.emq_command_batch(
+                conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False)
+        except ConnectionFailed:  # the writes replied: landed, replication unconfirmed
+            acked = 0
         return replies + [0 if isinstance(acked, Exception) else int(acked)]
 
     def _locked(self) -> threading.Lock:

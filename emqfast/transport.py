@@ -169,6 +169,14 @@ def _is_cluster(client: Any) -> bool:
     return hasattr(client, "nodes_manager")
 
 
+def _wait_lost(failed: "_Failed", n: int, wait: Wait) -> Optional[List[Any]]:
+    """When only WAIT's reply was lost (every write replied), the writes landed and their
+    replication is unconfirmed: their replies and 0 replicas, not a failure."""
+    if wait and all(r is not LOST and r is not UNSENT for r in failed.replies[:n]):
+        return failed.replies[:n] + [0]
+    return None
+
+
 def _with_wait(commands: List[Command], wait: Wait) -> List[Command]:
     return commands + [("WAIT", wait[0], wait[1])] if wait else commands
 
@@ -186,7 +194,9 @@ def execute(client: Any, commands: Sequence[Command], wait: Wait = None,
         try:
             got = _on_pool(client, _with_wait(commands, wait))
         except _Failed as failed:
-            raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
+            got = _wait_lost(failed, len(commands), wait)
+            if got is None:
+                raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
         if wait:
             got[-1] = _min_acked(None, got[-1])
         return got
@@ -263,9 +273,11 @@ def _cluster_round(client: Any, kind: str, target: Any, commands: List[Command],
             raw = _on_pool(client.get_redis_connection(node),
                            _with_wait([commands[j] for j in members], wait))
         except _Failed as failed:
-            for j, reply in zip(members, failed.replies):
-                out[j] = reply
-            raise _Failed(failed.cause, out) from failed.cause
+            raw = _wait_lost(failed, len(members), wait)
+            if raw is None:
+                for j, reply in zip(members, failed.replies):
+                    out[j] = reply
+                raise _Failed(failed.cause, out) from failed.cause
         for j, reply in zip(members, raw):
             out[j] = reply
         if wait:
@@ -377,7 +389,9 @@ async def execute_async(client: Any, commands: Sequence[Command], wait: Wait = N
         try:
             got = await _on_pool_async(client, _with_wait(commands, wait))
         except _Failed as failed:
-            raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
+            got = _wait_lost(failed, len(commands), wait)
+            if got is None:
+                raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
         if wait:
             got[-1] = _min_acked(None, got[-1])
         return got
@@ -433,9 +447,11 @@ async def _cluster_round_async(client: Any, kind: str, target: Any, commands: Li
         try:
             raw = await _on_node_async(node, _with_wait([commands[j] for j in members], wait))
         except _Failed as failed:
-            for j, reply in zip(members, failed.replies):
-                out[j] = reply
-            raise _Failed(failed.cause, out) from failed.cause
+            raw = _wait_lost(failed, len(members), wait)
+            if raw is None:
+                for j, reply in zip(members, failed.replies):
+                    out[j] = reply
+                raise _Failed(failed.cause, out) from failed.cause
         for j, reply in zip(members, raw):
             out[j] = reply
         if wait:

@@ -407,3 +407,21 @@ def test_connect_warns_loudly_on_an_evicting_server(full_server, caplog):
     emqfast.connect(_dead_url())  # never fails connect()
     assert len([r for r in caplog.records if r.name == "emqfast"
                 and "maxmemory-policy" in r.getMessage()]) == 1
+
+
+def test_lost_wait_reply_means_landed_but_unconfirmed(backend, proxy, r, qname):
+    """Every write replied, then the connection died before WAIT's reply: the jobs are
+    written (reported as landed), their replication is unconfirmed: NotReplicated."""
+    client = redis.Redis(port=proxy.port)
+    q = _queue(client, qname, wait_replicas=1, wait_timeout_ms=300)
+    with pytest.raises(errors.NotReplicated):
+        q.enqueue_many(["warm"])  # connects the Batcher (no replica: NotReplicated anyway)
+    r.delete(q.keys.pending)
+    _only_link(proxy, client if backend == "c" else None)
+    # the first job goes alone (its ACL check) with its WAIT: ":1" ":0", then 99 ":1";
+    # the last WAIT's reply is cut
+    proxy.cut_after(8 + 4 * 99)
+    with pytest.raises(errors.NotReplicated) as info:
+        q.enqueue_many(["p"] * 100)
+    assert len(info.value.landed) == 100 and info.value.acked == 0
+    assert r.zcard(q.keys.pending) == 100
