@@ -500,7 +500,8 @@ class _AioFailoverLoad(_FailoverLoad):
             wtask = asyncio.create_task(worker.run())
             await asyncio.gather(produce("waited", waited), produce("plain", plain))
             self._producers_done.set()
-            while not self._stop_worker.is_set() and not wtask.done():
+            while not self._stop_worker.is_set() and not wtask.done() \
+                    and time.monotonic() < self.deadline + 60:  # bounded even if never told
                 await asyncio.sleep(0.02)
             worker.stop()
             await asyncio.wait_for(wtask, 30)
