@@ -36,7 +36,7 @@ import emqfast
 import emqfast.aio
 from emqfast import Queue, Worker
 
-from fault_proxy import FaultProxy, upstream_port_of
+from fault_proxy import FaultProxy, fault_proxy, upstream_port_of  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.faults
 
@@ -423,27 +423,27 @@ def test_soak_through_cut_connections_runs_every_job_exactly_once(redis_url, qna
     assert result.problems() == {}, result
 
 
-def test_fault_proxy_cuts_a_reply_after_the_server_ran_the_command(redis_url, r, qname):
+def test_fault_proxy_cuts_a_reply_after_the_server_ran_the_command(fault_proxy, r, qname):
     """The proxy's s2c cut is what the soak relies on: the command ran, its reply is lost."""
     key = f"test:{{{qname}}}:n"
-    with FaultProxy(upstream_port_of(redis_url), seed=3) as proxy:
-        c = redis.Redis.from_url(proxy.url(), socket_timeout=5, retry=redis.retry.Retry(
-            redis.backoff.NoBackoff(), 0))
-        c.ping()
-        assert proxy.cut("s2c", timeout_s=5)
-        with pytest.raises(redis.ConnectionError):
-            c.incr(key)
-        assert r.get(key) == b"1"  # it ran
-        c.ping()  # a fresh connection to cut
-        assert proxy.cut("c2s", timeout_s=5)
-        with pytest.raises(redis.ConnectionError):
-            c.set(key + ":x", "y" * 1000)  # a request cut mid-way never runs
-        assert r.get(key + ":x") is None
-        c.ping()
-        assert proxy.reset() and proxy.live() == 0
-        assert c.ping()  # redis-py notices the reset idle connection and reconnects
-        assert (proxy.stats["cut_s2c"], proxy.stats["cut_c2s"], proxy.stats["reset"]) == (1, 1, 1)
-        c.close()
+    proxy = fault_proxy  # the ready-made fixture other test modules import
+    c = redis.Redis.from_url(proxy.url(), socket_timeout=5, retry=redis.retry.Retry(
+        redis.backoff.NoBackoff(), 0))
+    c.ping()
+    assert proxy.cut("s2c", timeout_s=5)
+    with pytest.raises(redis.ConnectionError):
+        c.incr(key)
+    assert r.get(key) == b"1"  # it ran
+    c.ping()  # a fresh connection to cut
+    assert proxy.cut("c2s", timeout_s=5)
+    with pytest.raises(redis.ConnectionError):
+        c.set(key + ":x", "y" * 1000)  # a request cut mid-way never runs
+    assert r.get(key + ":x") is None
+    c.ping()
+    assert proxy.reset() and proxy.live() == 0
+    assert c.ping()  # redis-py notices the reset idle connection and reconnects
+    assert (proxy.stats["cut_s2c"], proxy.stats["cut_c2s"], proxy.stats["reset"]) == (1, 1, 1)
+    c.close()
 
 
 def test_fault_proxy_delays_pauses_resumes_and_stops_by_itself(redis_url):
