@@ -5,6 +5,7 @@
     emqfast bench --only drain    # one workload (repeat or comma-separate for more)
     emqfast bench --json out.json # machine-readable results as well as the table
     emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
+    emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
 
 It starts its own redis-server (persistence off) unless ``EMQ_REDIS_URL`` (or
 ``--url``) names one, verifies every job it counts before reporting a number,
@@ -35,7 +36,8 @@ from rich.table import Table
 
 import emqfast
 
-from . import backends, drain, enqueue, memory, micro, peers, promote, report, scale, server, wake
+from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale, server,
+               slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
@@ -48,8 +50,10 @@ WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "memory": memory.run,
     "micro": micro.run,
     "peers": peers.run,
+    "slowlog": slowlog.run,
 }
-OPTIONAL = {"peers"}  # only with --peers (or --only peers)
+# only with --peers (or --only peers); slowlog (a 1M-job backlog, minutes) only with --only
+OPTIONAL = {"peers", "slowlog"}
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
