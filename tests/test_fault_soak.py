@@ -322,8 +322,9 @@ def soak_sync(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 
 async def _soak_aio(proxy: FaultProxy, direct: redis.Redis, qname: str, n_jobs: int,
                     producers: int, concurrency: int, result: SoakResult,
                     execs: Counter, errors: Counter, untyped: Counter,
-                    deadline: float) -> List[str]:
-    conn = emqfast.aio.connect(proxy.url(), socket_timeout=5)
+                    deadline: float, chaos_opts: Dict[str, Any],
+                    socket_timeout: float) -> List[str]:
+    conn = emqfast.aio.connect(proxy.url(), socket_timeout=socket_timeout)
     q = emqfast.aio.Queue(qname, conn)
 
     async def handler(job: emqfast.Job) -> None:
@@ -337,7 +338,7 @@ async def _soak_aio(proxy: FaultProxy, direct: redis.Redis, qname: str, n_jobs: 
     ids_of = {tag: job_ids_for(f"{qname}-{tag}", per) for tag in tags}
     ptasks = [asyncio.create_task(produce_async(q, ids_of[t], errors, untyped, deadline))
               for t in tags]
-    chaos = proxy.chaos(BUDGET_S, gap_s=CHAOS_GAP_S)
+    chaos = proxy.chaos(BUDGET_S, **chaos_opts)
     done, _ = await asyncio.wait(ptasks, timeout=max(deadline - time.monotonic(), 0.1))
     for t in done:
         if t.exception() is not None:
@@ -361,7 +362,10 @@ async def _soak_aio(proxy: FaultProxy, direct: redis.Redis, qname: str, n_jobs: 
 
 
 def soak_aio(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 2,
-             producers: int = 2, concurrency: int = 8, fault: str = "cut c2s/s2c/rst") -> SoakResult:
+             producers: int = 2, concurrency: int = 8, fault: str = "cut c2s/s2c/rst",
+             faults: Sequence[str] = ("c2s", "s2c", "rst"),
+             gap_s: Sequence[float] = CHAOS_GAP_S, socket_timeout: float = 5.0,
+             hold_s: float = 1.0) -> SoakResult:
     """As :func:`soak_sync` with emqfast.aio: producer tasks and an aio Worker."""
     result = SoakResult(fault=fault)
     t0 = time.monotonic()
@@ -371,8 +375,10 @@ def soak_aio(upstream_port: int, qname: str, n_jobs: int = N_JOBS, seed: int = 2
     execs: Counter = Counter()
     direct = redis.Redis(port=upstream_port)
     with FaultProxy(upstream_port, seed=seed) as proxy:
+        chaos_opts = {"gap_s": tuple(gap_s), "faults": tuple(faults), "hold_s": hold_s}
         ids = asyncio.run(_soak_aio(proxy, direct, qname, n_jobs, producers, concurrency,
-                                    result, execs, errors, untyped, deadline))
+                                    result, execs, errors, untyped, deadline, chaos_opts,
+                                    socket_timeout))
     result.producer_errors = dict(errors)
     result.untyped_errors = dict(untyped)
     verdict(direct, qname, ids, execs, result)
@@ -406,6 +412,17 @@ def test_soak_late_replies_past_the_socket_timeout_run_every_job_exactly_once(
     result = soak_sync(upstream_port_of(redis_url), qname, n_jobs=5_000, seed=12,
                        faults=("hold",), gap_s=(0.05, 0.2), socket_timeout=0.3, hold_s=0.6,
                        fault=f"proxy late replies (sync, {backend})")
+    report(result)
+    assert result.cuts.get("hold", 0) >= 5, result.cuts
+    assert result.problems() == {}, result
+
+
+def test_soak_late_replies_aio_run_every_job_exactly_once(redis_url, qname):
+    """The late-replies soak with emqfast.aio (redis.asyncio connections time out alike;
+    aio bulk calls use redis.asyncio under either backend, so one variant)."""
+    result = soak_aio(upstream_port_of(redis_url), qname, n_jobs=5_000, seed=13,
+                      faults=("hold",), gap_s=(0.05, 0.2), socket_timeout=0.3, hold_s=0.6,
+                      fault="proxy late replies (aio)")
     report(result)
     assert result.cuts.get("hold", 0) >= 5, result.cuts
     assert result.problems() == {}, result
