@@ -319,12 +319,14 @@ def _resolve_starred(tree: ast.AST, node: ast.Call) -> Optional[List[ast.expr]]:
     return None
 
 
-def python_commands() -> Dict[str, Set[str]]:
+def python_commands(known: Optional[Set[str]] = None) -> Dict[str, Set[str]]:
     """``{command: {module, ...}}`` for every Redis command emqfast's Python code sends
     by name (``Cmd.of``, ``execute_command``, ``send_command``) or through a redis-py
     method on a client or pipeline. A ``Cmd.of`` whose command cannot be read raises
     :class:`LuaReadError` (the drivers' pass-through ``execute_command(*c.args)`` is
-    not a command of its own)."""
+    not a command of its own). With ``known`` (the server's ``COMMAND LIST``, lower
+    case), a tuple or list literal that starts with a known command name (``("WAIT", n,
+    ms)``, ``[b"SCRIPT", b"LOAD", src]``: commands framed by hand) counts too."""
     methods = _redis_methods()
     out: Dict[str, Set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -333,6 +335,12 @@ def python_commands() -> Dict[str, Set[str]]:
         where = str(path.relative_to(PACKAGE))
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
+            if known and isinstance(node, (ast.Tuple, ast.List)) and node.elts:
+                first = _literal(node.elts[0])
+                if first is not None and first in known and node.elts[0].value.isupper():
+                    cmd = _command_of(list(node.elts))
+                    out.setdefault(cmd or first, set()).add(where)
+                continue
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             attr, recv = node.func.attr, ast.unparse(node.func.value)
