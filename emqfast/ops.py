@@ -31,7 +31,7 @@ from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, 
 
 import redis
 
-from . import errors
+from . import errors, transport
 from .scripts import Script, map_error, run_pipeline, run_pipeline_async, send, send_async
 
 __all__ = ["Call", "Cmd", "Batch", "Columns", "Scan", "Watched", "Op", "operation", "run",
@@ -154,6 +154,18 @@ def run(client: Any, op: Op, wire: Optional[Callable[[], Any]] = None) -> Any:
         op.close()
 
 
+# Plain commands that are not idempotent (a re-send adds twice): sent once through
+# emqfast.transport, never through a client's retry. (Reads and idempotent writes such as
+# ZADD of a fixed score may go through redis-py: a re-send changes nothing.)
+ONCE_ONLY = frozenset({"ZINCRBY", "INCR", "INCRBY", "HINCRBY"})
+
+
+def _raised(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise map_error(reply)
+    return reply
+
+
 def typed_failure(exc: BaseException) -> BaseException:
     """emqfast's typed error for a driver failure (cause chained). A redis-py connection
     error on a plain command counts as sent unless it failed while connecting."""
@@ -168,6 +180,8 @@ def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> An
     if isinstance(req, Call):
         return req.script(client, req.keys, req.args)
     if isinstance(req, Cmd):
+        if req.args[0] in ONCE_ONLY and not req.options:
+            return _raised(transport.execute(client, [req.args], routes=[req.args[1]])[0])
         return client.execute_command(*req.args, **req.options)
     if isinstance(req, Batch):
         if not req.items:
@@ -246,6 +260,9 @@ async def _perform_async(client: Any, req: Request) -> Any:
     if isinstance(req, Call):
         return await req.script.call_async(client, req.keys, req.args)
     if isinstance(req, Cmd):
+        if req.args[0] in ONCE_ONLY and not req.options:
+            return _raised((await transport.execute_async(client, [req.args],
+                                                          routes=[req.args[1]]))[0])
         return await client.execute_command(*req.args, **req.options)
     if isinstance(req, Batch):
         if not req.items:

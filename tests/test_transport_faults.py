@@ -425,3 +425,14 @@ def test_lost_wait_reply_means_landed_but_unconfirmed(backend, proxy, r, qname):
         q.enqueue_many(["p"] * 100)
     assert len(info.value.landed) == 100 and info.value.acked == 0
     assert r.zcard(q.keys.pending) == 100
+
+
+def test_leaderboard_incr_is_never_resent(proxy, r):
+    """ZINCRBY is not idempotent: a re-send by the client's retry would add twice."""
+    board = emqfast.Leaderboard(redis.Redis(port=proxy.port), "lb-" + uuid.uuid4().hex[:8])
+    assert board.incr("m", 1) == 1
+    proxy.cut_after(0)
+    with pytest.raises(errors.ReplyLost):
+        board.incr("m", 1)
+    proxy.cut_after(None)
+    assert board.incr("m", 1) == 3  # the lost one ran exactly once
