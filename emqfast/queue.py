@@ -327,7 +327,8 @@ class Queue:
         if batch.recovering:
             refs = [JobRef(r.id, "recovered") if r.status == "duplicate" and r.id in batch.recovering
                     else r for r in refs]
-        self._check_replicated(refs, acked)
+        if acked is not None:  # None: nothing was sent (an empty batch)
+            self._check_replicated(refs, acked)
         return refs
 
     def _chunk_request(self, batch: "_Batch", start: int, stop: int, acl: int) -> Any:
