@@ -277,8 +277,9 @@ class Worker:
         claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
                                  self._groups, f"{self._claim_prefix}:{self._claim_seq}")
         # a lost reply is re-sent with the same request id: the leases come back, no more
-        # jobs are popped (stopping: the jobs of a claim never answered wait out the lease)
-        reply = self._call_until_done(claim, "claim", self._stop.is_set)
+        # jobs are popped (even when stopping, for up to shutdown_timeout_s, so they are
+        # released rather than left to expire as stalls)
+        reply = self._call_until_done(claim, "claim", self._stop_overdue)
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)

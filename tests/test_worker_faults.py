@@ -786,3 +786,32 @@ def test_shutdown_releases_held_jobs_in_bounded_chunks(redis_url, qname, r, monk
     assert sizes == [7, 7, 6]
     assert q.counts()["completed"] == 1 and r.zcard(q.keys.pending) == 20
     assert all(q.get(ref.id).attempts == 0 for ref in refs if q.get(ref.id).state != "completed")
+
+
+def test_outcomes_wait_out_a_full_server(backend, private_redis, qname):
+    """maxmemory reached with noeviction: the outcome write is refused (OOM) until memory
+    is freed, then written; the job is not left to its lease."""
+    q = make_queue(private_redis["url"], qname)
+    admin = redis.Redis.from_url(private_redis["url"])
+    ref = q.enqueue("x").id
+    handler, gate, started = _gated_handler()
+    w = emqfast.Worker(q, handler, lease_ms=60_000)
+    with running_worker(w):
+        assert started.wait(15)
+        for i in range(8):
+            admin.set(f"ballast:{i}", os.urandom(1024 * 1024))
+        admin.config_set("maxmemory-policy", "noeviction")
+        # well below what is used: every write gets OOM until the ballast goes
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] - 4 * 1024 * 1024)
+
+        def ooms() -> int:
+            return admin.info("errorstats").get("errorstat_OOM", {}).get("count", 0)
+        before = ooms()
+        gate.set()
+        wait_until(lambda: ooms() > before, what="an outcome write refused with OOM")
+        assert _state(q, ref) == "active"  # refused, waiting, not dropped
+        admin.delete(*[f"ballast:{i}" for i in range(8)])
+        wait_until(lambda: _state(q, ref) == "completed", what="outcome after OOM")
+    admin.config_set("maxmemory", 0)
+    job = q.get(ref)
+    assert (job.attempts, job.result, job.stalls, w.stats.completed) == (1, "ok", 0, 1)

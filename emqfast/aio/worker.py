@@ -259,7 +259,7 @@ class Worker:
         claim = core.claim_call(self._keys, min(free, self.batch_size), self.lease_ms, self.name,
                                  self._groups, f"{self._claim_prefix}:{self._claim_seq}")
         # a lost reply is re-sent with the same request id: the same leases come back
-        reply = await self._call_until_done(claim, "claim", lambda: self._stopping)
+        reply = await self._call_until_done(claim, "claim", self._stop_overdue)
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)
