@@ -23,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import redis
-
 from . import backend, eviction
 from . import worker_core as core
 from .dispatch import JobRows, Prefetch

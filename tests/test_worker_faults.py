@@ -30,7 +30,6 @@ import emqfast
 import emqfast.aio
 from emqfast import worker_core as core
 from emqfast.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
-from emqfast.version import KEYSPACE_VERSION
 
 from conftest import dump_queue, start_redis_server
 from engine_util import make_queue, running_worker, wait_until

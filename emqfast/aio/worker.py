@@ -39,8 +39,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import redis
-
 from .. import eviction
 from .. import worker_core as core
 from ..dispatch import JobRows
