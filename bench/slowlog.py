@@ -30,28 +30,31 @@ FAIL_EVERY = 50  # one job in 50 fails (attempts=1): a failed set to trim as wel
 NOT_EMQFAST = {"slowlog", "config", "unlink", "del", "flushall", "flushdb", "info", "pipeline"}
 
 
-def _slowest(client: redis.Redis) -> Tuple[float, str]:
-    """(ms, command) of the slowest emqfast command in the slowlog since the last reset."""
-    worst = (0.0, "-")
+def _slowest(client: redis.Redis) -> Tuple[float, str, int, int]:
+    """(ms, command) of the slowest emqfast command in the slowlog since the last reset,
+    with how many logged commands (> THRESHOLD_US) there were and how many passed the
+    target (a scheduler hiccup on a shared host shows as a lone outlier)."""
+    worst, logged, over = (0.0, "-"), 0, 0
     for entry in client.slowlog_get(SLOWLOG_LEN):
         cmd = entry.get("command", b"")
         text = cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)
         if text.split(" ", 1)[0].lower() in NOT_EMQFAST:
             continue
         ms = entry["duration"] / 1000
+        logged += 1
+        over += ms > TARGET_MS
         if ms > worst[0]:
             worst = (ms, " ".join(text.split(" ")[:4])[:80])
-    return worst
+    return worst[0], worst[1], logged, over
 
 
 @contextmanager
-def _phase(client: redis.Redis, name: str, out: Dict[str, Tuple[float, str, float]]
-           ) -> Iterator[None]:
+def _phase(client: redis.Redis, name: str, out: Dict[str, Tuple[Any, ...]]) -> Iterator[None]:
     client.slowlog_reset()
     t0 = time.perf_counter()
     yield
-    ms, cmd = _slowest(client)
-    out[name] = (ms, cmd, time.perf_counter() - t0)
+    ms, cmd, logged, over = _slowest(client)
+    out[name] = (ms, cmd, time.perf_counter() - t0, logged, over)
 
 
 def _expire_leases(q: emqfast.Queue, ids: List[str]) -> None:
@@ -76,15 +79,16 @@ def _configure(client: redis.Redis, private: bool, notes: List[str]) -> Dict[str
     return before
 
 
-def measure(server: BenchServer, ctx: Ctx) -> Tuple[int, Dict[str, Tuple[float, str, float]]]:
-    """Build the backlog and run each kind of call; ``(n, {phase: (ms, command, s)})``."""
+def measure(server: BenchServer, ctx: Ctx) -> Tuple[int, Dict[str, Tuple[Any, ...]]]:
+    """Build the backlog and run each kind of call;
+    ``(n, {phase: (ms, command, seconds, commands over 1 ms, commands over the target)})``."""
     n = ctx.n(1_000_000, 20_000)
     n_delayed, n_expired = n * 3 // 10, n // 50
     n_pending = n - n_delayed
     client = server.client()
     restore = _configure(client, server.private, ctx.notes)
     q = emqfast.Queue(queue_name("slowlog"), server.client(), attempts=1)
-    phases: Dict[str, Tuple[float, str, float]] = {}
+    phases: Dict[str, Tuple[Any, ...]] = {}
     try:
         data = payloads(CHUNK, 16)
         ctx.progress(f"slowlog: enqueueing {n:,} jobs ({n_delayed:,} delayed)")
@@ -136,18 +140,19 @@ def run(ctx: Ctx) -> List[Result]:
     """One pass (a bench of the worst case, not of a median)."""
     with isolated(ctx.server) as server:
         n, phases = measure(server, ctx)
-    worst = max(ms for ms, _, _ in phases.values())
+    worst = max(p[0] for p in phases.values())
     results = [Result(workload="slowlog", name=f"slowest command, {phase} ({n:,} backlog)",
                       value=ms, unit="ms", reference=TARGET_MS, reference_label="target",
                       ratio=ms / TARGET_MS, target=f"<= {TARGET_MS:.0f} ms",
                       ok=ms <= TARGET_MS, verified="every job accounted for",
-                      details={"command": cmd, "phase_seconds": seconds, "n": n})
-               for phase, (ms, cmd, seconds) in phases.items()]
+                      details={"command": cmd, "phase_seconds": seconds, "n": n,
+                               "commands_over_1ms": logged, "commands_over_target": over})
+               for phase, (ms, cmd, seconds, logged, over) in phases.items()]
     results.append(Result(workload="slowlog", name=f"slowest emqfast command ({n:,} backlog)",
                           value=worst, unit="ms", reference=TARGET_MS,
                           reference_label="target", ratio=worst / TARGET_MS,
                           target=f"<= {TARGET_MS:.0f} ms", ok=worst <= TARGET_MS,
                           verified="every job accounted for",
-                          details={p: {"ms": ms, "command": c} for p, (ms, c, _) in
-                                   phases.items()}))
+                          details={p: {"ms": v[0], "command": v[1], "over_1ms": v[3],
+                                       "over_target": v[4]} for p, v in phases.items()}))
     return results

@@ -38,11 +38,13 @@ ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 # Bounded work per script call (issue 11): promote/reap/trim hand a script at most this
 # many jobs (the scripts refuse more than 4,000), so a 1M backlog is many calls of a few
 # ms each, never one call that blocks Redis for seconds. Larger limits loop.
-PROMOTE_BATCH = 1000
+# Sized for ~4 ms of Redis time per call (SLOWLOG, bench/slowlog.py: ~7.5 us per promoted
+# or trimmed job, ~15 us per reaped one), leaving room under the 20 ms target on a busy host.
+PROMOTE_BATCH = 500
 DUE_BATCH = 4000      # due ids read per due.lua call (its maximum); promote moves them in
                       # PROMOTE_BATCH calls pipelined together: few round trips per 1M
-REAP_BATCH = 500      # reap does the most per job (lease, counters, events)
-TRIM_BATCH = 1000
+REAP_BATCH = 250      # reap does the most per job (lease, counters, events)
+TRIM_BATCH = 500
 MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handle in all
 TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
 
