@@ -299,6 +299,18 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
             seen.append((by_sha[sha].name, numkeys, len(call) - numkeys))
         return real_many(self, sha, script, numkeys, calls)
 
+    real_send = scripts.send
+
+    def spy_send(client, calls, *a, **kw):
+        # pipelines (run_pipeline) go through scripts.send, not Script.queue; calls made
+        # by Script.__call__ are counted (or skipped as test-side) by spy_call already
+        caller = sys._getframe(1).f_code
+        if caller.co_filename.startswith(PACKAGE_DIR) and caller.co_name != "__call__":
+            for script, keys, args in calls:
+                seen.append((script.name, len(keys), len(args)))
+        return real_send(client, calls, *a, **kw)
+
+    monkeypatch.setattr(scripts, "send", spy_send)
     monkeypatch.setattr(scripts.Script, "__call__", spy_call)
     monkeypatch.setattr(scripts.Script, "queue", spy_queue)
     monkeypatch.setattr(Batcher, "evalsha_many", spy_many)
