@@ -151,8 +151,11 @@ class Worker:
 
     # --- public control -------------------------------------------------------
     def run(self) -> WorkerStats:
-        """Process jobs until :meth:`stop` or SIGTERM/SIGINT (graceful: in-flight jobs
-        finish within ``shutdown_timeout_s`` or are released back to pending)."""
+        """Process jobs until :meth:`stop` or SIGTERM/SIGINT (graceful: jobs not begun are
+        released, running handlers finish and their outcomes are written; see the class
+        docstring for handlers still running after ``shutdown_timeout_s``). Raises
+        :class:`~emqfast.errors.PermissionDenied` when Redis refuses the worker's commands
+        for good, :class:`~emqfast.errors.EvictionRisk` on an evicting server."""
         restore = self._install_signals()
         try:
             self._serve(until_idle=False, deadline=None, wait_scheduled=False)
@@ -170,7 +173,8 @@ class Worker:
         return self.stats
 
     def stop(self) -> None:
-        """Stop claiming; :meth:`run` returns once in-flight jobs are finished or released."""
+        """Stop claiming; :meth:`run` returns once claimed jobs are released or finished
+        (a running handler is never released: it may still finish)."""
         self._stopped_at = time.monotonic()
         self._stop.set()
         try:  # wake the claim loop if it is blocked on the marker

@@ -144,7 +144,8 @@ class Worker:
         return self.stats
 
     def stop(self) -> None:
-        """Stop claiming; :meth:`run` returns once in-flight jobs are finished or released.
+        """Stop claiming; :meth:`run` returns once in-flight jobs are finished, or released
+        once their (cancelled) handlers have ended (see the module docstring).
         Call it from the worker's event loop (signal handlers do)."""
         self._stopping = True
         self._stopped_at = time.monotonic()
