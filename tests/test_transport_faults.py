@@ -198,7 +198,7 @@ def test_connect_builds_clients_without_command_retry():
 
 # --- defect 4: mid-batch disconnects are partial results ---------------------------------
 
-def _check_partial(err: errors.PartialBatch, ids, r, q, landed: int) -> None:
+def _check_partial(err: errors.PartialBatch, ids, r, q, landed: int, group=None) -> None:
     assert len(err.landed) == landed, (len(err.landed), len(err.unknown), len(err.not_sent))
     assert [ref.id for ref in err.landed] == ids[:landed]
     assert all(ref.status == "pending" for ref in err.landed)
@@ -208,9 +208,9 @@ def _check_partial(err: errors.PartialBatch, ids, r, q, landed: int) -> None:
     assert isinstance(err.__cause__, errors.ConnectionFailed)
 
 
-def _after_retry(refs, err, ids, r, q) -> None:
+def _after_retry(refs, err, ids, r, q, group=None) -> None:
     assert [ref.id for ref in refs] == ids
-    assert r.zcard(q.keys.pending) == len(ids)  # every job once
+    assert q.counts()["pending"] == len(ids)  # every job once
     status = {ref.id: ref.status for ref in refs}
     assert "duplicate" not in status.values()
     for j in err.unknown:  # a job whose reply was lost but which had landed: recovered
@@ -218,28 +218,30 @@ def _after_retry(refs, err, ids, r, q) -> None:
     assert any(status[j] == "recovered" for j in err.unknown) or not err.unknown
 
 
-def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch):
+@pytest.mark.parametrize("group", [None, "g"])
+def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch, group):
     monkeypatch.setattr(queue_mod, "ENQUEUE_CHUNK", 100)  # earlier chunks' results count too
     client = redis.Redis(port=proxy.port)
     q = _queue(client, qname)
-    q.enqueue_many(["warm"])  # the C Batcher connects
-    r.delete(q.keys.pending)  # count this test's jobs only
+    [warm] = q.enqueue_many(["warm"], group=group)  # connects the C Batcher, loads the script
+    assert q.cancel(warm.id)  # count this test's jobs only
     _only_link(proxy, client if backend == "c" else None)
     from emqfast import ids
     job_ids = ids.new_ids(500)
+    # chunks of 100, each sent as 1 (its ACL check) + 99: cut in the third chunk
     proxy.cut_after(4 * 250)
     with pytest.raises(errors.PartialBatch) as info:
-        q.enqueue_many(["p"] * 500, job_ids=job_ids)
+        q.enqueue_many(["p"] * 500, job_ids=job_ids, group=group)
     proxy.cut_after(None)
     err = info.value
-    _check_partial(err, job_ids, r, q, landed=250)
+    _check_partial(err, job_ids, r, q, landed=250, group=group)
     assert len(err.not_sent) >= 200  # chunks 4 and 5 never left
     refs = q.retry_partial(err)
-    _after_retry(refs, err, job_ids, r, q)
+    _after_retry(refs, err, job_ids, r, q, group=group)
     # re-sending the ids by hand is safe too: nothing duplicated
-    again = q.enqueue_many(["p"] * 500, job_ids=job_ids)
+    again = q.enqueue_many(["p"] * 500, job_ids=job_ids, group=group)
     assert {ref.status for ref in again} == {"duplicate"}
-    assert r.zcard(q.keys.pending) == 500
+    assert q.counts()["pending"] == 500
 
 
 def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
@@ -259,7 +261,7 @@ def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
         proxy.cut_after(None)
         _check_partial(info.value, job_ids, r, q, landed=250)
         refs = await q.retry_partial(info.value)
-        _after_retry(refs, info.value, job_ids, r, q)
+        _after_retry(refs, info.value, job_ids, r, emqfast.Queue(qname, r))  # sync reads
         await client.aclose()
     asyncio.run(main())
 
