@@ -5,11 +5,14 @@ Redis recorded in its SLOWLOG. Target: <= 20 ms, i.e. no single call blocks Redi
 longer, whatever the backlog.
 
 Runs on a private server of its own (CONFIG SET of the slowlog threshold and length,
-and a slowlog no other workload writes to); on ``EMQ_REDIS_URL`` the server's own
-slowlog settings are used and the figure is only as good as they are.
+a slowlog no other workload writes to, and its main thread at nice -10 so that host
+preemption does not pass for work); on ``EMQ_REDIS_URL`` the server's own slowlog
+settings are used and the figure is only as good as they are. Each phase also reports how
+many commands passed 1 ms and the target.
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Tuple
@@ -30,22 +33,24 @@ FAIL_EVERY = 50  # one job in 50 fails (attempts=1): a failed set to trim as wel
 NOT_EMQFAST = {"slowlog", "config", "unlink", "del", "flushall", "flushdb", "info", "pipeline"}
 
 
-def _slowest(client: redis.Redis) -> Tuple[float, str, int, int]:
-    """(ms, command) of the slowest emqfast command in the slowlog since the last reset,
-    with how many logged commands (> THRESHOLD_US) there were and how many passed the
-    target (a scheduler hiccup on a shared host shows as a lone outlier)."""
-    worst, logged, over = (0.0, "-"), 0, 0
+def _slowest(client: redis.Redis) -> Tuple[float, str, int, int, float]:
+    """The slowest emqfast command in the slowlog since the last reset: ``(ms, command,
+    commands logged (> THRESHOLD_US), commands over the target, p99 ms of the logged)``.
+    A lone outlier far above the p99 is the host (a preempted Redis logs wall time)."""
+    worst, durations, over = (0.0, "-"), [], 0
     for entry in client.slowlog_get(SLOWLOG_LEN):
         cmd = entry.get("command", b"")
         text = cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)
         if text.split(" ", 1)[0].lower() in NOT_EMQFAST:
             continue
         ms = entry["duration"] / 1000
-        logged += 1
+        durations.append(ms)
         over += ms > TARGET_MS
         if ms > worst[0]:
             worst = (ms, " ".join(text.split(" ")[:4])[:80])
-    return worst[0], worst[1], logged, over
+    durations.sort()
+    p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))] if durations else 0.0
+    return worst[0], worst[1], len(durations), over, p99
 
 
 @contextmanager
@@ -53,8 +58,8 @@ def _phase(client: redis.Redis, name: str, out: Dict[str, Tuple[Any, ...]]) -> I
     client.slowlog_reset()
     t0 = time.perf_counter()
     yield
-    ms, cmd, logged, over = _slowest(client)
-    out[name] = (ms, cmd, time.perf_counter() - t0, logged, over)
+    ms, cmd, logged, over, p99 = _slowest(client)
+    out[name] = (ms, cmd, time.perf_counter() - t0, logged, over, p99)
 
 
 def _expire_leases(q: emqfast.Queue, ids: List[str]) -> None:
@@ -69,6 +74,19 @@ def _expire_leases(q: emqfast.Queue, ids: List[str]) -> None:
         pipe.execute()
 
 
+def _favour(server: BenchServer, notes: List[str]) -> None:
+    """Raise the private server's scheduling priority: SLOWLOG durations are wall time, so
+    on a shared host a preempted Redis logs even a one-job enqueue at 100 ms. The bench is
+    about the work one call does, not about the neighbours."""
+    if server.proc is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, server.proc.pid, -10)
+    except (OSError, AttributeError) as exc:
+        notes.append(f"slowlog: could not raise redis-server's priority ({exc}); host "
+                     "preemption shows in the figures")
+
+
 def _configure(client: redis.Redis, private: bool, notes: List[str]) -> Dict[str, Any]:
     if not private:
         notes.append("slowlog: EMQ_REDIS_URL server, its own slowlog settings used")
@@ -81,12 +99,13 @@ def _configure(client: redis.Redis, private: bool, notes: List[str]) -> Dict[str
 
 def measure(server: BenchServer, ctx: Ctx) -> Tuple[int, Dict[str, Tuple[Any, ...]]]:
     """Build the backlog and run each kind of call;
-    ``(n, {phase: (ms, command, seconds, commands over 1 ms, commands over the target)})``."""
+    ``(n, {phase: (ms, command, seconds, commands over 1 ms, over the target, p99 ms)})``."""
     n = ctx.n(1_000_000, 20_000)
     n_delayed, n_expired = n * 3 // 10, n // 50
     n_pending = n - n_delayed
     client = server.client()
     restore = _configure(client, server.private, ctx.notes)
+    _favour(server, ctx.notes)
     q = emqfast.Queue(queue_name("slowlog"), server.client(), attempts=1)
     phases: Dict[str, Tuple[Any, ...]] = {}
     try:
@@ -146,13 +165,15 @@ def run(ctx: Ctx) -> List[Result]:
                       ratio=ms / TARGET_MS, target=f"<= {TARGET_MS:.0f} ms",
                       ok=ms <= TARGET_MS, verified="every job accounted for",
                       details={"command": cmd, "phase_seconds": seconds, "n": n,
-                               "commands_over_1ms": logged, "commands_over_target": over})
-               for phase, (ms, cmd, seconds, logged, over) in phases.items()]
+                               "commands_over_1ms": logged, "commands_over_target": over,
+                               "p99_ms_of_those": p99})
+               for phase, (ms, cmd, seconds, logged, over, p99) in phases.items()]
     results.append(Result(workload="slowlog", name=f"slowest emqfast command ({n:,} backlog)",
                           value=worst, unit="ms", reference=TARGET_MS,
                           reference_label="target", ratio=worst / TARGET_MS,
                           target=f"<= {TARGET_MS:.0f} ms", ok=worst <= TARGET_MS,
                           verified="every job accounted for",
                           details={p: {"ms": v[0], "command": v[1], "over_1ms": v[3],
-                                       "over_target": v[4]} for p, v in phases.items()}))
+                                       "over_target": v[4], "p99_ms": v[5]}
+                                   for p, v in phases.items()}))
     return results
