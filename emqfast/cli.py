@@ -389,11 +389,16 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
 @click.option("--lease-ms", default=30_000, show_default=True, type=click.IntRange(50),
               help="Lease per claimed job (extended while the handler runs).")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds in-flight jobs get to finish on SIGTERM/SIGINT.")
+              help="Seconds to wait on SIGTERM/SIGINT for running handlers before saying "
+                   "which still run; a running job is never handed back while its handler "
+                   "may still finish (its outcome is written when it does).")
+@click.option("--allow-eviction", is_flag=True,
+              help="Run even on a server whose maxmemory-policy may evict keys (jobs "
+                   "would vanish; they are counted 'orphaned' when met).")
 @click.option("--burst", is_flag=True, help="Exit once the queue is idle (nothing due).")
 @verbose_option
 def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
-           shutdown_timeout: float, burst: bool) -> None:
+           shutdown_timeout: float, allow_eviction: bool, burst: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from . import backend as live_backend  # callable: the live backend name
     from .worker import Worker
@@ -405,7 +410,7 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     q = state.queue(queue_name)
     _preflight(q)
     w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
-               shutdown_timeout_s=shutdown_timeout)
+               shutdown_timeout_s=shutdown_timeout, allow_eviction=allow_eviction)
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
                       f"({state.where()}), handler {handler}, concurrency {concurrency}, "
                       f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully")

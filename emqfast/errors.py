@@ -179,6 +179,9 @@ class Unrecoverable(Exception):
     """Raise from a handler to fail the job at once, skipping any remaining attempts."""
 
 
+# How Redis words an ACL denial of a command a script calls (no NOPERM code prefix).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
+
 # Redis error-reply codes of transient server states: the command did not run.
 TRANSIENT_STATES = ("LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
 
@@ -213,7 +216,9 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
             return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
         if head == "OOM":
             return ServerFull(text)
-        if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _password_hint(text) is not text:
+        # (an ACL denial inside a script has no code prefix: Redis words it this way)
+        if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _SCRIPT_NOPERM in text \
+                or _password_hint(text) is not text:
             return PermissionDenied(_password_hint(text))
         typed = from_reply(text)
         if typed is not None:

@@ -55,8 +55,8 @@ def verdict(policy: Optional[str]) -> Optional[str]:
         return None
     return (f"redis maxmemory-policy is {policy!r}: under memory pressure the server may "
             "evict job hashes, queues and leases, and jobs would vanish. Use "
-            "maxmemory-policy noeviction for emqfast's server (or pass allow_eviction=True "
-            "to accept the risk)")
+            "maxmemory-policy noeviction for emqfast's server (or accept the risk: "
+            "Worker(..., allow_eviction=True), `emqfast worker --allow-eviction`)")
 
 
 def read_policy(client: Any) -> Optional[str]:

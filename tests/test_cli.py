@@ -385,3 +385,30 @@ def test_an_unbound_method_handler_is_refused_at_start(redis_url, qname, tmp_pat
         out = emq("--url", redis_url, "worker", spec, "--queue", qname, "--burst", cwd=tmp_path)
         assert out.returncode == 0, out.stderr
     assert q.counts()["completed"] == 1 and q.counts()["failed"] == 0
+
+
+def test_worker_refuses_an_evicting_server_unless_told_to_allow_it(qname, tmp_path):
+    """A server that may evict keys would make jobs vanish: the CLI worker says so in one
+    line and exits 1; --allow-eviction runs it anyway (and the job completes)."""
+    (tmp_path / "portal_handlers.py").write_text(HANDLER)
+    proc, port, workdir = start_redis_server(["--maxmemory", "64mb",
+                                              "--maxmemory-policy", "allkeys-lru"])
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        q = Queue(qname, url)
+        ref = q.enqueue({"n": 4})
+        args = ("--url", url, "worker", "portal_handlers:handle", "--queue", qname, "--burst")
+        out = emq(*args, cwd=tmp_path)
+        assert out.returncode == 1, out.stderr
+        assert "EvictionRisk" in out.stderr and "allkeys-lru" in out.stderr
+        assert "--allow-eviction" in out.stderr
+        assert "Traceback" not in out.stderr
+        assert q.get(ref.id).state == "pending"
+
+        out = emq(*args, "--allow-eviction", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert q.get(ref.id).state == "completed" and q.get(ref.id).result == {"double": 8}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
