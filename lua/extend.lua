@@ -9,12 +9,15 @@
 -- ARGV[2] keyspace version of the caller
 -- ARGV[3..] pairs: job id, lease token
 -- Returns: one 1/0 per pair: 1 held (deadline now at least now + lease), 0 lease no longer held
--- Errors:  EMQINPUT bad lease or odd pair list; EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT bad lease (not a whole number of ms >= 1), odd pair list or more than
+--          EMQ_MAX_BATCH pairs (bounded work per call); EMQVERSION keyspace of another major version
 --@include common
 
 local lease = tonumber(ARGV[1])
-if not lease or lease < 1 or #ARGV < 2 or (#ARGV - 2) % 2 ~= 0 then
-  return redis.error_reply('EMQINPUT extend needs lease >= 1 and id/token pairs')
+if not lease or lease < 1 or lease % 1 ~= 0 or #ARGV < 2 or (#ARGV - 2) % 2 ~= 0
+    or (#ARGV - 2) / 2 > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT extend needs a whole lease >= 1 ms and at most ' ..
+    EMQ_MAX_BATCH .. ' id/token pairs')
 end
 local err = emq_fence(KEYS[3], ARGV[2])
 if err then return redis.error_reply(err) end

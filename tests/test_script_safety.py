@@ -287,6 +287,21 @@ def test_a_script_refuses_more_than_4000_ids_and_touches_nothing(redis_url, qnam
     assert dump_queue(r, qname) == before
 
 
+def test_extend_refuses_a_fractional_lease_or_too_many_pairs_and_touches_nothing(
+        redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    q.enqueue("keep me")
+    before = dump_queue(r, qname)
+    k = q.keys
+    pairs = [x for i in range(4001) for x in (f"JOB{i:020d}", f"w:{i}")]
+    extend = load("extend")
+    with pytest.raises(InvalidInput, match="at most 4000"):
+        extend(r, [k.active, k.leases, k.meta], [1000, KEYSPACE_VERSION, *pairs])
+    with pytest.raises(InvalidInput, match="whole lease"):
+        extend(r, [k.active, k.leases, k.meta], [2.5, KEYSPACE_VERSION, *pairs[:2]])
+    assert dump_queue(r, qname) == before
+
+
 # --- bad input: typed, before anything is sent ---------------------------------------------
 
 BAD = [2.5, "10", -1, True, None, float("nan"), b"7"]  # wrong for every limit below
