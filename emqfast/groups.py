@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 _JOIN = load("group_join")
+_FREE = load("group_free")
 _LIMIT = load("group_limit")
 _RATE = load("group_rate")
 MAX_CONCURRENCY = 1 << 31
@@ -43,6 +44,12 @@ def groups_of(k: QueueKeys, job_ids: Sequence[str]) -> Op:
 def join_call(k: QueueKeys, groups: Sequence[str]) -> Call:
     """group_join.lua: put ``groups`` on the ring (sent before moving jobs into their lanes)."""
     return Call(_JOIN, [k.groups, k.meta], [KEYSPACE_VERSION, *groups])
+
+
+def free_call(k: QueueKeys, groups: Sequence[str]) -> Call:
+    """group_free.lua: jobs of ``groups`` finished; a group parked at its concurrency cap
+    rejoins the turn order and a blocked worker is woken (sent after the outcomes' writes)."""
+    return Call(_FREE, [k.groups, k.meta, k.marker], [KEYSPACE_VERSION, *groups])
 
 
 def lane_moves(k: QueueKeys, by_group: Dict[Optional[str], List[str]],
@@ -80,7 +87,7 @@ class Groups:
         check_group_name(group)
         cap = 0 if n is None else check_int(n, "n", 1, MAX_CONCURRENCY)
         k = self.keys
-        yield Call(_LIMIT, [k.glimit, k.meta, k.marker], [KEYSPACE_VERSION, group, cap])
+        yield Call(_LIMIT, [k.glimit, k.meta, k.marker, k.groups], [KEYSPACE_VERSION, group, cap])
 
     @operation
     def concurrency(self, group: str) -> Optional[int]:
@@ -99,7 +106,7 @@ class Groups:
         check_int(max_jobs, "max_jobs", 1, MAX_CONCURRENCY)
         check_int(window_ms, "window_ms", 1, MAX_WINDOW_MS)
         k = self.keys
-        yield Call(_RATE, [k.grate, k.meta, k.marker],
+        yield Call(_RATE, [k.grate, k.meta, k.marker, k.groups],
                    [KEYSPACE_VERSION, group, max_jobs, window_ms])
 
     @operation
@@ -107,7 +114,7 @@ class Groups:
         """Remove ``group``'s rate limit (wakes a worker waiting on it)."""
         check_group_name(group)
         k = self.keys
-        yield Call(_RATE, [k.grate, k.meta, k.marker], [KEYSPACE_VERSION, group, 0, 0])
+        yield Call(_RATE, [k.grate, k.meta, k.marker, k.groups], [KEYSPACE_VERSION, group, 0, 0])
 
     @operation
     def rate_limit(self, group: str) -> Optional[Tuple[int, int]]:

@@ -480,7 +480,12 @@ class Queue:
 
     @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:
-        """Ids in one state, in the order they will run (or finished, newest first)."""
+        """Ids in one state, in the order they will run (or finished, newest first);
+        ``start``/``stop`` index them as ZRANGE does (inclusive, negative from the end).
+
+        ``pending`` holds every job :meth:`counts` counts as pending: the flat pending set
+        in run order, then each group's lane (in run order within it) in the ring's order.
+        Lanes take turns, so across lanes this is not the exact order jobs will start."""
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
                "active": self.keys.active, "completed": self.keys.completed,
                "failed": self.keys.failed}.get(state) if isinstance(state, str) else None
@@ -490,9 +495,33 @@ class Queue:
         check_int(stop, "stop", -(1 << 63), (1 << 63) - 1)
         if state in ("completed", "failed"):
             raw = yield Cmd.of("ZREVRANGE", key, start, stop)
+        elif state == "pending":
+            raw = yield from self._pending_ids(start, stop)
         else:
             raw = yield Cmd.of("ZRANGE", key, start, stop)
         return [i.decode() for i in raw]
+
+    def _pending_ids(self, start: int, stop: int) -> Op:
+        """The ``start..stop`` slice of the flat pending set followed by every lane."""
+        k = self.keys
+        ring = yield Cmd.of("ZRANGE", k.groups, 0, -1)
+        if not ring:  # no groups: the flat set is all of it
+            return (yield Cmd.of("ZRANGE", k.pending, start, stop))
+        keys = [k.pending] + [k.group_pending(g.decode()) for g in ring]
+        sizes = [int(n) for n in (yield Batch([Cmd.of("ZCARD", key) for key in keys]))]
+        total = sum(sizes)
+        first = start + total if start < 0 else start
+        last = min(stop + total if stop < 0 else stop, total - 1)
+        first = max(first, 0)
+        reads, offset = [], 0
+        for key, size in zip(keys, sizes):
+            lo, hi = max(first - offset, 0), min(last - offset, size - 1)
+            if lo <= hi:
+                reads.append(Cmd.of("ZRANGE", key, lo, hi))
+            offset += size
+        if not reads:
+            return []
+        return [i for part in (yield Batch(reads)) for i in part]
 
     @operation
     def next_due_ms(self) -> Optional[int]:

@@ -161,6 +161,7 @@ class Worker:
             self._serve(until_idle=False, deadline=None, wait_scheduled=False)
         finally:
             restore()
+            self._stop.clear()  # this stop was honoured: the Worker may run again
         return self.stats
 
     def run_until_idle(self, timeout_s: Optional[float] = 60.0,
@@ -169,12 +170,16 @@ class Worker:
         ``wait_scheduled``, until no delayed job is left either). Raises
         ``TimeoutError`` if that takes longer than ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
+        try:
+            self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
+        finally:
+            self._stop.clear()  # a stop requested meanwhile was honoured
         return self.stats
 
     def stop(self) -> None:
         """Stop claiming; :meth:`run` returns once claimed jobs are released or finished
-        (a running handler is never released: it may still finish)."""
+        (a running handler is never released: it may still finish). A stop requested
+        before :meth:`run` starts is honoured by it (run returns at once)."""
         self._stopped_at = time.monotonic()
         self._stop.set()
         try:  # wake the claim loop if it is blocked on the marker
@@ -185,7 +190,7 @@ class Worker:
     # --- the claim loop ---------------------------------------------------------
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
         self._check_eviction()
-        self._stop.clear()
+        # _stop is NOT cleared here: a stop() requested before run() is honoured
         self._fatal = None
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
@@ -268,7 +273,7 @@ class Worker:
         if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
             # woken at a delayed job's run-at: promote before claiming (saves a round trip)
             self._due_hint = None
-            self.queue.promote(limit=1000)
+            self.queue.promote(limit=core.PROMOTE_BATCH)
         free = self._wait_for_slot()
         if free == 0:
             return False
@@ -287,12 +292,15 @@ class Worker:
         now, status, next_due, pairs = core.parse_claim(reply)
         served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
         self._server_offset_ms = now - time.monotonic() * 1000
+        # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
+        # for an empty claim (one bounded promote; the next claim can take it)
+        promoted = core.due_now(status, next_due, now) and \
+            self.queue.promote(limit=core.PROMOTE_BATCH) > 0
         if pairs:
             self._start(pairs, served)
             return False
-        if status == 1 and next_due != -1 and next_due <= now:
-            if self.queue.promote(limit=1000):
-                return False
+        if promoted:
+            return False
         if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
             return True
         wait_ms, hint = core.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
@@ -550,6 +558,9 @@ class Worker:
         self._next_beat = now + self.beat_s
         self._extend_leases(now)
         self.queue.reap(max_stalled=self.max_stalled)
+        # due jobs are promoted on the beat too: a worker whose slots are all busy
+        # does not claim, and the claim reply is where promotion is usually noticed
+        self.queue.promote(limit=core.PROMOTE_BATCH)
         if now >= self._next_trim:
             self._next_trim = now + 5.0
             self.queue.trim(keep_completed=self.keep_completed, keep_failed=self.keep_failed,

@@ -34,11 +34,15 @@ _PROGRESS = load("progress")
 _METRICS_ADD = load("metrics_add")
 
 # Group lanes (claim.lua): how many ready groups a claim reply names for the next turn,
-# how soon a worker that found only capped groups polls again (a finishing job does not
-# know its group's keys, so a freed slot wakes nobody), and jobs per group per turn.
+# when a group parked at its cap is re-checked at the latest (a finishing job's group_free
+# call unparks it and wakes a worker at once: this is only the safety net, e.g. for a
+# worker that died), and jobs per group per turn.
 RING_HEAD = 16
-CAP_POLL_MS = 50
+CAP_POLL_MS = 1000
 GROUP_QUANTUM = 1
+# Due delayed jobs promoted per promotion a Worker makes (claim reply says one is due, a
+# wait ended at a run-at, the beat): one due read and one bounded promote call.
+PROMOTE_BATCH = 500
 # Successful outcomes per complete.lua call: one call's Lua run blocks Redis ~2 ms at most.
 COMPLETE_CHUNK = 200
 COMPLETE_CHUNK_BYTES = 1 << 20  # ...and about this much result JSON
@@ -154,6 +158,12 @@ def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
     return int(reply[0]), int(reply[1]), int(reply[2]), pairs
 
 
+def due_now(status: int, next_due: int, now: int) -> bool:
+    """A claim reply says a delayed job (or retry) is due: promote it now, whether or not
+    the claim leased jobs (a backlog must not hold a due job back until claims run dry)."""
+    return status in (1, 2) and next_due != -1 and next_due <= now
+
+
 def claim_groups(reply: Sequence[Any]) -> List[str]:
     """The ready groups a claim reply names (pass them to the next :func:`claim_call`)."""
     if len(reply) % 2 == 0 and isinstance(reply[-1], list):
@@ -254,6 +264,13 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
     return chunks
 
 
+def free_calls(k: QueueKeys, batch: Sequence[Outcome]) -> List[Call]:
+    """group_free.lua for the groups of a batch's jobs (none for ungrouped batches)."""
+    from .groups import free_call  # groups imports ops/scripts only; no cycle at import time
+    groups = sorted({g for g in (job_group(o[1]) for o in batch) if g is not None})
+    return [free_call(k, part) for part in chunked(groups, 4000)]
+
+
 class AckPlan:
     """The calls writing one batch of outcomes, and how to read their replies back per
     outcome. Successes share complete.lua calls of up to ``COMPLETE_CHUNK`` jobs (one
@@ -280,6 +297,9 @@ class AckPlan:
             for entry, at in enumerate(chunk):
                 self._slots[at] = (len(self.calls), entry)
             self.calls.append(complete_call(k, [batch[at] for at in chunk]))
+        # last: every finished grouped job freed a slot of its group; a group parked at its
+        # cap rejoins the turn order and wakes a worker (no reply is read back per outcome)
+        self.calls += free_calls(k, batch)
 
     def replies(self, replies: Sequence[Any]) -> List[Any]:
         """One reply per outcome from the calls' replies: complete.lua's ``[wait, run]``,

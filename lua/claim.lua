@@ -4,9 +4,14 @@
 -- stamps each claimed job, with its key declared. A queue-wide rate limit (meta
 -- 'rate_max' jobs per 'rate_window' ms, set by configure.lua) caps how many jobs
 -- are claimed in any sliding window on the server clock. With the optional group
--- keys it also serves group lanes: one job per ready group (and one from the flat
--- pending set) per turn, skipping groups at their concurrency cap, and groups whose own
--- rate window (grate hash: group -> "max:window") is full; those wait for its opening.
+-- keys it also serves group lanes: one job per ready group per turn, the flat pending set
+-- taking its turn like one more group (its place in the ring's numbering is meta
+-- 'fturn'). A group at its concurrency cap, or whose own rate window (grate hash:
+-- group -> "max:window") is full, is PARKED on the ring (includes/groups.lua: a negative
+-- score, out of the turn order) until its window opens or a slot frees (group_free.lua
+-- after a finished job, group_join.lua, or the cap re-check ARGV[6] ms later), so claims
+-- find ready groups in bounded work however many are capped or limited, and an idle
+-- worker sleeps on the marker until the first parked group's re-check.
 --
 -- KEYS[1] pending zset   emq:{q}:pending
 -- KEYS[2] active zset    emq:{q}:active   (score = lease deadline, server ms)
@@ -21,15 +26,16 @@
 -- ARGV[3] worker id (prefix of the lease tokens)
 -- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups, KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit, KEYS[12] grate hash emq:{q}:grate, KEYS[13] the worker's claim record hash emq:{q}:w:<worker>:claim, then per group name ARGV[9..] two keys: its lane emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate
 -- ARGV[4] keyspace version of the caller
--- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a worker that found only capped groups claims again, ARGV[7] jobs per group per turn, ARGV[8] request id of this claim ('' = none; a claim re-sent with the id of the worker's last claim that leased jobs pops nothing and returns that claim's pairs still leased), then ARGV[9..] the group names of the lane/rate key pairs KEYS[14..] (from the previous claim's reply; re-checked)
+-- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply, ARGV[6] ms until a group parked at its cap is re-checked (a freed slot unparks it sooner), ARGV[7] jobs per group per turn, ARGV[8] request id of this claim ('' = none; a claim re-sent with the id of the worker's last claim that leased jobs pops nothing and returns that claim's pairs still leased), then ARGV[9..] the group names of the lane/rate key pairs KEYS[14..] (from the previous claim's reply; re-checked)
 -- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}, and with the group
 --          keys one last element: the names of the next ready groups (ring head, ARGV[5] of them)
 --          status 1 = claimed (maybe 0 jobs), 0 = queue paused, 2 = rate limited (jobs
 --          wait but the queue's window, or every served group's window, admits none now;
 --          nothing claimed);
---          next_due_ms = run-at of the earliest delayed job, -1 when none; with status 2
---          the (earliest) window's opening instead when that comes first (the marker is set
---          then too).
+--          next_due_ms = run-at of the earliest delayed job, -1 when none; with nothing
+--          claimed, the earliest parked group's re-check instead when that comes first
+--          (the marker is set then too), and status 2 when a full window holds it;
+--          'now' when live lanes this claim was not told about wait (come back at once).
 -- Errors:  EMQINPUT bad count or lease (integers: count in [1, 100000], lease >= 1 ms);
 --          EMQVERSION keyspace of another major version
 --@include common
@@ -68,7 +74,7 @@ if head[2] then next_due = emq_unpack_delayed(head[2]) end
 local out = {now, 1, next_due}
 -- The reply, with the next ready groups appended when the caller serves groups.
 local function finish()
-  if grouped then out[#out + 1] = redis.call('ZRANGE', KEYS[9], 0, ring_head - 1) end
+  if grouped then out[#out + 1] = emq_ring_head(KEYS[9], ring_head) end
   return out
 end
 -- Lease tokens are the worker id and one fencing number of the counter.
@@ -169,14 +175,33 @@ local rated = {}             -- per popped job (by index): its group's source wh
 if not grouped then
   popped = redis.call('ZPOPMIN', KEYS[1], want)
 else
-  -- Sources in turn order: the flat pending set counts as one more group.
-  local sources = {{k = 1, g = false}}  -- k: index of the source's key in KEYS
+  -- Parked groups whose re-check time has come (a window opened, a slot freed) rejoin.
+  emq_ring_unpark_due(KEYS[9], now)
+  -- Sources in turn order: the flat pending set counts as one more group, with its own
+  -- turn in the ring's numbering (meta 'fturn'; never past the ring's back).
+  local flat = {k = 1, g = false, turn = 0}  -- k: index of the source's key in KEYS
+  local sources = {flat}
   local passed = {}
   for i = 14, #KEYS, 2 do
     local g = ARGV[9 + (i - 14) / 2]
     passed[g] = true
-    if redis.call('ZSCORE', KEYS[9], g) then sources[#sources + 1] = {k = i, r = i + 1, g = g} end
+    local turn = tonumber(redis.call('ZSCORE', KEYS[9], g) or '')
+    if turn and turn > 0 then
+      sources[#sources + 1] = {k = i, r = i + 1, g = g, turn = turn, at = #sources}
+    end
   end
+  if #sources > 1 then
+    flat.turn = math.min(tonumber(redis.call('HGET', KEYS[4], 'fturn') or '0'),
+      emq_ring_back_turn(KEYS[9]))
+    flat.at = 0
+    table.sort(sources, function(a, b)
+      if a.turn ~= b.turn then return a.turn < b.turn end
+      return a.at < b.at  -- ties: the flat set first, then ring order
+    end)
+  end
+  -- No lane named yet (a worker's first claim) while groups wait: the flat set takes only
+  -- its turn, so the reply can name the lanes to serve next.
+  local flat_turn_only = #sources == 1 and emq_ring_live(KEYS[9])
   local live = #sources
   local open = #sources  -- sources not yet empty or capped
   local first = true
@@ -192,15 +217,19 @@ else
           s.rleft, s.opens, s.gwin = rl or false, opens, gwin
         end
         if left and left <= 0 then
-          s.done, capped, open = true, true, open - 1
+          -- at its cap: parked off the ring until a slot frees (group_free.lua, group_join
+          -- or the re-check after cap_poll ms), so ready groups are found past any number
+          s.done, s.parked, capped, open = true, true, true, open - 1
+          emq_ring_park(KEYS[9], g, now + cap_poll, true)
         elseif g and s.rleft and s.rleft <= 0 then
-          -- its window is full: skip it, and remember when it opens
-          s.done, open = true, open - 1
+          -- its window is full: parked until it opens (no re-trying it before then)
+          s.done, s.parked, open = true, true, open - 1
+          emq_ring_park(KEYS[9], g, s.opens, false)
           if not rate_open or s.opens < rate_open then rate_open = s.opens end
         else
           -- the last open source takes the rest in one pop (the flat-only hot path)
           local turn = quantum
-          if open == 1 then turn = want end
+          if open == 1 and not flat_turn_only then turn = want end
           local take = math.min(turn, want - #popped / 2, left or turn, (g and s.rleft) or turn)
           local some = redis.call('ZPOPMIN', KEYS[s.k], take)
           for j = 1, #some, 2 do
@@ -221,28 +250,34 @@ else
     end
     first = false
   end
-  -- Served and capped groups go to the back of the ring: the next turn starts elsewhere.
+  -- Served groups go to the back of the ring: the next turn starts elsewhere. So does the
+  -- flat set when it was served beside lanes (its turn is numbered like theirs).
   for _, s in ipairs(sources) do
-    if s.g and (s.served or s.done) and redis.call('ZSCORE', KEYS[9], s.g) then
+    if s.g and s.served and not s.parked and redis.call('ZSCORE', KEYS[9], s.g) then
       emq_ring_back(KEYS[9], s.g, true)
     end
   end
-  for _, g in ipairs(redis.call('ZRANGE', KEYS[9], 0, ring_head - 1)) do
+  if flat.served and #sources > 1 then
+    redis.call('HSET', KEYS[4], 'fturn', emq_ring_back_turn(KEYS[9]))
+  end
+  for _, g in ipairs(emq_ring_head(KEYS[9], ring_head)) do
     if not passed[g] then unpassed = true end
   end
 end
 local count = #popped / 2
 if count == 0 then
-  if unpassed and not capped then
-    out[3] = now
-  elseif capped and (next_due == -1 or next_due > now + cap_poll) then
-    out[3] = now + cap_poll
-  end
-  if rate_open and not (unpassed and not capped) then
-    -- only group windows held jobs back: sleep on the marker until the first opens
-    emq_wake_at(KEYS[5], rate_open)
-    out[2] = 2
-    if out[3] == -1 or rate_open < out[3] then out[3] = rate_open end
+  if unpassed then
+    out[3] = now  -- live lanes this claim did not try: come back at once
+  elseif grouped then
+    -- only parked groups hold jobs back (full windows, caps): sleep on the marker until
+    -- the first re-check (a freed slot wakes it sooner)
+    local recheck, windowed = emq_ring_parked_next(KEYS[9])
+    if recheck then
+      emq_wake_at(KEYS[5], recheck)
+      -- a window holds jobs back: rate limited (run_until_idle waits); caps: as before
+      if rate_open or windowed then out[2] = 2 end
+      if out[3] == -1 or recheck < out[3] then out[3] = recheck end
+    end
   end
   return finish()
 end
@@ -293,7 +328,7 @@ for s in pairs(touched) do redis.call('PEXPIRE', KEYS[s.r], s.gwin) end
 -- now full, have it woken when the window opens).
 local more = redis.call('ZCARD', KEYS[1]) > 0
 if grouped and not more then
-  more = (count == want or unpassed) and redis.call('ZCARD', KEYS[9]) > 0
+  more = (count == want or unpassed) and emq_ring_live(KEYS[9])
 end
 if more then
   if limited and room - count <= 0 then

@@ -25,6 +25,9 @@ for i = 2, #ARGV do
   if not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
     emq_ring_back(KEYS[1], ARGV[i], false)
     joined = joined + 1
+  else
+    -- parked (cap reached, window full): jobs moving back may mean a slot freed, re-check
+    emq_ring_unpark(KEYS[1], ARGV[i])
   end
 end
 return joined
