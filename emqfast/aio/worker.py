@@ -248,7 +248,7 @@ class Worker:
             await self._pump_schedules()
         if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
             self._due_hint = None  # woken at a delayed job's run-at: promote before claiming
-            await self.queue.promote(limit=1000)
+            await self.queue.promote(limit=core.PROMOTE_BATCH)
         free = self.concurrency - len(self._running)
         if free <= 0:
             await self._wait_changed(self.beat_s)
@@ -264,12 +264,15 @@ class Worker:
         now, status, next_due, pairs = core.parse_claim(reply)
         served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
         self._server_offset_ms = now - time.monotonic() * 1000
+        # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
+        # for an empty claim (one bounded promote; the next claim can take it)
+        promoted = core.due_now(status, next_due, now) and \
+            await self.queue.promote(limit=core.PROMOTE_BATCH) > 0
         if pairs:
             await self._start(pairs, served)
             return False
-        if status == 1 and next_due != -1 and next_due <= now:
-            if await self.queue.promote(limit=1000):
-                return False
+        if promoted:
+            return False
         if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
             return True
         wait_ms, hint = core.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
@@ -510,6 +513,8 @@ class Worker:
             return
         self._next_beat = now + self.beat_s
         await self.queue.reap(max_stalled=self.max_stalled)
+        # due jobs are promoted on the beat too (a worker with every slot busy does not claim)
+        await self.queue.promote(limit=core.PROMOTE_BATCH)
         if now >= self._next_trim:
             self._next_trim = now + 5.0
             await self.queue.trim(keep_completed=self.keep_completed,
