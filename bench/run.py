@@ -6,6 +6,7 @@
     emqfast bench --json out.json # machine-readable results as well as the table
     emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
     emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
+    emqfast bench --only scheduling  # due jobs behind a backlog, lanes, spin, caps (issue 18)
 
 It starts its own redis-server (persistence off) unless ``EMQ_REDIS_URL`` (or
 ``--url``) names one, verifies every job it counts before reporting a number,
@@ -36,8 +37,8 @@ from rich.table import Table
 
 import emqfast
 
-from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale, server,
-               slowlog, wake)
+from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale,
+               scheduling, server, slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
@@ -51,9 +52,10 @@ WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "micro": micro.run,
     "peers": peers.run,
     "slowlog": slowlog.run,
+    "scheduling": scheduling.run,
 }
 # only with --peers (or --only peers); slowlog (a 1M-job backlog, minutes) only with --only
-OPTIONAL = {"peers", "slowlog"}
+OPTIONAL = {"peers", "slowlog", "scheduling"}  # scheduling: issue 18's figures, opt-in
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

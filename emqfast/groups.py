@@ -3,10 +3,13 @@
 A job enqueued with ``group="tenant-42"`` waits in its group's lane
 (``emq:{q}:g:<group>:pending``) instead of the flat pending set; the group sits on
 the ring of ready groups (``emq:{q}:groups``). ``claim.lua`` takes one job per
-ready group (and one from the flat pending set) per turn, so a tenant with 100k
-jobs cannot starve one with 10, and skips groups at their cap
-(:meth:`Groups.set_concurrency`). Active jobs of capped groups are tracked in
-``emq:{q}:gactive`` and pruned by lease, so finishing scripts need no group keys.
+ready group per turn, the flat pending set taking its turn like one more group, so a
+tenant with 100k jobs cannot starve one with 10. A group at its cap
+(:meth:`Groups.set_concurrency`) or with a full rate window is parked on the ring
+(a negative score: the instant to re-check it) until a slot frees (the Workers send
+``group_free.lua`` after a grouped job's outcome) or its window opens, so claims skip
+it for free. Active jobs of capped groups are tracked in ``emq:{q}:gactive`` and
+pruned by lease.
 
 This module holds the ``q.groups`` facade and the sans-IO helpers that route
 jobs coming back from delayed / active / failed into their lanes.
@@ -46,10 +49,12 @@ def join_call(k: QueueKeys, groups: Sequence[str]) -> Call:
     return Call(_JOIN, [k.groups, k.meta], [KEYSPACE_VERSION, *groups])
 
 
-def free_call(k: QueueKeys, groups: Sequence[str]) -> Call:
-    """group_free.lua: jobs of ``groups`` finished; a group parked at its concurrency cap
-    rejoins the turn order and a blocked worker is woken (sent after the outcomes' writes)."""
-    return Call(_FREE, [k.groups, k.meta, k.marker], [KEYSPACE_VERSION, *groups])
+def free_call(k: QueueKeys, finished: Sequence[Tuple[str, str]]) -> Call:
+    """group_free.lua for ``(group, job id)`` of finished grouped jobs (sent after the
+    outcomes' writes): each leaves its group's active count, and a group parked at its
+    concurrency cap rejoins the turn order, waking a blocked worker."""
+    return Call(_FREE, [k.groups, k.meta, k.marker, k.gactive, k.leases],
+                [KEYSPACE_VERSION, *[x for pair in finished for x in pair]])
 
 
 def lane_moves(k: QueueKeys, by_group: Dict[Optional[str], List[str]],

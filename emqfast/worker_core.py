@@ -265,10 +265,10 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
 
 
 def free_calls(k: QueueKeys, batch: Sequence[Outcome]) -> List[Call]:
-    """group_free.lua for the groups of a batch's jobs (none for ungrouped batches)."""
+    """group_free.lua for a batch's grouped jobs (none for ungrouped batches)."""
     from .groups import free_call  # groups imports ops/scripts only; no cycle at import time
-    groups = sorted({g for g in (job_group(o[1]) for o in batch) if g is not None})
-    return [free_call(k, part) for part in chunked(groups, 4000)]
+    finished = [(g, o[1].id) for o in batch for g in (job_group(o[1]),) if g is not None]
+    return [free_call(k, part) for part in chunked(finished, 2000)]
 
 
 class AckPlan:

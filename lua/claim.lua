@@ -241,6 +241,7 @@ else
           if some[1] then
             s.served = true
             live = live + 1
+            if flat_turn_only then s.done = true end  -- one turn: the lanes come next
           else
             s.done, open = true, open - 1
             if g then redis.call('ZREM', KEYS[9], g) end  -- empty lane leaves the ring

@@ -282,3 +282,15 @@ def test_pending_job_ids_include_grouped_jobs(redis_url, qname):
     assert q.job_ids("pending", -2, -1) == ids[-2:]
     assert q.job_ids("pending", 5, 100) == ids[5:]
     assert q.job_ids("pending", 7, 3) == []
+
+
+# --- item 6: a capped group's active count is kept by the finishing jobs ------------------
+
+def test_finished_jobs_leave_their_capped_groups_active_count(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    q.groups.set_concurrency("g", 3)
+    q.enqueue_many(list(range(20)), group="g")
+    emqfast.Worker(q, lambda job: None, concurrency=4).run_until_idle(timeout_s=30)
+    assert q.counts()["completed"] == 20
+    # no claim had to re-read leases to find the slots free: group_free removed each member
+    assert r.zcard(q.keys.gactive) == 0
