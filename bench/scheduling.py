@@ -1,6 +1,6 @@
 """Scheduling promises under load (issue 18): the figures behind tests/test_scheduling_load.py.
 
-- due: a job delayed 200 ms (and a retry with 100 ms backoff) behind a 6,000-job backlog at
+- due: a job delayed 800 ms (and a retry with 100 ms backoff) behind a 6,000-job backlog at
   the same priority: how many runs started after it was due before it ran.
 - lanes: 200 ungrouped + 3 x 20 grouped jobs at concurrency 1: the first grouped job's run #.
 - spin: one idle worker beside 40 rate-limited groups whose windows are all full: claim
@@ -36,8 +36,8 @@ def due_behind_backlog(ctx: Ctx, retry: bool) -> Tuple[int, int]:
         if retry:
             job_id = q.enqueue("flaky", attempts=2, backoff=Backoff.fixed(100)).id
         else:
-            job_id = q.enqueue("late", delay_ms=200).id
-        due = [time.monotonic() + 0.2]
+            job_id = q.enqueue("late", delay_ms=800).id
+        due = [time.monotonic() + 0.8]
         q.enqueue_many(["x"] * BACKLOG)
         runs, lock = _run_log()
 
@@ -47,7 +47,7 @@ def due_behind_backlog(ctx: Ctx, retry: bool) -> Tuple[int, int]:
             if retry and job.id == job_id and job.attempts == 1:
                 due[0] = time.monotonic() + 0.1
                 raise RuntimeError("first attempt fails")
-            time.sleep(0.0005)
+            time.sleep(0.001)
         emqfast.Worker(q, handler, concurrency=4, prefetch=8,
                        batch_size=16).run_until_idle(timeout_s=300)
         at = max(i for i, (jid, _) in enumerate(runs) if jid == job_id)
@@ -149,7 +149,7 @@ def run(ctx: Ctx) -> List[Result]:
     """The scheduling rows."""
     out: List[Result] = []
     for retry in (False, True):
-        what = "retry (100 ms backoff)" if retry else "delayed job (200 ms)"
+        what = "retry (100 ms backoff)" if retry else "delayed job (800 ms)"
         ctx.progress(f"scheduling: {what} behind {BACKLOG} jobs")
         late, at = due_behind_backlog(ctx, retry)
         out.append(Result(workload="scheduling", name=f"{what}: runs after due, before it",

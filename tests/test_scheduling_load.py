@@ -20,6 +20,7 @@ from emqfast.backoff import Backoff
 from engine_util import make_queue, running_worker, wait_until
 
 BACKLOG = 6000
+DELAY_MS = 800  # longer than enqueueing the backlog takes, shorter than draining it
 # Runs that may start after a job became due and before it runs: the jobs a worker already
 # holds plus one claim's batch (it is promoted by the claim that saw it due).
 CONCURRENCY, PREFETCH, BATCH = 4, 8, 16
@@ -56,18 +57,19 @@ def _backlogged_queue(redis_url: str, qname: str) -> emqfast.Queue:
 def test_due_delayed_job_runs_long_before_the_backlog_drains(redis_url, qname):
     q = make_queue(redis_url, qname)
     # enqueued first: promoted, it keeps its arrival place at the head of priority 0
-    delayed = q.enqueue("late", delay_ms=200).id
-    due_at = time.monotonic() + 0.2
+    delayed = q.enqueue("late", delay_ms=DELAY_MS).id
+    due_at = time.monotonic() + DELAY_MS / 1000
     q.enqueue_many(["x"] * BACKLOG)
     log = RunLog()
 
     def handler(job):
         log.note(job.id)
-        time.sleep(0.0005)  # the backlog outlasts the delay whatever the machine
+        time.sleep(0.001)  # 6,000 jobs at 4 threads: the backlog outlasts the delay
     w = emqfast.Worker(q, handler, concurrency=CONCURRENCY, prefetch=PREFETCH,
                        batch_size=BATCH)
     w.run_until_idle(timeout_s=120)
     assert len(log.runs) == BACKLOG + 1
+    assert log.runs[0][1] < due_at  # it fell due while the backlog was draining
     late = log.started_after(due_at, delayed)
     assert late <= DUE_SLACK, (late, log.position(delayed))
     assert log.position(delayed) < BACKLOG // 2
@@ -100,18 +102,19 @@ def test_due_delayed_job_behind_a_backlog_aio_worker(redis_url, qname):
 
     async def main():
         q = emq.Queue(qname, emq.connect(redis_url))
-        delayed = (await q.enqueue("late", delay_ms=200)).id
-        due_at = time.monotonic() + 0.2
+        delayed = (await q.enqueue("late", delay_ms=DELAY_MS)).id
+        due_at = time.monotonic() + DELAY_MS / 1000
         await q.enqueue_many(["x"] * BACKLOG)
 
         async def handler(job):
             log.note(job.id)
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(0.001)
         await emq.Worker(q, handler, concurrency=CONCURRENCY,
                          batch_size=BATCH).run_until_idle(timeout_s=120)
         return delayed, due_at
     delayed, due_at = asyncio.run(asyncio.wait_for(main(), 150))
     assert len(log.runs) == BACKLOG + 1
+    assert log.runs[0][1] < due_at  # it fell due while the backlog was draining
     late = log.started_after(due_at, delayed)
     assert late <= DUE_SLACK, (late, log.position(delayed))
     assert log.position(delayed) < BACKLOG // 2
