@@ -2,6 +2,9 @@
 with ``redis.asyncio`` clients."""
 from __future__ import annotations
 
+import asyncio
+import threading
+import weakref
 from typing import Any, Optional
 
 import redis
@@ -36,3 +39,55 @@ def resolve(conn: Any) -> "aredis.Redis":
     if isinstance(conn, (aredis.Redis, aredis.RedisCluster)):
         return conn
     raise InvalidInput(f"expected a redis.asyncio client or URL, not {type(conn).__name__}")
+
+
+class LoopClients:
+    """One ``redis.asyncio`` client per event loop, all built from the same settings.
+
+    An asyncio client's connections belong to the loop they were opened on: used from
+    another loop (a second ``asyncio.run``, another thread) a command may be written and
+    then fail with ``Event loop is closed`` — sent, so a retry could duplicate it. The
+    given client serves the first loop that uses it; any other loop gets its own copy
+    (same pool class, connection class and keyword arguments). A client that cannot be
+    copied (``RedisCluster``) is refused on another loop before anything is sent.
+    """
+
+    def __init__(self, client: Any):
+        self.template = client
+        self._home: Optional["weakref.ref[asyncio.AbstractEventLoop]"] = None
+        self._others: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]" = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def current(self) -> Any:
+        """The client for the running loop (the given one outside any loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self.template
+        with self._lock:
+            if self._home is None:
+                self._home = weakref.ref(loop)
+            if self._home() is loop:
+                return self.template
+            client = self._others.get(loop)
+            if client is None:
+                client = self._others[loop] = copy_client(self.template)
+            return client
+
+
+def copy_client(client: Any) -> "aredis.Redis":
+    """A new ``redis.asyncio.Redis`` with ``client``'s settings and a pool of its own;
+    :class:`InvalidInput` (nothing sent) for a client that cannot be copied."""
+    pool = getattr(client, "connection_pool", None)
+    if type(client) is not aredis.Redis or getattr(client, "single_connection_client", False) \
+            or pool is None:
+        raise InvalidInput(
+            f"this emqfast.aio.Queue's {type(client).__name__} is bound to the event loop it "
+            "was first used on and cannot be copied for another one; nothing was sent. "
+            "Create the Queue (or its client) inside each event loop / thread.")
+    extra = {"timeout": pool.timeout} if hasattr(pool, "timeout") else {}
+    new_pool = type(pool)(connection_class=pool.connection_class,
+                          max_connections=pool.max_connections, **extra,
+                          **pool.connection_kwargs)
+    return aredis.Redis.from_pool(new_pool)

@@ -14,7 +14,7 @@ from ..events import Event, Waits, block_chunk_ms, check_position
 from ..leaderboard import Leaderboard as _SyncLeaderboard
 from ..ops import Op, run_async
 from ..queue import Queue as _SyncQueue, check_int
-from .connection import resolve
+from .connection import LoopClients, resolve
 
 
 class Queue(_SyncQueue):
@@ -28,8 +28,23 @@ class Queue(_SyncQueue):
     is_async = True
     _resolve = staticmethod(resolve)
 
+    @property  # type: ignore[override]
+    def redis(self) -> Any:
+        """The client for the running event loop: the one given serves the first loop
+        that uses it, others get a copy (see :class:`emqfast.aio.connection.LoopClients`),
+        so a Queue made at import time works under several ``asyncio.run`` calls."""
+        return self._clients.current()
+
+    @redis.setter
+    def redis(self, client: Any) -> None:
+        self._clients = LoopClients(client)
+
     def _drive(self, op: Op) -> Any:
-        return run_async(self.redis, op)
+        return self._run(op)
+
+    async def _run(self, op: Op) -> Any:
+        # the client is picked once running: a coroutine made outside its loop still works
+        return await run_async(self.redis, op)
 
     def _wire(self) -> Any:  # pragma: no cover - the async driver never asks for a Batcher
         raise TypeError("emqfast.aio.Queue has no blocking Batcher")
