@@ -10,6 +10,9 @@
 -- the last window ms: at most rate_max handler starts in any window, across workers.
 -- Per-group rate limits (grate) work the same way on the group's own window, for the
 -- groups the caller names (those its claim served: every grouped job it claimed is in one).
+-- A paused queue (pause.lua) starts nothing: each claimed job is handed back the same way
+-- (parked on the delayed set for 1 ms, no attempt counted), so a job claimed before
+-- pause() returned is not started after it (issue 18 item 8).
 -- A lease on a job whose hash is gone (evicted, deleted by hand) is dropped and counted:
 -- metrics 'orphaned' and an 'orphaned' event, never silently.
 --
@@ -30,8 +33,8 @@
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started} when
 --          the lease holds (enc, opts, run_at nil when the hash omits them; started =
 --          the start instant, server ms, which the Worker hands back to complete.lua), or 0
---          when it was lost (or the job hash is gone, or the rate window had no room: the
---          job waits on the delayed set)
+--          when it was lost (or the job hash is gone, or the rate window had no room or the
+--          queue is paused: the job waits on the delayed set)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
 
@@ -59,8 +62,9 @@ for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
 end
 
 -- The queue's rate window (see claim.lua): room is re-checked at the start instant.
-local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window')
+local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window', 'paused')
 local rate_max, window = tonumber(f[1] or ''), tonumber(f[2] or '')
+local paused = f[3] == '1'
 local limited = rate_max and window and rate_max > 0 and window > 0
 if limited then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - window) end
 -- Whether token's start fits window `wkey` of `max` now (it holds a place already, or
@@ -97,6 +101,7 @@ end
 
 -- Whether this start may use its windows now (recording it in them, then).
 local function window_admits(token, opts)
+  if paused then return false, nil end
   local gw = group_window(opts)
   if limited and not fits(KEYS[6], rate_max, token) then return false, gw end
   if gw and not fits(KEYS[gw.k], gw.max, token) then return false, gw end

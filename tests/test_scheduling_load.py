@@ -297,3 +297,26 @@ def test_finished_jobs_leave_their_capped_groups_active_count(redis_url, qname, 
     assert q.counts()["completed"] == 20
     # no claim had to re-read leases to find the slots free: group_free removed each member
     assert r.zcard(q.keys.gactive) == 0
+
+
+# --- item 8 (part): a job claimed before pause() is not started after it -------------------
+
+def test_start_after_pause_hands_claimed_jobs_back(redis_url, qname):
+    from emqfast import worker_core
+    q = make_queue(redis_url, qname)
+    ids = [r.id for r in q.enqueue_many(["a", "b", "c"])]
+    call = worker_core.claim_call(q.keys, 3, 60_000, "w", [], "r1")
+    pairs = worker_core.parse_claim(call.script(q.redis, call.keys, call.args))[3]
+    assert sorted(i for i, _ in pairs) == sorted(ids)
+    q.pause()
+    start = worker_core.start_call(q.keys, pairs)
+    rows = start.script(q.redis, start.keys, start.args)
+    assert rows == [0, 0, 0]  # nothing starts on a paused queue: the Worker runs none
+    assert q.counts()["active"] == 0
+    assert all(q.get(i).attempts == 0 for i in ids)  # no attempt counted
+    q.resume()
+    ran: List[str] = []
+    emqfast.Worker(q, lambda job: ran.append(job.id)).run_until_idle(timeout_s=30,
+                                                                     wait_scheduled=True)
+    assert sorted(ran) == sorted(ids)
+    assert all(q.get(i).attempts == 1 for i in ids)
