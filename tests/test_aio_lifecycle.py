@@ -78,7 +78,7 @@ def test_handler_cancelled_error_is_a_failure_not_a_wedged_slot(redis_url, qname
 # --- item 2: main() returning: asyncio.run's teardown cancels everything ---------------------
 
 _TEARDOWN = """
-    import asyncio, sys
+    import asyncio, sys, time
     import emqfast.aio as emq
 
     url, qname, mode, want = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -97,11 +97,17 @@ _TEARDOWN = """
         started += 1
         await asyncio.sleep(60)
 
+    def plain(job):  # a thread cannot be cancelled: teardown waits for it, then writes it
+        global started
+        started += 1
+        time.sleep(1.0)
+        return "done"
+
     async def main():
         global gate
         gate = asyncio.Event()
         q = emq.Queue(qname, emq.connect(url))
-        handler = quick if mode == "quick" else slow
+        handler = {"quick": quick, "slow": slow, "plain": plain}[mode]
         w = emq.Worker(q, handler, concurrency=want, shutdown_timeout_s=30)
         asyncio.ensure_future(w.run())  # never stopped nor awaited: main just returns
         while started < want:
@@ -116,7 +122,8 @@ _TEARDOWN = """
 """
 
 
-@pytest.mark.parametrize("mode,jobs,in_flight", [("quick", 1200, 1200), ("slow", 20, 8)])
+@pytest.mark.parametrize("mode,jobs,in_flight", [("quick", 1200, 1200), ("slow", 20, 8),
+                                                 ("plain", 10, 4)])
 def test_main_returning_writes_outcomes_and_releases_in_flight(redis_url, qname, r, tmp_path,
                                                                mode, jobs, in_flight):
     q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
@@ -129,6 +136,8 @@ def test_main_returning_writes_outcomes_and_releases_in_flight(redis_url, qname,
     assert r.hlen(q.keys.leases) == 0
     if mode == "quick":  # every finished handler's outcome was written
         assert counts["completed"] == 1200, counts
+    elif mode == "plain":  # the running threads finished, their outcomes were written
+        assert counts["completed"] == in_flight and counts["pending"] == jobs - in_flight
     else:  # the cancelled handlers ended: their jobs are back, ready for another worker
         assert counts["pending"] == jobs and counts["completed"] == 0, counts
 
