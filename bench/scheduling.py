@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import emqfast
 from emqfast import worker_core
@@ -24,10 +24,6 @@ from emqfast.backoff import Backoff
 from .common import Ctx, Result, check, fresh_queue, wait_until
 
 BACKLOG = 6_000
-
-
-def _run_log() -> Tuple[List[Tuple[str, float]], threading.Lock]:
-    return [], threading.Lock()
 
 
 def due_behind_backlog(ctx: Ctx, retry: bool) -> Tuple[int, int]:
@@ -39,7 +35,8 @@ def due_behind_backlog(ctx: Ctx, retry: bool) -> Tuple[int, int]:
             job_id = q.enqueue("late", delay_ms=800).id
         due = [time.monotonic() + 0.8]
         q.enqueue_many(["x"] * BACKLOG)
-        runs, lock = _run_log()
+        runs: List[Tuple[str, float]] = []
+        lock = threading.Lock()
 
         def handler(job: emqfast.Job) -> None:
             with lock:

@@ -12,8 +12,6 @@ import threading
 import time
 from typing import List, Tuple
 
-import redis
-
 import emqfast
 import emqfast.aio as emq
 from emqfast.backoff import Backoff
@@ -45,11 +43,6 @@ class RunLog:
 
     def position(self, job_id: str) -> int:
         return max(i for i, (jid, _) in enumerate(self.runs) if jid == job_id)
-
-
-def _backlogged_queue(redis_url: str, qname: str) -> emqfast.Queue:
-    q = make_queue(redis_url, qname)
-    return q
 
 
 # --- item 1: due jobs do not wait behind a backlog ----------------------------------------
@@ -225,7 +218,6 @@ def _raw_claim(q: emqfast.Queue, worker: str, groups: List[str], n: int = 1000):
 def test_new_group_is_found_past_a_thousand_capped_groups(redis_url, qname):
     q = make_queue(redis_url, qname)
     capped = [f"c{i}" for i in range(1000)]
-    pipe = q.redis.pipeline(transaction=False)
     for g in capped:
         q.groups.set_concurrency(g, 1)
         q.enqueue_many([g, g], group=g)
@@ -247,7 +239,6 @@ def test_new_group_is_found_past_a_thousand_capped_groups(redis_url, qname):
     assert [q.get(i).extra["g"] for i, _ in pairs] == ["fresh"]
     assert claims <= 3, claims  # before: a full turn of the ring, 16 capped groups a claim
     assert q.counts()["pending"] == len(capped)  # parked lanes still count as pending
-    del pipe
 
 
 # --- item 10: priority orders jobs within a lane; lanes take turns -------------------------
