@@ -36,15 +36,16 @@
 --          claimed, the earliest parked group's re-check instead when that comes first
 --          (the marker is set then too), and status 2 when a full window holds it;
 --          'now' when live lanes this claim was not told about wait (come back at once).
--- Errors:  EMQINPUT bad count or lease (integers: count in [1, 100000], lease >= 1 ms);
+-- Errors:  EMQINPUT bad count or lease (integers: count in [1, 10000], the most one Worker
+--          batch takes, so one call stays bounded; lease >= 1 ms);
 --          EMQVERSION keyspace of another major version
 --@include common
 --@include groups
 
 local n = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
-if not n or n < 1 or n > 100000 or n % 1 ~= 0 or not lease or lease < 1 or lease % 1 ~= 0 then
-  return redis.error_reply('EMQINPUT claim needs an integer count in [1, 100000] and an ' ..
+if not n or n < 1 or n > 10000 or n % 1 ~= 0 or not lease or lease < 1 or lease % 1 ~= 0 then
+  return redis.error_reply('EMQINPUT claim needs an integer count in [1, 10000] and an ' ..
     'integer lease >= 1 ms')
 end
 local grouped = #KEYS >= 13

@@ -73,7 +73,7 @@ def test_claim_refuses_a_fractional_count_or_lease_before_any_pop(redis_url, qna
     q = make_queue(redis_url, qname)
     q.enqueue_many([1, 2, 3])
     before = dump_queue(r, qname)
-    for n, lease in ((2.5, 30_000), (2, 100.5), (0, 30_000), (200_000, 30_000)):
+    for n, lease in ((2.5, 30_000), (2, 100.5), (0, 30_000), (10_001, 30_000), (200_000, 30_000)):
         call = core.claim_call(q.keys, n, lease, "w")
         with pytest.raises(InvalidInput):
             call.script(q.redis, call.keys, call.args)
