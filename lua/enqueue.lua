@@ -36,12 +36,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local cap = emq_events_cap(KEYS[5])
 local dscore = emq_admit_score(KEYS[3], run_at, now)
-local denied = nil
-if ARGV[9] ~= '0' then
-  local set_key = KEYS[2]
-  if dscore then set_key = KEYS[3] end
-  denied = emq_admit_denied(KEYS[1], set_key, KEYS[4], KEYS[6], KEYS[7], cap ~= nil)
-end
+local denied = emq_admit_denied(ARGV[9], dscore, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6],
+                                KEYS[7], cap ~= nil)
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end

@@ -43,16 +43,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local cap = emq_events_cap(KEYS[5])
 local dscore = emq_admit_score(KEYS[3], run_at, now)
-local denied = nil
-if ARGV[10] ~= '0' then
-  local set_key = KEYS[2]
-  if dscore then set_key = KEYS[3] end
-  denied = emq_admit_denied(KEYS[1], set_key, KEYS[4], KEYS[6], KEYS[7], cap ~= nil)
-  if not denied and not dscore and redis.acl_check_cmd
-      and not (redis.acl_check_cmd('ZADD', KEYS[8], '0', 'm')
-               and redis.acl_check_cmd('ZRANGE', KEYS[8], '-1', '-1')) then
-    denied = 'NOPERM this user may not ZADD/ZRANGE the ring of ready groups: nothing was written'
-  end
+local denied = emq_admit_denied(ARGV[10], dscore, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6],
+                                KEYS[7], cap ~= nil)
+if not denied and not dscore and ARGV[10] ~= '0' and redis.acl_check_cmd
+    and not (redis.acl_check_cmd('ZADD', KEYS[8], '0', 'm')
+             and redis.acl_check_cmd('ZRANGE', KEYS[8], '-1', '-1')) then
+  denied = 'NOPERM this user may not ZADD/ZRANGE the ring of ready groups: nothing was written'
 end
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write

@@ -77,10 +77,15 @@ end
 -- after the HSET would leave a job without its event, or in no set). Returns a NOPERM
 -- error text, or nil. `with_events` is false when events are off. About 0.3 us per check, so
 -- batches run it once per chunk (ARGV 'acl' = '0' for the calls after a checked one on
--- the same connection). Redis < 7 has no redis.acl_check_cmd: skipped there.
-local function emq_admit_denied(job_key, set_key, marker, counter, events, with_events)
+-- the same connection). Redis < 7 has no redis.acl_check_cmd: skipped there. `acl_arg`
+-- is the script's ACL argument ('0': skip); the set written is `delayed` when the job
+-- got a delayed score (`dscore`), else `pending` (its lane for a grouped job).
+local function emq_admit_denied(acl_arg, dscore, job_key, pending, delayed, marker, counter,
+                                events, with_events)
   local check = redis.acl_check_cmd
-  if not check then return nil end
+  if acl_arg == '0' or not check then return nil end
+  local set_key = pending
+  if dscore then set_key = delayed end
   if check('INCR', counter) and check('HSET', job_key, 'f', 'v')
       and check('ZADD', set_key, 'LT', '0', 'm') and check('ZADD', marker, 'LT', '0', 'm')
       and (not with_events or check('XADD', events, 'MAXLEN', '~', '1', '*', 'f', 'v')) then
