@@ -362,6 +362,11 @@ class Worker:
 
     # --- starting and running jobs ----------------------------------------------
     def _start(self, pairs: List[Tuple[str, str]], groups: List[str]) -> None:
+        """Start claimed jobs in calls of at most ``START_CHUNK`` (bounded work per call)."""
+        for at in range(0, len(pairs), core.START_CHUNK):
+            self._start_chunk(pairs[at:at + core.START_CHUNK], groups)
+
+    def _start_chunk(self, pairs: List[Tuple[str, str]], groups: List[str]) -> None:
         start = core.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
         rows = self._call_until_done(start, "start", self._stop_overdue)

@@ -43,8 +43,10 @@ GROUP_QUANTUM = 1
 # Due delayed jobs promoted per promotion a Worker makes (claim reply says one is due, a
 # wait ended at a run-at, the beat): one due read and one bounded promote call.
 PROMOTE_BATCH = 500
-# Successful outcomes per complete.lua call: one call's Lua run blocks Redis ~2 ms at most.
-COMPLETE_CHUNK = 200
+# Successful outcomes per complete.lua call, and claimed jobs per start.lua call: one
+# call's Lua run stays ~1-2 ms, well inside the 20 ms a busy host may stretch it to.
+COMPLETE_CHUNK = 128
+START_CHUNK = 128
 COMPLETE_CHUNK_BYTES = 1 << 20  # ...and about this much result JSON
 # Leases extended / jobs released per script call (bounded server work per call).
 LEASE_CHUNK = 500

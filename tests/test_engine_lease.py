@@ -319,7 +319,7 @@ def test_killed_worker_job_is_reaped_and_rerun(redis_url, qname):
 
 
 def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
-    """A Worker's ack batch becomes complete.lua calls of at most 200 jobs and ~1 MB of
+    """A Worker's ack batch becomes complete.lua calls of at most COMPLETE_CHUNK jobs and ~1 MB of
     results (Redis drops a client whose single command outgrows its query buffer), with
     each failure in a call of its own; every outcome maps back to its own reply."""
     from emqfast import worker_core as core
@@ -335,7 +335,8 @@ def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
     plan = core.AckPlan(q.keys, [*small[:100], failed, *small[100:], *big])
     per_call = [(len(c.keys) - 6, sum(len(a) for a in c.args[3::6])) for c in plan.calls
                 if c.script.name == "complete"]
-    assert [n for n, _ in per_call] == [200, 200, 51, 1, 1, 1]  # a big result fills the 3rd
+    c = core.COMPLETE_CHUNK  # full calls of small results, then the rest shares a call
+    assert [n for n, _ in per_call] == [c] * (450 // c) + [450 % c + 1, 1, 1, 1]  # with a big one
     assert all(size <= core.COMPLETE_CHUNK_BYTES or n == 1 for n, size in per_call)
     assert sum(c.script.name == "fail" for c in plan.calls) == 1
     assert plan.retrying.count(None) == 454 and plan.retrying[100] is True

@@ -168,20 +168,22 @@ def _park_due(q: Queue, n: int) -> List[str]:
 
 def test_promote_of_a_big_backlog_goes_in_bounded_calls(redis_url, qname):
     q = make_queue(redis_url, qname)
-    n = 2 * PROMOTE_BATCH + 500
+    rest = PROMOTE_BATCH // 2
+    n = 2 * PROMOTE_BATCH + rest
     _park_due(q, n)
     with monitored(redis_url) as seen:
         assert q.promote(limit=1_000_000) == n
     dues = script_calls(seen, "due")
     promotes = script_calls(seen, "promote")
     assert dues and all(int(args[0]) <= 4000 for _, args in dues)  # due.lua's maximum
-    assert [len(args) - 1 for _, args in promotes] == [PROMOTE_BATCH, PROMOTE_BATCH, 500]
+    assert [len(args) - 1 for _, args in promotes] == [PROMOTE_BATCH, PROMOTE_BATCH, rest]
     assert q.counts()["pending"] == n and q.counts()["scheduled"] == 0
 
 
 def test_promote_many_with_a_big_limit_goes_in_bounded_calls(redis_url, qname):
     queues = [make_queue(redis_url, f"{qname}-{i}") for i in range(2)]
-    n = PROMOTE_BATCH + 300
+    rest = PROMOTE_BATCH // 2
+    n = PROMOTE_BATCH + rest
     for q in queues:
         _park_due(q, n)
     with monitored(redis_url) as seen:
@@ -189,7 +191,7 @@ def test_promote_many_with_a_big_limit_goes_in_bounded_calls(redis_url, qname):
     assert moved == {q.name: n for q in queues}
     assert max(int(args[0]) for _, args in script_calls(seen, "due")) <= 4000
     sizes = sorted(len(args) - 1 for _, args in script_calls(seen, "promote"))
-    assert sizes == [300, 300, PROMOTE_BATCH, PROMOTE_BATCH]
+    assert sizes == [rest, rest, PROMOTE_BATCH, PROMOTE_BATCH]
 
 
 def _expire_leases(q: Queue, ids: List[str]) -> None:
