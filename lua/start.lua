@@ -37,6 +37,7 @@
 --          queue is paused: the job waits on the delayed set)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
 --@include common
+--@include rate
 
 -- J jobs (a key and two ARGV each) and G groups (a key and a name each)
 local njobs = #ARGV - #KEYS + 8
@@ -61,34 +62,22 @@ for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
   end
 end
 
--- The queue's rate window (see claim.lua): room is re-checked at the start instant.
+-- The queue's rate window (includes/rate.lua, as claim.lua's): room is re-checked at the
+-- start instant.
 local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window', 'paused')
-local rate_max, window = tonumber(f[1] or ''), tonumber(f[2] or '')
+local rate_max, window = emq_rate_spec(f[1], f[2])
 local paused = f[3] == '1'
-local limited = rate_max and window and rate_max > 0 and window > 0
-if limited then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - window) end
--- Whether token's start fits window `wkey` of `max` now (it holds a place already, or
--- there is room), and recording it there at the start instant (after every check).
-local function fits(wkey, max, token)
-  return redis.call('ZSCORE', wkey, token) or redis.call('ZCARD', wkey) < max
-end
-local function record(wkey, span, token)
-  redis.call('ZADD', wkey, now, token)
-  redis.call('PEXPIRE', wkey, span)
-end
+local limited = rate_max ~= nil
+if limited then emq_window_prune(KEYS[6], now, window) end
 
 -- Group windows of the named groups (rate-limited ones only), pruned once per call.
 local gwin = {}
-if ngroups > 0 then
-  for j = 1, ngroups do
-    local g = ARGV[2 + 2 * njobs + j - 1]
-    local spec = redis.call('HGET', KEYS[9], g)
-    local gmax, gspan = string.match(spec or '', '^(%d+):(%d+)$')
-    gmax, gspan = tonumber(gmax), tonumber(gspan)
-    if gmax and gspan and gmax >= 1 and gspan >= 1 then
-      gwin[g] = {k = last_job + j, max = gmax, span = gspan}  -- k: its index in KEYS
-      redis.call('ZREMRANGEBYSCORE', KEYS[last_job + j], '-inf', now - gspan)
-    end
+for j = 1, ngroups do
+  local g = ARGV[2 + 2 * njobs + j - 1]
+  local gmax, gspan = emq_group_rate_spec(KEYS[9], g)
+  if gmax then
+    gwin[g] = {k = last_job + j, max = gmax, span = gspan}  -- k: its index in KEYS
+    emq_window_prune(KEYS[last_job + j], now, gspan)
   end
 end
 -- The group window a job's start uses (nil: none), from its options' group.
@@ -99,25 +88,23 @@ local function group_window(opts)
   return gwin[o.g]
 end
 
--- Whether this start may use its windows now (recording it in them, then).
+-- Whether this start may use its windows now: its token holds a place in each (its claim
+-- is still there) or finds room; it is recorded in them at the start instant, after every
+-- check.
 local function window_admits(token, opts)
   if paused then return false, nil end
   local gw = group_window(opts)
-  if limited and not fits(KEYS[6], rate_max, token) then return false, gw end
-  if gw and not fits(KEYS[gw.k], gw.max, token) then return false, gw end
-  if limited then record(KEYS[6], window, token) end
-  if gw then record(KEYS[gw.k], gw.span, token) end
+  if limited and not emq_window_fits(KEYS[6], rate_max, token) then return false, gw end
+  if gw and not emq_window_fits(KEYS[gw.k], gw.max, token) then return false, gw end
+  if limited then emq_window_record(KEYS[6], window, token, now) end
+  if gw then emq_window_record(KEYS[gw.k], gw.span, token, now) end
   return true
 end
 -- No room: the job waits (parked) until the fuller window's oldest start leaves it.
-local function opening(wkey, span)
-  local oldest = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-  return tonumber(oldest[2] or now) + span
-end
 local function defer(id, gw)
   local open = now + 1
-  if limited then open = math.max(open, opening(KEYS[6], window)) end
-  if gw then open = math.max(open, opening(KEYS[gw.k], gw.span)) end
+  if limited then open = math.max(open, emq_window_opens(KEYS[6], window, now)) end
+  if gw then open = math.max(open, emq_window_opens(KEYS[gw.k], gw.span, now)) end
   redis.call('HDEL', KEYS[2], id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZADD', KEYS[7], emq_delayed_score(KEYS[7], open), id)
