@@ -156,7 +156,8 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
 /* CDEF-END */
 
 #ifdef EMQ_INTERNAL
-/* Shared by conn.c and pipeline.c only; hiredis never leaks into the cdef. */
+/* Shared by conn.c, resp.c, pipeline.c and bulk.c only; hiredis never leaks
+ * into the cdef. */
 #include <hiredis/hiredis.h>
 
 struct emq_conn {

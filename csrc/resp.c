@@ -1,9 +1,16 @@
-/* resp.c: growable buffers, RESP framing and reply flattening shared by the
- * pipelined (pipeline.c) and streamed (bulk.c) EVALSHA batches. */
+/* resp.c: growable buffers, RESP framing, a batch's I/O and reply flattening
+ * shared by the pipelined (pipeline.c) and streamed (bulk.c) batches. */
+#define EMQ_INTERNAL
 #include "resp.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+
+#ifndef MSG_NOSIGNAL /* macOS: Python ignores SIGPIPE anyway */
+#define MSG_NOSIGNAL 0
+#endif
 
 int emq_reserve(void **ptr, size_t *cap, size_t used, size_t need, size_t size)
 {
@@ -132,5 +139,113 @@ int emq_flatten(emq_replies *r, const redisReply *x)
         static const char msg[] = "EMQ unsupported reply type";
         return add_string(r, EMQ_R_ERROR, msg, sizeof msg - 1);
     }
+    }
+}
+
+/* ---- framing ------------------------------------------------------------- */
+
+int emq_frame_head(emq_wbuf *w, uint64_t nargs, const char *prefix, size_t prefixlen)
+{
+    if (emq_reserve((void **)&w->p, &w->cap, w->len, EMQ_HEADER_MAX + prefixlen, 1))
+        return -1;
+    char *p = emq_put_header(w->p + w->len, '*', nargs);
+    if (prefixlen)
+        memcpy(p, prefix, prefixlen);
+    w->len = (size_t)(p - w->p) + prefixlen;
+    return 0;
+}
+
+int emq_frame_bulk2(emq_wbuf *w, const char *a, size_t alen, const char *b, size_t blen)
+{
+    if (emq_reserve((void **)&w->p, &w->cap, w->len, alen + blen + EMQ_HEADER_MAX + 2, 1))
+        return -1;
+    char *p = emq_put_header(w->p + w->len, '$', alen + blen);
+    if (alen)
+        memcpy(p, a, alen);
+    p += alen;
+    if (blen)
+        memcpy(p, b, blen);
+    p += blen;
+    *p++ = '\r';
+    *p++ = '\n';
+    w->len = (size_t)(p - w->p);
+    return 0;
+}
+
+int emq_frame_evalsha(emq_wbuf *w, const char *sha, size_t shalen, int64_t numkeys)
+{
+    char num[24];
+    char *end = numkeys < 0 ? (num[0] = '-', emq_put_uint(num + 1, (uint64_t)0 - (uint64_t)numkeys))
+                            : emq_put_uint(num, (uint64_t)numkeys);
+    if (emq_frame_bulk2(w, "EVALSHA", 7, NULL, 0) || emq_frame_bulk2(w, sha, shalen, NULL, 0)
+        || emq_frame_bulk2(w, num, (size_t)(end - num), NULL, 0))
+        return -1;
+    return 0;
+}
+
+/* ---- a batch's I/O ------------------------------------------------------- */
+
+int emq_batch_begin(emq_conn *c, emq_replies *out, size_t n)
+{
+    emq_replies_reset(out);
+    if (c->ctx == NULL) {
+        if (c->err[0] == '\0')
+            strcpy(c->err, "not connected");
+        return EMQ_EUNSENT;
+    }
+    if (emq_reserve((void **)&out->ints, &out->ints_cap, 0, n ? n : 1, sizeof(int64_t)))
+        return EMQ_ENOMEM;
+    return EMQ_OK;
+}
+
+int emq_batch_send(emq_conn *c, emq_wbuf *w, int dontwait, size_t *sent)
+{
+    int flags = MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0);
+    ssize_t n = send(c->ctx->fd, w->p + w->off, w->len - w->off, flags);
+    if (n < 0) {
+        int full = dontwait && (errno == EAGAIN || errno == EWOULDBLOCK);
+        return errno == EINTR || full ? 0 : -1;
+    }
+    w->off += (size_t)n;
+    *sent += (size_t)n;
+    return 0;
+}
+
+int emq_batch_fail(emq_conn *c, const char *what, int saved_errno, size_t sent)
+{
+    emq_conn_fail(c, what, saved_errno);
+    return sent ? EMQ_EIO : EMQ_EUNSENT;
+}
+
+/* Store one top-level reply (and free it). 0, or -1 on no memory. */
+static int take_reply(emq_replies *out, void *reply)
+{
+    const redisReply *x = reply;
+    int is_int = x->type == REDIS_REPLY_INTEGER;
+    out->ints[out->nreplies] = is_int ? x->integer : 0;
+    out->all_int &= is_int;
+    int bad = emq_flatten(out, x);
+    freeReplyObject(reply);
+    out->nreplies++;
+    return bad;
+}
+
+int emq_batch_take_replies(emq_conn *c, emq_replies *out, size_t expected, size_t sent)
+{
+    for (;;) {
+        void *reply = NULL;
+        if (redisGetReplyFromReader(c->ctx, &reply) != REDIS_OK)
+            return emq_batch_fail(c, "parse reply from redis", EPROTO, sent);
+        if (reply == NULL)
+            return EMQ_OK;
+        if (out->nreplies >= expected) { /* a reply to nothing we sent */
+            freeReplyObject(reply);
+            return emq_batch_fail(c, "unexpected reply from redis", EPROTO, sent);
+        }
+        if (take_reply(out, reply)) {
+            emq_conn_close(c); /* replies still in flight */
+            strcpy(c->err, "out of memory while reading replies");
+            return EMQ_ENOMEM;
+        }
     }
 }
