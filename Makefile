@@ -27,4 +27,4 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py)
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info emqfast/_emqcore*.so emqfast/_emqcore.c
+	rm -rf $(VENV) build *.egg-info emqfast/backends/_emqcore*.so emqfast/backends/_emqcore.c

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import List
 
-from emqfast.backend import current, native_available, use
+from emqfast.backends.select import current, native_available, use
 
 from .common import (Ctx, Result, check, fresh_queue, median, payloads, rate, stopwatch,
-                     verify_members)
+    verify_members)
 
 PAYLOAD = 100
 CHUNK = 10_000  # jobs per raw pipeline execute, as enqueue_many chunks its batches

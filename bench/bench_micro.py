@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from emqfast import _pure
+from emqfast.backends import pure as _pure
 
 backend = importlib.import_module("emqfast.backend")  # emqfast.backend is also a function
 
@@ -31,7 +31,7 @@ def impl(request):
         return _pure
     if not backend.native_available():
         pytest.skip("C core not built: " + backend.native_error())
-    return importlib.import_module("emqfast._native")
+    return importlib.import_module("emqfast.backends.native")
 
 
 def test_pack_delayed_many(benchmark, impl):

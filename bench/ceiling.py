@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 import emqfast
-from emqfast.keys import QueueKeys
-from emqfast.scripts import load
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.core.keys import QueueKeys
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
 
 from .common import Ctx, check, delete_queue_keys, queue_name
 

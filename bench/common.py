@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import redis
 
 import emqfast
-from emqfast.keys import QueueKeys
+from emqfast.core.keys import QueueKeys
 
 from .server import BenchServer
 
@@ -196,7 +196,7 @@ def payloads(n: int, size: int = 100) -> List[bytes]:
 
 def with_backend(name: Optional[str]) -> str:
     """Select the emqfast backend for the run (``None`` keeps the current one)."""
-    from emqfast.backend import current, use  # (emqfast.backend the attribute is a function)
+    from emqfast.backends.select import current, use  # (emqfast.backend the attribute is a function)
 
     return use(name) if name else current()
 

@@ -6,8 +6,8 @@ from typing import Any, Dict, List, Tuple
 
 import emqfast
 
-from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, payloads, rate,
-                     stopwatch)
+from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, payloads,
+    rate, stopwatch)
 
 TARGET_JOBS_S = 25_000.0
 

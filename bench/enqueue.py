@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Tuple
 import emqfast
 
 from . import ceiling
-from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, payloads, rate,
-                     stopwatch, verify_members)
+from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, payloads,
+    rate, stopwatch, verify_members)
 
 TARGET = 0.80
 PAYLOAD = 100

@@ -8,7 +8,7 @@ from typing import List, Sequence, Tuple
 import emqfast
 
 from .common import (Ctx, Result, check, fresh_queue, median, payloads, queue_name, rate,
-                     server_now_ms, stopwatch, verify_members, wait_until)
+    server_now_ms, stopwatch, verify_members, wait_until)
 
 TARGET_BIG_S = 10.0
 TARGET_SPEEDUP = 5.0

@@ -38,7 +38,7 @@ from rich.table import Table
 import emqfast
 
 from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale,
-               scheduling, server, slowlog, wake)
+    scheduling, server, slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {

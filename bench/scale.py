@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 import emqfast
 
 from .common import (Ctx, Result, check, fresh_queue, median, payloads, server_now_ms,
-                     stopwatch, verify_members, wait_until)
+    stopwatch, verify_members, wait_until)
 from .promote import promote_all
 
 TARGET_RATIO = 1.5

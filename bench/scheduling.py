@@ -18,8 +18,8 @@ import time
 from typing import List, Tuple
 
 import emqfast
-from emqfast import worker_core
-from emqfast.backoff import Backoff
+from emqfast.worker import core as worker_core
+from emqfast.facade.backoff import Backoff
 
 from .common import Ctx, Result, check, fresh_queue, wait_until
 

@@ -1,4 +1,4 @@
-"""cffi builder for ``emqfast._emqcore`` (API / out-of-line mode).
+"""cffi builder for ``emqfast.backends._emqcore`` (API / out-of-line mode).
 
 setup.py points ``cffi_modules`` here. For in-tree iteration without pip::
 
@@ -45,7 +45,7 @@ def make_builder(relative: bool = True) -> FFI:
     builder = FFI()
     builder.cdef(read_cdef())
     builder.set_source(
-        "emqfast._emqcore",
+        "emqfast.backends._emqcore",
         '#include "emq.h"',
         sources=[fix(os.path.join(HERE, name)) for name in SOURCES],
         include_dirs=[fix(HERE)],
@@ -67,9 +67,9 @@ def build_inplace() -> str:
     built = make_builder(relative=False).compile(
         tmpdir=os.path.join(root, "build", "cffi"), verbose=True)
     # A stale build under another suffix (e.g. pip's .abi3.so) could shadow this one.
-    for old in glob.glob(os.path.join(root, "emqfast", "_emqcore*.so")):
+    for old in glob.glob(os.path.join(root, "emqfast", "backends", "_emqcore*.so")):
         os.remove(old)
-    target = os.path.join(root, "emqfast", os.path.basename(built))
+    target = os.path.join(root, "emqfast", "backends", os.path.basename(built))
     shutil.copyfile(built, target)
     return target
 

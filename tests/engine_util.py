@@ -13,9 +13,9 @@ import pytest
 import redis
 
 import emqfast
-from emqfast import ids
-from emqfast.scripts import load
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.core import ids
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
 
 
 def wait_until(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import emqfast
-from emqfast.scripts import lua_dir
+from emqfast.core.lua import lua_dir
 
 PACKAGE = Path(emqfast.__file__).resolve().parent
 README = PACKAGE.parent / "README.md"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, event, given, settings, strategies a
 
 import emqfast
 from emqfast import EmqError, PayloadError, Queue, Worker
-from emqfast.keys import QueueKeys
+from emqfast.core.keys import QueueKeys
 
 from conftest import dump_queue
 

@@ -16,7 +16,7 @@ import redis
 import emqfast
 import emqfast.aio as emq
 from emqfast import Backoff
-from emqfast.errors import LeaseLost
+from emqfast.core.errors import LeaseLost
 from engine_util import server_ms, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,5 @@
 """Issue 3: moves across many queues in a few round trips (``emqfast.promote_many``)
-and the Batcher transport the worker's acks use (``emqfast.wire.run_calls``)."""
+and the Batcher transport the worker's acks use (``emqfast.backends.batcher.run_calls``)."""
 from __future__ import annotations
 
 import importlib
@@ -10,10 +10,10 @@ import redis
 
 import emqfast
 from conftest import dump_queue
-from emqfast.errors import InvalidInput, RangeError
-from emqfast.scripts import load
-from emqfast.version import KEYSPACE_VERSION
-from emqfast.wire import run_calls
+from emqfast.core.errors import InvalidInput, RangeError
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.backends.batcher import run_calls
 
 
 def server_ms(client: redis.Redis) -> int:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emqfast.cadence import Cron, Interval, plan
-from emqfast.errors import InvalidInput
+from emqfast.core.cadence import Cron, Interval, plan
+from emqfast.core.errors import InvalidInput
 
 UTC = timezone.utc
 MIN = 60_000

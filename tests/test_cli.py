@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from emqfast import Queue, Worker
-from emqfast.render import fmt_ms
+from emqfast.tools.render import fmt_ms
 
 from conftest import dump_queue, start_redis_server
 
@@ -228,7 +228,7 @@ def _run_main(code: str) -> subprocess.CompletedProcess:
 def test_bench_says_clearly_when_the_suite_is_absent():
     # None in sys.modules makes the import fail exactly as an absent package would
     out = _run_main("import sys; sys.modules['emqfast.bench'] = None; sys.modules['bench'] = None\n"
-                    "from emqfast.cli import main; main(['bench'])")
+                    "from emqfast.tools.cli import main; main(['bench'])")
     assert out.returncode == 2
     assert "benchmark suite is not installed" in out.stderr
 
@@ -238,7 +238,7 @@ def test_bench_calls_the_suite_entry_point_with_its_arguments():
                     "m = types.ModuleType('emqfast.bench.run')\n"
                     "m.main = lambda argv: print('BENCH', argv) or 3\n"
                     "sys.modules['emqfast.bench.run'] = m\n"
-                    "from emqfast.cli import main; main(['bench', '--quick', '-n', '5'])")
+                    "from emqfast.tools.cli import main; main(['bench', '--quick', '-n', '5'])")
     assert out.returncode == 3, out.stderr
     assert "BENCH ['--quick', '-n', '5']" in out.stdout
 

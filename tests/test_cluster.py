@@ -21,9 +21,9 @@ from redis.crc import key_slot
 
 import emqfast
 from emqfast import Backoff, Queue, Worker
-from emqfast.keys import QueueKeys
-from emqfast.scripts import load
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.core.keys import QueueKeys
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
 
 from cluster_util import migrate_slot, names_over_masters, start_cluster
 
@@ -287,8 +287,8 @@ def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names,
                                                                    caplog):
     """The C Batcher refuses cluster connections (by design, see backend.batcher_for);
     enqueue_many then runs through redis-py's ClusterPipeline and the reason is logged."""
-    from emqfast import _pure_wire
-    from emqfast.errors import BackendUnavailable
+    from emqfast.backends import pure_batcher as _pure_wire
+    from emqfast.core.errors import BackendUnavailable
 
     if backend == "c":
         with pytest.raises(BackendUnavailable):
@@ -329,7 +329,7 @@ def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
     per node) because the C Batcher refuses cluster connections."""
     if importlib.util.find_spec("emqfast.bulk") is None:
         pytest.skip("emqfast.bulk not present")
-    from emqfast.bulk import promote_many
+    from emqfast.facade.bulk import promote_many
 
     names = names_over_masters(cluster, 3, f"promote-{time.monotonic_ns()}")
     queues = [Queue(n, conn) for n in names]
@@ -351,7 +351,7 @@ def test_cli_stats_and_jobs_on_cluster(cluster, conn):
         pytest.skip("emqfast.cli not present")
     from click.testing import CliRunner
 
-    from emqfast import cli
+    from emqfast.tools import cli
 
     names = names_over_masters(cluster, 1, f"cli-{time.monotonic_ns()}")
     refs = {n: Queue(n, conn).enqueue({"q": n}) for n in names}

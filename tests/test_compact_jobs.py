@@ -11,9 +11,10 @@ from typing import Any, Dict, List
 import pytest
 
 import emqfast
-from emqfast import Backoff, Queue, Worker, options
-from emqfast.backoff import DEFAULT_BACKOFF
-from emqfast.schedules import occurrence_job_id
+from emqfast import Backoff, Queue, Worker
+from emqfast.facade import options
+from emqfast.facade.backoff import DEFAULT_BACKOFF
+from emqfast.facade.schedules import occurrence_job_id
 from engine_util import server_ms
 
 # a waiting job has no state (its set says it) and a parked one no run_at (its score has it)

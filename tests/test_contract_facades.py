@@ -18,8 +18,8 @@ import emqfast
 import emqfast.aio
 from conftest import dump_queue
 from emqfast import Backoff
-from emqfast.errors import (InvalidInput, KindError, LeaseLost, PayloadError, RangeError,
-                            VersionMismatch)
+from emqfast.core.errors import (InvalidInput, KindError, LeaseLost, PayloadError, RangeError,
+    VersionMismatch)
 from engine_util import claim, complete, server_ms, skewed_local_clock, wait_server_past  # noqa: F401
 
 EPOCH_2045_MS = 2_366_841_600_000  # 2045-01-01T00:00:00Z

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from emqfast import demo
+from emqfast.tools import demo
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import emqfast
-from emqfast import embedded
+from emqfast.server import embedded
 from engine_util import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def test_other_processes_reach_the_same_server(state_dir):
     pid = embedded.pid()
     theirs = _child(f"""
         import emqfast
-        from emqfast import embedded
+        from emqfast.server import embedded
         q = emqfast.Queue("shared")
         assert q.get({mine.id!r}).payload == {{"from": "parent"}}
         print(embedded.pid(), q.enqueue({{"from": "child"}}).id)

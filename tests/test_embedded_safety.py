@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import emqfast
-from emqfast import embedded
-from emqfast.errors import ConnectionFailed
+from emqfast.server import embedded
+from emqfast.core.errors import ConnectionFailed
 from engine_util import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,9 +6,9 @@ import pytest
 
 import emqfast
 from conftest import dump_queue
-from emqfast._pure import MAX_OFFSET_MS, MAX_RUN_AT_MS
-from emqfast.errors import (EmqError, InvalidInput, JobNotFound, JobStateError, KindError,
-                            PayloadError, RangeError)
+from emqfast.core.scores import MAX_OFFSET_MS, MAX_RUN_AT_MS
+from emqfast.core.errors import (EmqError, InvalidInput, JobNotFound, JobStateError, KindError,
+    PayloadError, RangeError)
 from engine_util import make_queue
 
 UNKNOWN = "JOB-does-not-exist"

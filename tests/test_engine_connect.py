@@ -10,9 +10,9 @@ import redis
 
 import emqfast
 from conftest import _free_port, start_redis_server
-from emqfast import embedded
-from emqfast.connection import redact
-from emqfast.errors import ConnectionFailed, InvalidInput
+from emqfast.server import embedded
+from emqfast.core.redaction import redact
+from emqfast.core.errors import ConnectionFailed, InvalidInput
 
 SECRET = "S3cret-Pw-4711"
 

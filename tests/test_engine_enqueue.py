@@ -10,10 +10,10 @@ import pytest
 
 import emqfast
 from conftest import dump_queue
-from emqfast.backend import impl as backend_impl
-from emqfast import ids
-from emqfast._pure import EPOCH_MS, MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
-from emqfast.errors import EmqError, InvalidInput, KindError, RangeError
+from emqfast.backends.select import impl as backend_impl
+from emqfast.core import ids
+from emqfast.core.scores import EPOCH_MS, MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
+from emqfast.core.errors import EmqError, InvalidInput, KindError, RangeError
 from engine_util import skewed_local_clock  # noqa: F401 (fixture)
 from engine_util import make_queue, server_ms, wait_server_past, wait_until
 

@@ -6,8 +6,8 @@ import pytest
 
 import emqfast
 from conftest import dump_queue
-from emqfast.errors import VersionMismatch
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.core.errors import VersionMismatch
+from emqfast.core.version import KEYSPACE_VERSION
 from engine_util import (claim, complete, extend, fail, make_queue, release, server_ms,
                          wait_server_past, wait_until)
 

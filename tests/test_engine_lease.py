@@ -14,7 +14,7 @@ import pytest
 
 import emqfast
 from conftest import dump_queue
-from emqfast.errors import LeaseLost
+from emqfast.core.errors import LeaseLost
 from engine_util import skewed_local_clock  # noqa: F401 (fixture)
 from engine_util import (claim, complete, extend, fail, make_queue, running_worker, server_ms,
                          wait_server_past, wait_until)
@@ -64,8 +64,8 @@ def test_one_complete_call_settles_each_job_by_its_own_lease(r, q, qname):
     """Workers acknowledge a batch in one complete.lua call; each job in it is still
     judged by its own lease: a lost one is refused and left untouched, the others
     complete, and a job named twice completes once."""
-    from emqfast.scripts import load
-    from emqfast.version import KEYSPACE_VERSION
+    from emqfast.backends.scripts import load
+    from emqfast.core.version import KEYSPACE_VERSION
 
     refs = q.enqueue_many(["a", "b", "c"])
     pairs = claim(q, "w", lease_ms=60_000, n=3)
@@ -231,7 +231,7 @@ def test_long_handler_completes_exactly_once(r, redis_url, qname):
 _FROZEN_WORKER = textwrap.dedent("""
     import json, sys, time
     import redis, emqfast
-    from emqfast.errors import LeaseLost
+    from emqfast.core.errors import LeaseLost
     url, qname = sys.argv[1:3]
     q = emqfast.Queue(qname, redis.Redis.from_url(url))
     report = {}
@@ -322,8 +322,8 @@ def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
     """A Worker's ack batch becomes complete.lua calls of at most COMPLETE_CHUNK jobs and ~1 MB of
     results (Redis drops a client whose single command outgrows its query buffer), with
     each failure in a call of its own; every outcome maps back to its own reply."""
-    from emqfast import worker_core as core
-    from emqfast.job import Job
+    from emqfast.worker import core
+    from emqfast.facade.job import Job
 
     def job(i: int) -> Job:
         return Job(id=f"JOB{i:024d}", queue=q.name, state="active", payload=None, attempts=1,

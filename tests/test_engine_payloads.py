@@ -9,7 +9,7 @@ import pytest
 
 import emqfast
 from conftest import dump_queue
-from emqfast.errors import PayloadError
+from emqfast.core.errors import PayloadError
 from engine_util import make_queue
 
 JSON_VALUES = [

@@ -5,8 +5,8 @@ import pytest
 
 import emqfast
 from emqfast import Backoff, Unrecoverable
-from emqfast.errors import InvalidInput
-from emqfast._pure import MAX_RUN_AT_MS
+from emqfast.core.errors import InvalidInput
+from emqfast.core.scores import MAX_RUN_AT_MS
 from engine_util import make_queue, server_ms
 
 SEEDS = range(0, 4000, 7)

@@ -13,9 +13,10 @@ import pytest
 import redis
 
 import emqfast
-from emqfast.dispatch import JobRows, Prefetch
-from emqfast.job import Job
-from emqfast.wake import MarkerWaiter
+from emqfast.worker.rows import JobRows
+from emqfast.worker.prefetch import Prefetch
+from emqfast.facade.job import Job
+from emqfast.worker.wake import MarkerWaiter
 from engine_util import wait_until
 
 

@@ -10,8 +10,8 @@ import pytest
 
 import emqfast
 import emqfast.aio as emq
-from emqfast import worker_core
-from emqfast.errors import InvalidInput, RangeError
+from emqfast.worker import core as worker_core
+from emqfast.core.errors import InvalidInput, RangeError
 from conftest import dump_queue
 from engine_util import make_queue
 
@@ -191,8 +191,8 @@ def test_counts_of_a_queue_without_groups_stay_one_round_trip(redis_url, qname):
 def test_stats_table_shows_grouped_jobs(redis_url, qname):
     from rich.console import Console
 
-    from emqfast.cli import queue_row
-    from emqfast.render import counts_table
+    from emqfast.tools.cli import queue_row
+    from emqfast.tools.render import counts_table
     q = make_queue(redis_url, qname)
     q.enqueue("flat")
     q.enqueue_many(list(range(2)), group="A")

@@ -12,7 +12,7 @@ import time
 import redis
 
 import emqfast
-from emqfast import ids
+from emqfast.core import ids
 
 PRODUCERS, ROUNDS, PER_ROUND = 4, 5, 2_000
 

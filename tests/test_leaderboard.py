@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from emqfast.errors import EmqError, InvalidInput, RangeError
-from emqfast.keys import leaderboard_key
-from emqfast.leaderboard import Entry, Leaderboard
+from emqfast.core.errors import EmqError, InvalidInput, RangeError
+from emqfast.core.keys import leaderboard_key
+from emqfast.facade.leaderboard import Entry, Leaderboard
 
 
 @pytest.fixture

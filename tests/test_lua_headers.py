@@ -13,8 +13,9 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 import emqfast
-from emqfast import errors, scripts
-from emqfast._pure_wire import Batcher
+from emqfast.core import errors
+from emqfast.backends import scripts
+from emqfast.backends.pure_batcher import Batcher
 from engine_util import claim, make_queue, wait_server_past, wait_until
 
 LUA = scripts.lua_dir()
@@ -282,17 +283,13 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
         frame = sys._getframe(2)
         return frame.f_code.co_filename.startswith(PACKAGE_DIR)
 
-    real_call, real_queue = scripts.Script.__call__, scripts.Script.queue
+    real_call = scripts.Script.__call__
     real_many = Batcher.evalsha_many
 
     def spy_call(self, client, keys, args):
         if from_package():
             seen.append((self.name, len(keys), len(args)))
         return real_call(self, client, keys, args)
-
-    def spy_queue(self, pipe, keys, args):
-        seen.append((self.name, len(keys), len(args)))
-        return real_queue(self, pipe, keys, args)
 
     def spy_many(self, sha, script, numkeys, calls):
         for call in calls:
@@ -302,7 +299,7 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
     real_send = scripts.send
 
     def spy_send(client, calls, *a, **kw):
-        # pipelines (run_pipeline) go through scripts.send, not Script.queue; calls made
+        # pipelines (run_pipeline) go through scripts.send; calls made
         # by Script.__call__ are counted (or skipped as test-side) by spy_call already
         caller = sys._getframe(1).f_code
         if caller.co_filename.startswith(PACKAGE_DIR) and caller.co_name != "__call__":
@@ -312,10 +309,9 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
 
     monkeypatch.setattr(scripts, "send", spy_send)
     monkeypatch.setattr(scripts.Script, "__call__", spy_call)
-    monkeypatch.setattr(scripts.Script, "queue", spy_queue)
     monkeypatch.setattr(Batcher, "evalsha_many", spy_many)
     previous = emqfast.backend()
-    from emqfast.backend import use
+    from emqfast.backends.select import use
     use("python")  # so enqueue_many goes through the spied redis-py Batcher
     try:
         _exercise_engine(redis_url, qname, r)

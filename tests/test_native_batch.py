@@ -19,7 +19,8 @@ import redis
 from redis.exceptions import DataError, ResponseError
 
 from conftest import start_redis_server
-from emqfast.errors import BackendUnavailable, ConnectionFailed, InvalidInput, PermissionDenied
+from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, InvalidInput,
+    PermissionDenied)
 
 backend = importlib.import_module("emqfast.backend")  # emqfast.backend is also a function
 
@@ -60,14 +61,14 @@ def _native():
             pytest.fail("C core required (EMQ_REQUIRE_C=1) but not built: "
                         + backend.native_error())
         pytest.skip("C core not built: " + backend.native_error())
-    return importlib.import_module("emqfast._native")
+    return importlib.import_module("emqfast.backends.native")
 
 
 def _pure_wire():
     try:
-        return importlib.import_module("emqfast._pure_wire")
+        return importlib.import_module("emqfast.backends.pure_batcher")
     except ImportError as exc:
-        pytest.skip(f"emqfast._pure_wire not available: {exc}")
+        pytest.skip(f"emqfast.backends.pure_batcher not available: {exc}")
 
 
 @pytest.fixture(params=["c", "python"])

@@ -18,9 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import emqfast
 import emqfast.aio as emq
-from emqfast import Backoff, metrics, scripts, worker_core
-from emqfast.cli import cli
-from emqfast.errors import InvalidInput, LeaseLost, PayloadError, RangeError
+from emqfast import Backoff
+from emqfast.facade import metrics
+from emqfast.backends import scripts
+from emqfast.worker import core as worker_core
+from emqfast.tools.cli import cli
+from emqfast.core.errors import InvalidInput, LeaseLost, PayloadError, RangeError
 from conftest import _free_port, dump_queue
 from engine_util import claim, complete, fail, make_queue, release, wait_server_past, wait_until
 
@@ -134,10 +137,10 @@ def test_bad_observability_input_writes_nothing(redis_url, qname, r):
         list(q.events(since=5))
     configure = scripts.load("configure")
     with pytest.raises(InvalidInput):  # the Lua side refuses before writing, too
-        configure(r, [q.keys.meta, q.keys.marker], [emqfast.version.KEYSPACE_VERSION,
+        configure(r, [q.keys.meta, q.keys.marker], [emqfast.KEYSPACE_VERSION,
                                                      "nonsense", 1])
     with pytest.raises(InvalidInput):
-        configure(r, [q.keys.meta, q.keys.marker], [emqfast.version.KEYSPACE_VERSION,
+        configure(r, [q.keys.meta, q.keys.marker], [emqfast.KEYSPACE_VERSION,
                                                      "events", "-5"])
     assert dump_queue(r, qname) == before
 
@@ -218,7 +221,7 @@ def test_metrics_add_refuses_bad_input_and_writes_nothing(redis_url, qname, r):
     q = make_queue(redis_url, qname)
     q.enqueue("x")
     add = scripts.load("metrics_add")
-    keys, version = [q.keys.metrics, q.keys.meta], emqfast.version.KEYSPACE_VERSION
+    keys, version = [q.keys.metrics, q.keys.meta], emqfast.KEYSPACE_VERSION
     before = dump_queue(r, qname)
     for args in ([version, "run:sum"],                 # odd pairs
                  [version, "completed", 5],            # a counter: the scripts' alone

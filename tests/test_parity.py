@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emqfast import _pure
-from emqfast.errors import RangeError
+from emqfast.backends import pure as _pure
+from emqfast.core.errors import RangeError
 
 # importlib: the package attribute `emqfast.backend` is the backend() function.
 backend = importlib.import_module("emqfast.backend")
@@ -31,8 +31,8 @@ if not backend.native_available():
                     pytrace=False)
     pytest.skip("C core not built: " + backend.native_error(), allow_module_level=True)
 
-from emqfast import _native  # noqa: E402
-from emqfast._emqcore import lib  # noqa: E402
+from emqfast.backends import native as _native  # noqa: E402
+from emqfast.backends._emqcore import lib  # noqa: E402
 
 P, N = _pure, _native
 I64 = (-(2**63), 2**63 - 1)

@@ -10,8 +10,8 @@ from typing import List, Sequence
 import redis
 
 import emqfast
-from emqfast.scripts import load
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
 from engine_util import make_queue, server_ms, wait_server_past
 
 PROMOTE = load("promote")

@@ -8,8 +8,8 @@ import pytest
 
 import emqfast
 import emqfast.aio as emq
-from emqfast import worker_core
-from emqfast.errors import InvalidInput, RangeError
+from emqfast.worker import core as worker_core
+from emqfast.core.errors import InvalidInput, RangeError
 from conftest import dump_queue
 from engine_util import claim, make_queue
 

@@ -27,10 +27,10 @@ import redis
 import emqfast
 from emqfast import Queue, Worker
 from conftest import dump_queue
-from emqfast.errors import InvalidInput, KindError, codes
-from emqfast.ids import new_id
-from emqfast.schedules import Sweep, occurrence_job_id, occurrence_of
-from emqfast.scripts import load
+from emqfast.core.errors import InvalidInput, KindError, codes
+from emqfast.core.ids import new_id
+from emqfast.facade.schedules import Sweep, occurrence_job_id, occurrence_of
+from emqfast.backends.scripts import load
 from engine_util import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -630,7 +630,7 @@ def test_jobs_minted_by_schedules_are_ordinary_jobs(r, qname, backend):
 # --- the server clock, script headers and error codes ---------------------------------
 def test_schedule_code_reads_only_the_server_clock():
     """No local clock in the schedule modules; every writing script reads TIME."""
-    for mod in ("schedules.py", "cadence.py"):
+    for mod in ("facade/schedules.py", "core/cadence.py"):
         tree = ast.parse((ROOT / "emqfast" / mod).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute):

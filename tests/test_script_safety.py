@@ -26,9 +26,9 @@ import redis
 
 import emqfast
 from emqfast import InvalidInput, Queue
-from emqfast.queue import PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH
-from emqfast.scripts import all_scripts, load
-from emqfast.version import KEYSPACE_VERSION
+from emqfast.core.batching import PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH
+from emqfast.backends.scripts import all_scripts, load
+from emqfast.core.version import KEYSPACE_VERSION
 
 import lua_static
 from conftest import _free_port, dump_queue
@@ -358,7 +358,7 @@ def test_pause_and_schedule_upsert_refuse_bad_arguments_before_any_write(redis_u
 
 
 def test_schedule_sweep_reads_due_names_in_bounded_calls(redis_url, qname):
-    from emqfast.schedules import SWEEP_BATCH
+    from emqfast.facade.schedules import SWEEP_BATCH
     q = make_queue(redis_url, qname)
     n = SWEEP_BATCH + 200
     start = server_ms(q.redis) - 60_000  # every schedule has a missed slot: due now

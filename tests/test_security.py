@@ -175,7 +175,7 @@ def exercise_everything(url: str) -> None:
     q.trim(keep_completed=0, keep_failed=0, limit=10)
     q.promote(), q.reap()
     if importlib.util.find_spec("emqfast.leaderboard"):
-        from emqfast.leaderboard import Leaderboard
+        from emqfast.facade.leaderboard import Leaderboard
 
         board = Leaderboard(conn, "acl-board")
         board.set_many({"ada": 3, "bob": 2})
@@ -388,7 +388,7 @@ def _leaked(text: str) -> list:
 
 
 def test_redact_masks_malformed_urls_in_any_text():
-    from emqfast.redaction import redact, scrub
+    from emqfast.core.redaction import redact, scrub
     for url in MALFORMED:
         line = f"cannot connect to '{url}' (attempt 3)"
         assert not _leaked(redact(line)), (url, redact(line))
@@ -410,7 +410,7 @@ def test_connect_errors_never_echo_a_malformed_urls_password(url):
 
 
 def _cli(monkeypatch, capsys, argv: list, env_url: str = "") -> str:
-    from emqfast import cli
+    from emqfast.tools import cli
     if env_url:
         monkeypatch.setenv("EMQ_REDIS_URL", env_url)
     else:

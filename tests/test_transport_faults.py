@@ -18,7 +18,9 @@ import redis
 
 import emqfast
 import emqfast.aio
-from emqfast import errors, queue as queue_mod, scripts, transport
+from emqfast.core import errors
+from emqfast.facade import queue as queue_mod
+from emqfast.backends import scripts, transport
 from conftest import dump_queue, start_redis_server
 from fault_proxy import FaultProxy, _Link, upstream_port_of
 
@@ -110,8 +112,7 @@ def test_lost_reply_is_reported_not_resent(backend, proxy, r, qname):
     q.enqueue("warm")
     before = _evalsha_calls(r)
     proxy.cut_after(0)
-    job_id = emqfast.ids.new_id() if hasattr(emqfast, "ids") else None
-    from emqfast import ids
+    from emqfast.core import ids
     job_id = ids.new_id()
     with pytest.raises(errors.ReplyLost) as info:
         q.enqueue("x", job_id=job_id)
@@ -128,9 +129,9 @@ def test_lost_pipeline_reply_is_not_resent(proxy, r, qname):
     client = redis.Redis(port=proxy.port)
     q = _queue(client, qname)
     q.enqueue("warm")
-    from emqfast import ids
+    from emqfast.core import ids
     calls = [(queue_mod._ENQUEUE, [q.keys.job(j), *q._fixed_keys()],
-              [j, b'"p"', "j", "", 0, "now", 0, emqfast.version.KEYSPACE_VERSION])
+              [j, b'"p"', "j", "", 0, "now", 0, emqfast.KEYSPACE_VERSION])
              for j in ids.new_ids(20)]
     before = _evalsha_calls(r)
     proxy.cut_after(4 * 5)  # five ":1\r\n" replies
@@ -226,7 +227,7 @@ def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch
     [warm] = q.enqueue_many(["warm"], group=group)  # connects the C Batcher, loads the script
     assert q.cancel(warm.id)  # count this test's jobs only
     _only_link(proxy, client if backend == "c" else None)
-    from emqfast import ids
+    from emqfast.core import ids
     job_ids = ids.new_ids(500)
     # chunks of 100, each sent as 1 (its ACL check) + 99: cut in the third chunk
     proxy.cut_after(4 * 250)
@@ -253,7 +254,7 @@ def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
         q = emqfast.aio.Queue(qname, client)
         await q.enqueue("warm")
         r.delete(q.keys.pending)
-        from emqfast import ids
+        from emqfast.core import ids
         job_ids = ids.new_ids(500)
         proxy.cut_after(4 * 250)
         with pytest.raises(errors.PartialBatch) as info:
@@ -297,7 +298,7 @@ def test_full_server_is_a_partial_batch(backend, full_server, qname):
     port = full_server()
     admin = redis.Redis(port=port)
     q = emqfast.Queue(qname, f"redis://127.0.0.1:{port}/0")
-    from emqfast import ids
+    from emqfast.core import ids
     job_ids = ids.new_ids(5000)
     with pytest.raises(errors.PartialBatch) as info:
         q.enqueue_many(["x" * 1000] * 5000, job_ids=job_ids)
@@ -328,7 +329,7 @@ def test_aio_full_server_is_a_partial_batch(full_server, qname):
 
     async def main():
         q = emqfast.aio.Queue(qname, f"redis://127.0.0.1:{port}/0")
-        from emqfast import ids
+        from emqfast.core import ids
         job_ids = ids.new_ids(5000)
         with pytest.raises(errors.PartialBatch) as info:
             await q.enqueue_many(["x" * 1000] * 5000, job_ids=job_ids)

@@ -28,8 +28,8 @@ import redis
 
 import emqfast
 import emqfast.aio
-from emqfast import worker_core as core
-from emqfast.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
+from emqfast.worker import core
+from emqfast.core.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
 
 from conftest import dump_queue, start_redis_server
 from engine_util import make_queue, running_worker, wait_until
@@ -208,8 +208,8 @@ class _LoseFirstReplies:
             return True
 
     def install(self, monkeypatch) -> None:
-        from emqfast import scripts
-        from emqfast import worker as worker_mod
+        from emqfast.backends import scripts
+        from emqfast.worker import threaded as worker_mod
         from emqfast.aio import worker as aio_worker_mod
         faults = self
         real_call, real_async = scripts.Script.__call__, scripts.Script.call_async
@@ -695,7 +695,7 @@ def evicting(r):
 
 
 def test_workers_refuse_an_evicting_server_unless_allowed(redis_url, qname, r, evicting):
-    from emqfast import eviction
+    from emqfast.server import eviction
     assert "allkeys-lru" in eviction.check(r)
     q = make_queue(redis_url, qname)
     q.enqueue("x")
@@ -712,7 +712,7 @@ def test_workers_refuse_an_evicting_server_unless_allowed(redis_url, qname, r, e
 
 
 def test_eviction_check_reads_info_when_config_is_denied(redis_url, r, evicting):
-    from emqfast import eviction
+    from emqfast.server import eviction
     user, password = "emq-noconfig-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
     r.acl_setuser(user, enabled=True, passwords=["+" + password], keys=["emq:*"],
                   commands=["-@all", "+info", "+ping"])

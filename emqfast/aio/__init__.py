@@ -15,8 +15,8 @@ Every method of :class:`Queue`, ``Queue.schedules`` and :class:`Leaderboard`
 is the sync one (an :mod:`emqfast.ops` generator) run by an asyncio driver,
 so it returns a coroutine.
 """
-from .connection import connect
-from .queue import Leaderboard, Queue, promote_many
-from .worker import Worker
+from emqfast.aio.connection import connect
+from emqfast.aio.queue import Leaderboard, Queue, promote_many
+from emqfast.aio.worker import Worker
 
 __all__ = ["Leaderboard", "Queue", "Worker", "connect", "promote_many"]

@@ -10,8 +10,8 @@ from typing import Any, Optional
 import redis
 import redis.asyncio as aredis
 
-from ..connection import open_client, target_url
-from ..errors import InvalidInput
+from emqfast.server.connection import open_client, target_url
+from emqfast.core.errors import InvalidInput
 
 
 def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Dict, Iterable, Optional
 
-from .. import bulk
-from ..events import Event, Waits, block_chunk_ms, check_position
-from ..leaderboard import Leaderboard as _SyncLeaderboard
-from ..ops import Op, run_async
-from ..queue import Queue as _SyncQueue, check_int
-from .connection import LoopClients, resolve
+from emqfast.facade import bulk
+from emqfast.facade.events import Event, Waits, block_chunk_ms, check_position
+from emqfast.facade.leaderboard import Leaderboard as _SyncLeaderboard
+from emqfast.core.ops import Op
+from emqfast.backends.drive import run_async
+from emqfast.facade.queue import Queue as _SyncQueue
+from emqfast.core.validation import check_int
+from emqfast.aio.connection import LoopClients, resolve
 
 
 class Queue(_SyncQueue):

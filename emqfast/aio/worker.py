@@ -55,16 +55,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import eviction
-from .. import worker_core as core
-from ..dispatch import JobRows
-from ..errors import EvictionRisk, PermissionDenied, VersionMismatch
-from ..job import Job
-from ..queue import check_int
-from ..scripts import run_pipeline_async
-from ..worker import WorkerStats
-from .queue import Queue
-from .wake import MarkerWaiter
+from emqfast.server import eviction
+from emqfast.worker import core
+from emqfast.worker.rows import JobRows
+from emqfast.core.errors import EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.facade.job import Job
+from emqfast.core.validation import check_int
+from emqfast.backends.scripts import run_pipeline_async
+from emqfast.worker.threaded import WorkerStats
+from emqfast.aio.queue import Queue
+from emqfast.aio.wake import MarkerWaiter
 
 log = logging.getLogger("emqfast.worker")
 

@@ -1,0 +1,196 @@
+"""The two drivers that run the sans-IO operations of :mod:`emqfast.core.ops`.
+
+- :func:`run` drives an operation with a blocking ``redis.Redis`` / ``RedisCluster``
+  (the sync facade; wired batches and :class:`~emqfast.core.ops.Columns` go through the
+  backend Batcher, hiredis under C);
+- :func:`run_async` drives it with ``redis.asyncio`` (the :mod:`emqfast.aio` facade).
+
+Failures are typed (:func:`emqfast.errors.translate`) and thrown into the operation at
+its ``yield``. Script calls are never re-sent blindly (:mod:`emqfast.backends.transport`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import redis
+
+from emqfast.backends import select as backend
+from emqfast.backends import transport
+from emqfast.backends.batcher import run_calls
+from emqfast.backends.scripts import map_error, send, send_async
+from emqfast.core import errors
+from emqfast.core.ops import Batch, Call, Cmd, Columns, Op, Request, Scan, Watched, expand_columns
+
+__all__ = ["run", "run_async", "typed", "typed_failure"]
+
+
+# --- the blocking driver ------------------------------------------------------------------
+
+def run(client: Any, op: Op, wire: Optional[Callable[[], Any]] = None) -> Any:
+    """Drive ``op`` to completion over the blocking redis-py ``client``.
+
+    ``wire`` returns the Batcher to use for :class:`Columns` and wired batches
+    (the caller's cached one); without it a Batcher is made and closed per request.
+    """
+    try:
+        request = op.send(None)
+        while True:
+            try:
+                reply = _perform(client, request, wire)
+            except Exception as exc:
+                request = op.throw(typed_failure(exc))
+            else:
+                request = op.send(reply)
+    except StopIteration as done:
+        return done.value
+    finally:
+        op.close()
+
+
+# Plain commands that are not idempotent (a re-send adds twice): sent once through
+# emqfast.transport, never through a client's retry. (Reads and idempotent writes such as
+# ZADD of a fixed score may go through redis-py: a re-send changes nothing.)
+ONCE_ONLY = frozenset({"ZINCRBY", "INCR", "INCRBY", "HINCRBY"})
+
+
+def _raised(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise map_error(reply)
+    return reply
+
+
+def typed_failure(exc: BaseException) -> BaseException:
+    """emqfast's typed error for a driver failure (cause chained). A redis-py connection
+    error on a plain command counts as sent unless it failed while connecting."""
+    sent = "connecting to" not in str(exc)
+    typed = errors.translate(exc, sent=sent)
+    if typed is not exc and typed.__cause__ is None:
+        typed.__cause__ = exc
+    return typed
+
+
+def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> Any:
+    if isinstance(req, Call):
+        return req.script(client, req.keys, req.args)
+    if isinstance(req, Cmd):
+        if req.args[0] in ONCE_ONLY and not req.options:
+            return _raised(transport.execute(client, [req.args], routes=[req.args[1]])[0])
+        return client.execute_command(*req.args, **req.options)
+    if isinstance(req, Batch):
+        if not req.items:
+            return []
+        if isinstance(req.items[0], Call):
+            calls = list(req.items)
+            if req.wire:
+                return _with_batcher(client, wire, lambda b: run_calls(b, calls, req.wait))
+            return send(client, calls, req.wait)
+        pipe = client.pipeline(transaction=False)
+        for c in req.items:
+            pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
+        return pipe.execute()
+    if isinstance(req, Columns):
+        if req.wait:
+            return _with_batcher(client, wire, lambda b: b.evalsha_columns(
+                req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns,
+                req.wait))
+        return _with_batcher(client, wire, lambda b: b.evalsha_columns(
+            req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns))
+    if isinstance(req, Scan):
+        return list(client.scan_iter(match=req.match, count=req.count))
+    if isinstance(req, Watched):
+        return _watched_sync(client, req)
+    raise TypeError(f"unknown request {req!r}")
+
+
+def _with_batcher(client: Any, wire: Optional[Callable[[], Any]],
+                  use: Callable[[Any], Any]) -> Any:
+    if wire is not None:
+        return use(wire())
+    batcher = backend.batcher_for(client)
+    try:
+        return use(batcher)
+    finally:
+        batcher.close()
+
+
+def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
+    # client.transaction (not a hand-made WATCH loop): RedisCluster supports only this form
+    seen: Dict[str, Any] = {}
+
+    def txn(pipe: Any) -> None:
+        first = pipe.execute_command(*req.read.args, **req.read.options)  # WATCHed: runs now
+        seen["first"] = first
+        pipe.multi()
+        for c in req.then(first):
+            pipe.execute_command(*c.args, **c.options)
+
+    replies = client.transaction(txn, *req.keys)
+    return seen["first"], replies
+
+
+# --- the asyncio driver -------------------------------------------------------------------
+
+async def run_async(client: Any, op: Op) -> Any:
+    """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk)."""
+    try:
+        request = op.send(None)
+        while True:
+            try:
+                reply = await _perform_async(client, request)
+            except Exception as exc:
+                request = op.throw(typed_failure(exc))
+            else:
+                request = op.send(reply)
+    except StopIteration as done:
+        return done.value
+    finally:
+        op.close()
+
+
+async def _perform_async(client: Any, req: Request) -> Any:
+    if isinstance(req, Call):
+        return await req.script.call_async(client, req.keys, req.args)
+    if isinstance(req, Cmd):
+        if req.args[0] in ONCE_ONLY and not req.options:
+            return _raised((await transport.execute_async(client, [req.args],
+                                                          routes=[req.args[1]]))[0])
+        return await client.execute_command(*req.args, **req.options)
+    if isinstance(req, Batch):
+        if not req.items:
+            return []
+        if isinstance(req.items[0], Call):
+            return await send_async(client, list(req.items), req.wait)
+        pipe = client.pipeline(transaction=False)
+        for c in req.items:
+            pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
+        return await pipe.execute()
+    if isinstance(req, Columns):
+        # The C Batcher is a blocking socket: under asyncio a bulk goes through
+        # redis.asyncio pipelines, the same calls the Batcher would frame.
+        calls = [(req.script, row[:req.numkeys], row[req.numkeys:])
+                 for row in expand_columns(req.slots, req.columns)]
+        return await send_async(client, calls, req.wait)
+    if isinstance(req, Scan):
+        return [k async for k in client.scan_iter(match=req.match, count=req.count)]
+    if isinstance(req, Watched):
+        return await _watched_async(client, req)
+    raise TypeError(f"unknown request {req!r}")
+
+
+async def _watched_async(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
+    seen: Dict[str, Any] = {}
+
+    async def txn(pipe: Any) -> None:
+        first = await pipe.execute_command(*req.read.args, **req.read.options)
+        seen["first"] = first
+        pipe.multi()
+        for c in req.then(first):
+            pipe.execute_command(*c.args, **c.options)
+
+    replies = await client.transaction(txn, *req.keys)
+    return seen["first"], replies
+
+
+def typed(reply: Any) -> Any:
+    """A reply with a Lua error reply mapped to its typed class (for per-slot errors)."""
+    return map_error(reply) if isinstance(reply, redis.ResponseError) else reply

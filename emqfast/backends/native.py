@@ -1,0 +1,624 @@
+"""Thin wrapper over the compiled C core ``emqfast._emqcore`` (csrc/).
+
+Importing this module raises ImportError when the extension was not built;
+:mod:`emqfast.backend` catches that and falls back to :mod:`emqfast._pure`.
+
+The arithmetic functions return exactly what their twins in ``_pure`` return.
+C works on fixed-width integers, so an input it cannot represent (a Python int
+past 64 bits, a non-int, a jitter band above 1, ...) is handed to the ``_pure``
+reference instead: rare inputs get the slow path, never a different answer.
+
+:class:`Batcher` pipelines EVALSHA calls over its own hiredis connection.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from itertools import accumulate, chain
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from redis.exceptions import DataError, NoScriptError, ResponseError
+
+from emqfast.backends import pure as _pure
+from emqfast.backends._emqcore import ffi, lib
+from emqfast.core.scores import (COUNTER_MOD, EPOCH_MS, KIND_EXPONENTIAL, KIND_FIXED, M64,  # noqa: F401
+    MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_BITS, PRIORITY_MAX, SEQ_BITS, SEQ_MASK)
+from emqfast.backends.pure import optional_seed  # noqa: F401 - same API as pure
+from emqfast.core import errors
+from emqfast.backends import transport
+from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, InvalidInput,
+    PermissionDenied, RangeError)
+
+def _column_bytes(values: Sequence[Any]) -> List[bytes]:
+    """A column as a list of bytes (str as UTF-8, ints as ASCII, like redis-py)."""
+    if isinstance(values, list) and all(type(v) is bytes for v in values):
+        return values
+    return [v if type(v) is bytes else _encode(v) for v in values]
+
+
+try:  # redis-py's own error-reply mapping, so both Batchers return the same exceptions
+    from redis._parsers.base import BaseParser as _RedisParser
+except ImportError:  # redis-py < 5
+    from redis.connection import BaseParser as _RedisParser  # type: ignore[no-redef]
+_error_reply = _RedisParser.parse_error
+
+# A stale .so built from an older emq.h must not silently disagree with _pure.
+if (lib.EMQ_EPOCH_MS, lib.EMQ_SEQ_BITS, lib.EMQ_MAX_RUN_AT_MS, lib.EMQ_PRIORITY_MAX,
+        lib.EMQ_KIND_FIXED, lib.EMQ_R_INT, lib.EMQ_R_BIGNUM) != (
+        EPOCH_MS, SEQ_BITS, MAX_RUN_AT_MS, PRIORITY_MAX, KIND_FIXED, 1, 7):
+    raise ImportError("emqfast._emqcore is out of step with emqfast._pure; rebuild it")
+
+_new = ffi.new
+_OK, _ERANGE = lib.EMQ_OK, lib.EMQ_ERANGE
+
+# --- scores -----------------------------------------------------------------
+
+
+def pack_delayed(run_at_ms: int, seq: int) -> int:
+    """Delayed-set score for a job due at ``run_at_ms``; see :func:`_pure.pack_delayed`."""
+    try:
+        score = lib.emq_pack_delayed(run_at_ms, seq)
+    except (OverflowError, TypeError):
+        return _pure.pack_delayed(run_at_ms, seq)
+    if score < 0:
+        raise RangeError(f"run_at_ms {run_at_ms} outside [0, {MAX_RUN_AT_MS}]")
+    return score
+
+
+def unpack_delayed(score: int) -> Tuple[int, int]:
+    """Inverse of :func:`pack_delayed`: ``(run_at_ms, seq)``."""
+    score = int(score)
+    try:
+        pair = lib.emq_unpack_delayed(score)
+    except OverflowError:
+        return _pure.unpack_delayed(score)
+    return pair.hi, pair.lo
+
+
+def pack_priority(priority: int, counter: int) -> int:
+    """Pending-set score; see :func:`_pure.pack_priority`."""
+    try:
+        score = lib.emq_pack_priority(priority, counter)
+    except (OverflowError, TypeError):
+        return _pure.pack_priority(priority, counter)
+    if score < 0:
+        raise RangeError(f"priority {priority} outside [0, {PRIORITY_MAX}]")
+    return score
+
+
+def unpack_priority(score: int) -> Tuple[int, int]:
+    """Inverse of :func:`pack_priority`: ``(priority, counter mod 2**32)``."""
+    score = int(score)
+    try:
+        pair = lib.emq_unpack_priority(score)
+    except OverflowError:
+        return _pure.unpack_priority(score)
+    return pair.hi, pair.lo
+
+
+def _columns(xs: Iterable[Any], ys: Iterable[Any]) -> Tuple[Sequence[Any], Sequence[Any], int]:
+    """Two equally long sequences with ``zip`` semantics (shortest wins)."""
+    if isinstance(xs, (list, tuple, array)) and isinstance(ys, (list, tuple, array)):
+        n = min(len(xs), len(ys))
+        return (xs if len(xs) == n else xs[:n]), (ys if len(ys) == n else ys[:n]), n
+    pairs = list(zip(xs, ys))
+    return [p[0] for p in pairs], [p[1] for p in pairs], len(pairs)
+
+
+_TYPECODE = {"int64_t[]": "q", "uint64_t[]": "Q"}  # 'q'/'Q' are 8 bytes everywhere
+
+
+def _c_array(ctype: str, values: Sequence[Any]) -> Any:
+    """A C array of ``values`` (OverflowError/TypeError for what it cannot hold).
+
+    Goes through ``array``, which converts a list faster than ``ffi.new``, and
+    is zero-copy when the caller already passes an ``array`` of that type."""
+    code = _TYPECODE[ctype]
+    if not (isinstance(values, array) and values.typecode == code):
+        values = array(code, values)
+    return ffi.from_buffer(ctype, values)
+
+
+_ZEROS = array("q", [0])
+
+
+def _out(n: int) -> Tuple[array, Any]:
+    """An int64 result array and the C view of it."""
+    out = _ZEROS * n
+    return out, ffi.from_buffer("int64_t[]", out)
+
+
+def pack_delayed_many(run_ats: Iterable[int], seqs: Iterable[int]) -> List[int]:
+    """Batch form of :func:`pack_delayed`; the loop runs in C."""
+    run_ats, seqs, n = _columns(run_ats, seqs)
+    try:
+        c_runs, c_seqs = _c_array("int64_t[]", run_ats), _c_array("int64_t[]", seqs)
+    except (OverflowError, TypeError):
+        return _pure.pack_delayed_many(run_ats, seqs)
+    (out, c_out), failed = _out(n), _new("size_t *")
+    if lib.emq_pack_delayed_many(c_runs, c_seqs, n, c_out, failed) != _OK:
+        raise RangeError(f"run_at_ms {run_ats[failed[0]]} outside [0, {MAX_RUN_AT_MS}]")
+    return out.tolist()
+
+
+def pack_priority_many(priorities: Iterable[int], counters: Iterable[int]) -> List[int]:
+    """Batch form of :func:`pack_priority`; the loop runs in C."""
+    priorities, counters, n = _columns(priorities, counters)
+    try:
+        c_prio, c_ctr = _c_array("int64_t[]", priorities), _c_array("int64_t[]", counters)
+    except (OverflowError, TypeError):
+        return _pure.pack_priority_many(priorities, counters)
+    (out, c_out), failed = _out(n), _new("size_t *")
+    if lib.emq_pack_priority_many(c_prio, c_ctr, n, c_out, failed) != _OK:
+        raise RangeError(f"priority {priorities[failed[0]]} outside [0, {PRIORITY_MAX}]")
+    return out.tolist()
+
+
+# --- backoff ----------------------------------------------------------------
+
+
+def splitmix64(state: int) -> Tuple[int, int]:
+    """One step of SplitMix64: ``(new_state, output)``; all values mod 2**64."""
+    step = lib.emq_splitmix64(state & M64)
+    return step.state, step.output
+
+
+def _c_band(band: Any) -> Optional[float]:
+    """``band`` as the double C multiplies by, or None when only Python's
+    arithmetic gives the reference answer (ints >= 1 multiply exactly, Fractions...)."""
+    if isinstance(band, float):
+        return band
+    if isinstance(band, int) and band <= 0:
+        return 0.0  # no jitter either way
+    return None
+
+
+def backoff_delay(kind: int, base_ms: int, cap_ms: int, band: float, full: bool,
+                  attempts: int, seed: int) -> int:
+    """Delay in ms before retry number ``attempts``; see :func:`_pure.backoff_delay`."""
+    c_band = _c_band(band)
+    if c_band is not None:
+        try:
+            delay = lib.emq_backoff_delay(kind, base_ms, cap_ms, c_band, 1 if full else 0,
+                                          attempts, seed & M64)
+        except (OverflowError, TypeError):
+            delay = -lib.EMQ_EDOMAIN
+        if delay >= 0:
+            return delay
+        if delay == -_ERANGE:
+            raise RangeError("attempts must be >= 1")
+    return _pure.backoff_delay(kind, base_ms, cap_ms, band, full, attempts, seed)
+
+
+def backoff_delay_many(kind: int, base_ms: int, cap_ms: int, band: float, full: bool,
+                       attempts: Iterable[int], seeds: Iterable[int]) -> List[int]:
+    """Batch form of :func:`backoff_delay` for one policy; the loop runs in C."""
+    attempts, seeds, n = _columns(attempts, seeds)
+    c_band = _c_band(band)
+    if c_band is not None:
+        (out, c_out), failed = _out(n), _new("size_t *")
+        try:
+            c_attempts = _c_array("uint64_t[]", attempts)
+            try:
+                c_seeds = _c_array("uint64_t[]", seeds)
+            except OverflowError:  # negative or wide seeds: only their low 64 bits count
+                c_seeds = _c_array("uint64_t[]", [s & M64 for s in seeds])
+            rc = lib.emq_backoff_delay_many(kind, base_ms, cap_ms, c_band, 1 if full else 0,
+                                            c_attempts, c_seeds, n, c_out, failed)
+        except (OverflowError, TypeError):
+            rc = lib.EMQ_EDOMAIN
+        if rc == _OK:
+            return out.tolist()
+        if rc == _ERANGE:
+            raise RangeError("attempts must be >= 1")
+    return _pure.backoff_delay_many(kind, base_ms, cap_ms, band, full, attempts, seeds)
+
+
+# --- the batcher ------------------------------------------------------------
+
+_SIZE_T = next(code for code in "QLI" if array(code).itemsize == ffi.sizeof("size_t"))
+
+
+def _encode(value: Any) -> bytes:
+    """One argument as bytes, the way redis-py encodes it (ints/floats as ASCII)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bool):  # redis-py refuses it too: True is not "1" to everyone
+        raise DataError("Invalid input of type: 'bool'. Convert to a bytes, string, int or "
+                        "float first.")
+    if isinstance(value, int):
+        return b"%d" % value
+    if isinstance(value, float):
+        return repr(value).encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise DataError(f"Invalid input of type: '{type(value).__name__}'. Convert to a bytes, "
+                    "string, int or float first.")
+
+
+def _pack_args(values: Sequence[Any]) -> Tuple[List[Any], bytes, Any]:
+    """(encoded values, their concatenation, a C size_t array of their lengths)."""
+    try:
+        blob = b"".join(values)
+        lens = array(_SIZE_T, map(len, values))
+        if sum(lens) != len(blob):  # a memoryview whose len() is not its size
+            raise TypeError
+    except TypeError:
+        values = [v if type(v) is bytes else _encode(v) for v in values]
+        blob = b"".join(values)
+        lens = array(_SIZE_T, map(len, values))
+    return values, blob, ffi.from_buffer("size_t[]", lens)
+
+
+def _cut_again(cut: ConnectionFailed, replies: List[Any], missing: List[int]) -> Exception:
+    """A failure while re-sending the calls that met NOSCRIPT, reported for the batch."""
+    got = getattr(cut, "replies", None) or [transport.UNSENT] * len(missing)
+    full = list(replies)
+    for i, reply in zip(missing, got):
+        full[i] = reply
+    return transport.cut_error(cut, full)
+
+
+def _walk(nodes: List[int], data: bytes, count: int) -> List[Any]:
+    """Python values from the flat (type, a, b) node list (see emq.h); the type
+    codes are literals for speed, checked against lib.EMQ_R_* at import."""
+    out: List[Any] = []
+    cur, left, stack = out, count, []
+    i = 0
+    while True:
+        while left == 0:
+            if not stack:
+                return out
+            cur, left = stack.pop()
+        kind, a, b = nodes[i], nodes[i + 1], nodes[i + 2]
+        i += 3
+        left -= 1
+        if kind == 1:  # EMQ_R_INT
+            cur.append(a)
+        elif kind == 2:  # EMQ_R_BYTES
+            cur.append(data[a:a + b])
+        elif kind == 3:  # EMQ_R_NIL
+            cur.append(None)
+        elif kind == 4:  # EMQ_R_ERROR
+            cur.append(_error_reply(data[a:a + b].decode("utf-8", "replace")))
+        elif kind == 5:  # EMQ_R_ARRAY
+            child: List[Any] = []
+            cur.append(child)
+            stack.append((cur, left))
+            cur, left = child, a
+        elif kind == 6:  # EMQ_R_DOUBLE (RESP3 only)
+            cur.append(float(data[a:a + b]))
+        else:  # EMQ_R_BIGNUM (RESP3 only)
+            cur.append(int(data[a:a + b]))
+
+
+class Batcher:
+    """Pipelined EVALSHA over one hiredis connection of its own.
+
+    Connects lazily, on the first batch; a connection found broken before a
+    batch is replaced once. A batch that fails after bytes left raises
+    :class:`ConnectionFailed` and is never re-sent (it may have partly run).
+    Safe to share between threads (calls are serialised) and across fork
+    (the child opens its own connection).
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, path: Optional[str] = None,
+                 username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
+                 socket_timeout: Optional[float] = None,
+                 socket_connect_timeout: Optional[float] = None) -> None:
+        if path is None and not (isinstance(port, int) and 0 < port < 65536):
+            raise InvalidInput(f"port must be an int in [1, 65535], not {port!r}")
+        if not isinstance(db, int) or db < 0:
+            raise InvalidInput(f"db must be an int >= 0, not {db!r}")
+        self._host = host.encode() if isinstance(host, str) else bytes(host)
+        self._port = port
+        self._path = os.fsencode(path) if path is not None else None
+        self._where = f"unix:{path}" if path is not None else f"{host}:{port}"
+        self._username = _encode(username) if username else None
+        self._password = _encode(password) if password else None
+        self._secret = self._password.decode("utf-8", "replace") if self._password else None
+        self._db = db
+        self._io_timeout = float(socket_timeout or 0)
+        connect = socket_connect_timeout if socket_connect_timeout is not None else socket_timeout
+        self._connect_timeout = float(connect or 0)
+        self._conn = ffi.gc(lib.emq_conn_new(), lib.emq_conn_free)
+        if self._conn == ffi.NULL:
+            raise MemoryError("emq_conn_new")
+        self._replies = ffi.gc(_new("emq_replies *"), lib.emq_replies_free)
+        self._pid = -1  # process that opened the connection
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+
+    @classmethod
+    def from_redis(cls, client: Any) -> "Batcher":
+        """A Batcher on the same server, credentials and db as a redis-py ``client``.
+
+        Raises :class:`BackendUnavailable` for what hiredis here cannot speak:
+        TLS, cluster and sentinel-managed clients (the caller uses redis-py then).
+        A Batcher is a connection: :func:`emqfast.backend.batcher_for` shares one
+        per (process, thread, connection parameters) instead of making one per call.
+        """
+        return cls(**cls.params_from_redis(client))
+
+    @staticmethod
+    def params_from_redis(client: Any) -> dict:
+        """The keyword arguments :meth:`from_redis` builds a Batcher with (server,
+        credentials, db, timeouts): equal dicts mean an equivalent connection."""
+        import redis
+        from redis.cluster import RedisCluster
+        from redis.sentinel import SentinelConnectionPool
+
+        pool = getattr(client, "connection_pool", None)
+        if isinstance(client, RedisCluster) or pool is None:
+            raise BackendUnavailable("the C batcher does not speak Redis Cluster")
+        if isinstance(pool, SentinelConnectionPool):
+            raise BackendUnavailable("the C batcher does not follow Sentinel failovers")
+        conn_cls = getattr(pool, "connection_class", redis.Connection)
+        if issubclass(conn_cls, redis.SSLConnection):
+            raise BackendUnavailable("the C batcher does not speak TLS")
+        kw = pool.connection_kwargs
+        username, password = kw.get("username"), kw.get("password")
+        provider = kw.get("credential_provider")
+        if provider is not None:
+            creds = provider.get_credentials()
+            username, password = (creds[0], creds[1]) if len(creds) == 2 else (None, creds[0])
+        unix = issubclass(conn_cls, redis.UnixDomainSocketConnection)
+        return dict(host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)),
+                    path=kw.get("path") if unix else None, username=username,
+                    password=password, db=int(kw.get("db") or 0),
+                    socket_timeout=kw.get("socket_timeout"),
+                    socket_connect_timeout=kw.get("socket_connect_timeout"))
+
+    # -- public --------------------------------------------------------------
+    def evalsha_many(self, sha: str, script: bytes, numkeys: int,
+                     calls: Sequence[Sequence[Any]], wait: transport.Wait = None) -> List[Any]:
+        """``EVALSHA sha numkeys *call`` for every call, pipelined; one reply per call.
+
+        Values may be bytes, str (UTF-8) or int. Replies: int, bytes, None, lists,
+        and error replies as ``redis.exceptions.ResponseError`` instances
+        (returned, not raised; mapped by redis-py's own parser, so the message is
+        what redis-py would give). NOSCRIPT is handled by loading ``script`` once.
+
+        Never re-sent after bytes left: a connection lost mid-batch raises
+        :class:`~emqfast.transport.BatchCut` with the replies that arrived (and
+        :data:`~emqfast.transport.LOST` / ``UNSENT`` for the rest); one lost before
+        anything left raises :class:`ConnectionFailed`. With ``wait=(replicas,
+        timeout_ms)`` a ``WAIT`` follows on the same connection and its reply (replicas
+        that acknowledged) ends the list.
+        """
+        if not calls:
+            return [0] if wait else []
+        argcs = [len(call) for call in calls]
+        flat = [value for call in calls for value in call]
+        if min(argcs) == max(argcs):
+            return self._waited(self._evalsha(sha, script, numkeys, flat, argcs[0], None), wait)
+        return self._waited(self._evalsha(sha, script, numkeys, flat, 0, argcs), wait)
+
+    def evalsha_flat(self, sha: str, script: bytes, numkeys: int, argc: int,
+                     flat: Sequence[Any], wait: transport.Wait = None) -> List[Any]:
+        """:meth:`evalsha_many` for calls of ``argc`` values each, laid back to back in ``flat``."""
+        if not isinstance(argc, int) or argc < 1 or len(flat) % argc:
+            raise InvalidInput(f"flat holds {len(flat)} values: not a multiple of argc={argc!r}")
+        if not flat:
+            return [0] if wait else []
+        return self._waited(self._evalsha(sha, script, numkeys, flat, argc, None), wait)
+
+    def evalsha_columns(self, sha: str, script: bytes, numkeys: int,
+                        slots: Sequence[Tuple[Any, Optional[int]]],
+                        columns: Sequence[Sequence[Any]], wait: transport.Wait = None) -> List[Any]:
+        """One EVALSHA per row of ``columns``, framed and streamed in C (csrc/bulk.c).
+
+        Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when
+        ``slots[s][1]`` is a column index, by ``columns[slots[s][1]][i]``: the
+        constant arguments of a bulk enqueue travel once, not once per job.
+        Same replies, NOSCRIPT, failure and ``wait`` handling as :meth:`evalsha_many`.
+        """
+        ncalls = len(columns[0]) if columns else 0
+        if any(len(col) != ncalls for col in columns):
+            raise InvalidInput("columns differ in length")
+        if not ncalls:
+            return [0] if wait else []
+        return self._waited(self._columns_calls(sha, script, numkeys, slots, columns), wait)
+
+    def _columns_calls(self, sha: str, script: bytes, numkeys: int,
+                       slots: Sequence[Tuple[Any, Optional[int]]],
+                       columns: Sequence[Sequence[Any]]) -> List[Any]:
+        sha_b = sha.encode("ascii") if isinstance(sha, str) else bytes(sha)
+        consts = [_encode(value) for value, _ in slots]
+        picks = [-1 if col is None else col for _, col in slots]
+        if any(not -1 <= k < len(columns) for k in picks):
+            raise InvalidInput("a slot names a column that does not exist")
+        cols = [_column_bytes(col) for col in columns]
+        slot_lens = array(_SIZE_T, map(len, consts))
+        slot_col = array("q", picks)
+        replies, all_int = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, cols)
+        if all_int:
+            return replies
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            loaded = self._script_load(sha_b, script)
+            if isinstance(loaded, ResponseError):
+                for i in missing:
+                    replies[i] = loaded
+                return replies
+            sub = [[col[i] for i in missing] for col in cols]
+            try:
+                again, _ = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, sub)
+            except ConnectionFailed as cut:
+                raise _cut_again(cut, replies, missing) from cut
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return replies
+
+    def _columns(self, sha_b: bytes, numkeys: int, consts: List[bytes], slot_lens: array,
+                 slot_col: array, cols: List[List[bytes]]) -> Tuple[List[Any], bool]:
+        slot_data = b"".join(consts)
+        col_data = b"".join(chain.from_iterable(cols))
+        col_lens = array(_SIZE_T, map(len, chain.from_iterable(cols)))
+        c_slot_lens = ffi.from_buffer("size_t[]", slot_lens)
+        c_slot_col = ffi.from_buffer("int64_t[]", slot_col)
+        c_col_lens = ffi.from_buffer("size_t[]", col_lens)
+        ncalls = len(cols[0])
+        return self._run(ncalls, lambda conn: lib.emq_evalsha_columns(
+            conn, sha_b, len(sha_b), numkeys, ncalls, len(consts), slot_data, c_slot_lens,
+            c_slot_col, len(cols), col_data, c_col_lens, self._replies))
+
+    def close(self) -> None:
+        """Close the connection and free reply buffers (a later call reconnects)."""
+        with self._locked():
+            lib.emq_conn_close(self._conn)
+            lib.emq_replies_free(self._replies)
+
+    def __enter__(self) -> "Batcher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------
+    def _evalsha(self, sha: str, script: bytes, numkeys: int, flat: Sequence[Any],
+                 argc: int, argcs: Optional[List[int]]) -> List[Any]:
+        sha_b = sha.encode("ascii") if isinstance(sha, str) else bytes(sha)
+        values, replies, all_int = self._send(sha_b, numkeys, flat, argc, argcs)
+        if all_int:
+            return replies
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            loaded = self._script_load(sha_b, script)
+            if isinstance(loaded, ResponseError):  # e.g. a compile error: that is their reply
+                for i in missing:
+                    replies[i] = loaded
+                return replies
+            # Re-send only the calls that met NOSCRIPT, in their original order.
+            if argcs is None:
+                sub = [v for i in missing for v in values[i * argc:(i + 1) * argc]]
+                sub_argcs = None
+            else:
+                starts = list(accumulate(argcs, initial=0))
+                sub = [v for i in missing for v in values[starts[i]:starts[i + 1]]]
+                sub_argcs = [argcs[i] for i in missing]
+            try:
+                _, again, _ = self._send(sha_b, numkeys, sub, argc, sub_argcs)
+            except ConnectionFailed as cut:
+                raise _cut_again(cut, replies, missing) from cut
+            for i, reply in zip(missing, again):
+                replies[i] = reply
+        return replies
+
+    def _send(self, sha_b: bytes, numkeys: int, flat: Sequence[Any], argc: int,
+              argcs: Optional[List[int]]) -> Tuple[List[Any], List[Any], bool]:
+        values, blob, lens = _pack_args(flat)
+        if argcs is None:
+            ncalls, c_argcs = len(values) // argc, ffi.NULL
+        else:
+            ncalls, c_argcs = len(argcs), _new("size_t[]", argcs)
+        replies, all_int = self._run(ncalls, lambda conn: lib.emq_evalsha_batch(
+            conn, sha_b, len(sha_b), numkeys, ncalls, argc, c_argcs, blob, lens, self._replies))
+        return values, replies, all_int
+
+    def _script_load(self, sha_b: bytes, script: bytes) -> Any:
+        """SCRIPT LOAD ``script``; its error reply, or raise if it is not ``sha``."""
+        values, blob, lens = _pack_args([b"SCRIPT", b"LOAD", script])
+        (reply,), _ = self._run(1, lambda conn: lib.emq_command_batch(
+            conn, 1, 3, ffi.NULL, blob, lens, self._replies))
+        if isinstance(reply, bytes) and reply.lower() != sha_b.lower():
+            raise InvalidInput(f"script hashes to {reply.decode()}, not to the sha {sha_b.decode()}")
+        return reply
+
+    def _run(self, ncalls: int, batch: Any, reconnect: bool = True) -> Tuple[List[Any], bool]:
+        """Run one C batch on a live connection; returns (replies, all were ints).
+
+        A batch is retried only when not one byte of it left (EMQ_EUNSENT). Without
+        ``reconnect`` (a WAIT, which must follow its writes on their connection) a
+        connection found broken is an error, never replaced."""
+        with self._locked():
+            if self._pid != os.getpid() or not lib.emq_conn_usable(self._conn):
+                if not reconnect:
+                    raise errors.ReplyLost(f"redis at {self._where}: connection lost before "
+                                           "WAIT: the writes reached the master, their "
+                                           "replication is unconfirmed")
+                self._connect()
+            rc = batch(self._conn)
+            if rc == lib.EMQ_EUNSENT and reconnect:  # nothing left: a retry cannot double-apply
+                self._connect()
+                rc = batch(self._conn)
+            if rc == lib.EMQ_EIO:
+                raise self._cut(ncalls)
+            if rc != _OK:
+                self._raise(rc)
+            return self._decode()
+
+    def _cut(self, ncalls: int) -> Exception:
+        """The BatchCut of a batch that failed after bytes left: the replies that arrived
+        are kept (they are the only record of what landed)."""
+        got, _ = self._decode()
+        nsent = max(int(self._replies.nsent), len(got))
+        replies = (got + [transport.LOST] * (nsent - len(got))
+                   + [transport.UNSENT] * (ncalls - nsent))
+        try:
+            self._raise(lib.EMQ_EIO)
+        except ConnectionFailed as exc:
+            return transport.cut_error(exc, replies)
+        raise AssertionError("unreachable")
+
+    def _waited(self, replies: List[Any], wait: transport.Wait) -> List[Any]:
+        """``replies`` followed by WAIT's reply, sent on the connection that wrote them."""
+        if not wait:
+            return replies
+        values, blob, lens = _pack_args([b"WAIT", int(wait[0]), int(wait[1])])
+        try:
+            (acked,), _ = self._run(1, lambda conn: lib.emq_command_batch(
+                conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False)
+        except ConnectionFailed:  # the writes replied: landed, replication unconfirmed
+            acked = 0
+        return replies + [0 if isinstance(acked, Exception) else int(acked)]
+
+    def _locked(self) -> threading.Lock:
+        # A fork while another thread held the lock would leave it held forever
+        # in the child, where that thread does not exist: start afresh there.
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def _connect(self) -> None:
+        conn = self._conn
+        lib.emq_conn_close(conn)
+        if self._path is not None:
+            rc = lib.emq_conn_open_unix(conn, self._path, self._connect_timeout, self._io_timeout)
+        else:
+            rc = lib.emq_conn_open_tcp(conn, self._host, self._port, self._connect_timeout,
+                                       self._io_timeout)
+        if rc == _OK and (self._username or self._password):
+            user = self._username if self._username is not None else ffi.NULL
+            password = self._password or b""
+            rc = lib.emq_conn_auth(conn, user, len(self._username or b""), password,
+                                   len(password))
+        if rc == _OK and self._db:
+            rc = lib.emq_conn_select(conn, self._db)
+        if rc != _OK:
+            self._raise(rc)
+        self._pid = os.getpid()
+
+    def _raise(self, rc: int) -> None:
+        message = ffi.string(lib.emq_conn_error(self._conn)).decode("utf-8", "replace")
+        if self._secret and self._secret in message:  # belt and braces: C never puts it there
+            message = message.replace(self._secret, "***")
+        if rc == lib.EMQ_ENOMEM:
+            raise MemoryError(message or "out of memory in the C batcher")
+        if rc == lib.EMQ_EINVAL:
+            raise InvalidInput("every command needs at least one argument")
+        if rc == lib.EMQ_EIO:
+            message += " (the batch was sent, at least in part, and may have partly run)"
+        if any(code in message for code in ("WRONGPASS", "NOAUTH", "NOPERM", "AUTH failed")):
+            raise PermissionDenied(f"redis at {self._where}: {message}")
+        raise ConnectionFailed(f"redis at {self._where}: {message}")
+
+    def _decode(self) -> Tuple[List[Any], bool]:
+        r = self._replies
+        if r.all_int:  # memoryview.tolist() beats ffi.unpack for long int arrays
+            return memoryview(ffi.buffer(r.ints, 8 * r.nreplies)).cast("q").tolist(), True
+        nodes = memoryview(ffi.buffer(r.nodes, 24 * r.nnodes)).cast("q").tolist()
+        data = ffi.buffer(r.data, r.datalen)[:] if r.datalen else b""
+        return _walk(nodes, data, r.nreplies), False

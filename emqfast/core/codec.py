@@ -1,0 +1,47 @@
+"""Payload and result encoding: raw bytes or JSON, never pickle."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Tuple
+
+from emqfast.core.errors import PayloadError
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+
+
+def encode(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Tuple[bytes, bytes]:
+    """``(data, enc)``: bytes pass through as ``b``; anything else must be JSON (``j``)."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        data, enc = bytes(payload), b"b"
+    else:
+        try:
+            # strict UTF-8: text with lone surrogates is refused, not stored mangled
+            data, enc = _dumps(payload).encode("utf-8"), b"j"
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise PayloadError(f"payload is not bytes or JSON-serialisable: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
+    return data, enc
+
+
+
+def decode(data: bytes | None, enc: bytes | str | None) -> Any:
+    """Inverse of :func:`encode`."""
+    if data is None:
+        return None
+    if enc in (b"b", "b"):
+        return data
+    return json.loads(data)
+
+
+def encode_result(value: Any) -> bytes:
+    """A handler's return value as JSON text (bytes results are refused: use a payload)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PayloadError("result is a non-finite float")
+    try:
+        return _dumps(value).encode("utf-8")
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
+        raise PayloadError(f"result is not JSON-serialisable: {exc}") from None

@@ -1,0 +1,245 @@
+"""Typed errors. Lua scripts reply with ``<CODE> message``; :func:`from_reply` maps
+the code prefix to the class below, so callers never parse strings."""
+from __future__ import annotations
+
+from typing import Any, Dict, Sequence, Type
+
+
+class EmqError(Exception):
+    """Base class of every error emqfast raises on purpose."""
+
+    code = "EMQ"
+
+
+class InvalidInput(EmqError, ValueError):
+    """An argument is malformed; nothing was written to Redis."""
+
+    code = "EMQINPUT"
+
+
+class KindError(InvalidInput):
+    """A job id that does not carry the ``JOB`` brand."""
+
+    code = "EMQKIND"
+
+
+class RangeError(InvalidInput):
+    """A number outside the range the keyspace can represent exactly."""
+
+    code = "EMQRANGE"
+
+
+class PayloadError(InvalidInput):
+    """A payload that is neither bytes nor JSON-serialisable, or too large."""
+
+    code = "EMQPAYLOAD"
+
+
+class JobNotFound(EmqError, LookupError):
+    """The job id does not exist in this queue."""
+
+    code = "EMQNOJOB"
+
+
+class LeaseLost(EmqError):
+    """The caller's lease on a job expired and was taken over (or the job ended)."""
+
+    code = "EMQLEASE"
+
+
+class JobStateError(EmqError):
+    """The job is not in a state that allows the operation (e.g. retry a pending job)."""
+
+    code = "EMQSTATE"
+
+
+class VersionMismatch(EmqError):
+    """The queue was written by an incompatible major version of the keyspace."""
+
+    code = "EMQVERSION"
+
+
+class BackendUnavailable(EmqError, ImportError):
+    """``EMQFAST_BACKEND=c`` was asked for but the C extension is not built."""
+
+    code = "EMQBACKEND"
+
+
+class ConnectionFailed(EmqError, ConnectionError):
+    """Redis could not be reached (the message never contains credentials).
+
+    ``sent`` says whether the request may have reached Redis: ``False`` when it
+    certainly did not run (the connection failed before it was written), ``True``
+    when it was written and its reply was lost (see :class:`ReplyLost`)."""
+
+    code = "EMQCONN"
+    sent = False
+
+
+class ReplyLost(ConnectionFailed):
+    """The request was sent but its reply never arrived: it may or may not have run.
+
+    emqfast never re-sends such a request blindly; recover by reading state (a job
+    enqueued with your own ``job_id`` can be re-sent: it is idempotent by id)."""
+
+    code = "EMQLOST"
+    sent = True
+
+
+class ServerBusy(EmqError, ConnectionError):
+    """Redis refused the command for a transient reason and did not run it: loading its
+    dataset after a restart (LOADING), busy in a long script (BUSY), a failover in
+    progress (READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN). Safe to retry later;
+    Workers wait these out. ``state`` is the server's error code."""
+
+    code = "EMQBUSY"
+
+    def __init__(self, message: str, state: str = ""):
+        super().__init__(message)
+        self.state = state
+
+
+class ServerFull(EmqError):
+    """Redis is at ``maxmemory`` with ``noeviction`` (OOM) and refused the write; nothing
+    of the refused call was written. Workers wait this out for their outcome writes."""
+
+    code = "EMQFULL"
+
+
+class PermissionDenied(EmqError, PermissionError):
+    """Redis refused the command for lack of rights (an ACL user without it, NOPERM) or
+    of credentials (wrong or missing password). Permanent: retrying cannot help."""
+
+    code = "EMQPERM"
+
+
+class EvictionRisk(EmqError):
+    """The server's ``maxmemory-policy`` may evict emqfast's keys (jobs would vanish).
+    Workers refuse such a server unless started with ``allow_eviction=True``."""
+
+    code = "EMQEVICT"
+
+
+class PartialBatch(EmqError):
+    """A batch call failed part-way. Nothing it reports is guessed:
+
+    - ``landed``: the :class:`~emqfast.job.JobRef` s whose reply arrived (written);
+    - ``unknown``: ids whose request was sent but whose reply was lost (may be written;
+      re-sending them with the same ids is safe and never reports them wrongly);
+    - ``not_sent``: ids that never reached Redis;
+    - ``__cause__``: the underlying error (e.g. :class:`ServerFull`, :class:`ReplyLost`).
+    """
+
+    code = "EMQPARTIAL"
+
+    def __init__(self, message: str, landed: Sequence[Any] = (), unknown: Sequence[str] = (),
+                 not_sent: Sequence[str] = ()):
+        super().__init__(message)
+        self.landed = list(landed)
+        self.unknown = list(unknown)
+        self.not_sent = list(not_sent)
+
+
+class NotReplicated(EmqError):
+    """A write a queue made with ``wait_replicas=n`` reached the master, but fewer than
+    ``n`` replicas acknowledged it within ``wait_timeout_ms`` (Redis ``WAIT``). The jobs
+    ARE written (``landed``: their :class:`~emqfast.job.JobRef` s); they may be lost if
+    the master fails before replicating them. ``acked``/``wanted``: replica counts."""
+
+    code = "EMQREPL"
+
+    def __init__(self, message: str, landed: Sequence[Any] = (), acked: int = 0,
+                 wanted: int = 0):
+        super().__init__(message)
+        self.landed = list(landed)
+        self.acked = acked
+        self.wanted = wanted
+
+
+_BY_CODE: Dict[str, Type[EmqError]] = {
+    cls.code: cls
+    for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
+                LeaseLost, JobStateError, VersionMismatch)
+}
+
+
+def codes() -> Dict[str, Type[EmqError]]:
+    """Every error code a Lua script may reply with, and its class."""
+    return dict(_BY_CODE)
+
+
+def from_reply(message: str) -> Exception | None:
+    """Typed exception for a Lua error reply, or ``None`` if it is not ours."""
+    code, _, text = message.partition(" ")
+    cls = _BY_CODE.get(code)
+    return cls(text or code) if cls else None
+
+
+class Unrecoverable(Exception):
+    """Raise from a handler to fail the job at once, skipping any remaining attempts."""
+
+
+# How Redis words an ACL denial of a command a script calls (no NOPERM code prefix).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
+
+# Redis error-reply codes of transient server states: the command did not run.
+TRANSIENT_STATES = ("LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY")
+
+
+def translate(exc: BaseException, sent: bool = True) -> BaseException:
+    """emqfast's typed error for a redis-py (or C batcher) exception; others unchanged.
+
+    ``sent`` is whether the request had been written when the connection failed: a
+    connection error after the write is :class:`ReplyLost` (it may have run), before it
+    :class:`ConnectionFailed`. Error replies of transient states become
+    :class:`ServerBusy`, OOM :class:`ServerFull`, NOPERM and authentication failures
+    :class:`PermissionDenied`, our own ``EMQ*`` codes their classes."""
+    import redis.exceptions as rx  # here, not at import: errors is the lowest module
+
+    if isinstance(exc, EmqError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, rx.BusyLoadingError):
+        return ServerBusy(f"redis is loading its dataset: {text}", "LOADING")
+    if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError,
+                        rx.AuthenticationWrongNumberOfArgsError, rx.NoPermissionError)):
+        return PermissionDenied(_password_hint(text))
+    if isinstance(exc, rx.OutOfMemoryError):
+        return ServerFull(text)
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)):
+        cls = ReplyLost if sent else ConnectionFailed
+        return cls(f"{type(exc).__name__}: {text}")
+    if isinstance(exc, rx.ResponseError):
+        head = text.split(" ", 1)[0]
+        if isinstance(exc, (rx.ReadOnlyError, rx.ClusterDownError, rx.TryAgainError)) \
+                or head in TRANSIENT_STATES:
+            return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
+        if head == "OOM":
+            return ServerFull(text)
+        # (an ACL denial inside a script has no code prefix: Redis words it this way)
+        if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _SCRIPT_NOPERM in text \
+                or _password_hint(text) is not text:
+            return PermissionDenied(_password_hint(text))
+        typed = from_reply(text)
+        if typed is not None:
+            return typed
+    return exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when waiting and trying again may succeed: a lost connection, a transient
+    server state, a full server (memory may be freed). Authentication, permission and
+    input errors are permanent."""
+    exc = translate(exc)
+    return isinstance(exc, (ConnectionFailed, ServerBusy, ServerFull))
+
+
+def _password_hint(text: str) -> str:
+    """A server's "needs a password" reply ("HELLO must be called with the client already
+    authenticated...", NOAUTH, a cut unauthenticated pipeline) in plain words, saying how
+    to pass one (issue 20 item 9); any other text unchanged (the same object)."""
+    from emqfast.core.diagnose import HOW_TO_PASS_A_PASSWORD, password_missing
+
+    if not password_missing(text):
+        return text
+    return f"the Redis server requires a password and none was given: {HOW_TO_PASS_A_PASSWORD}"

@@ -1,0 +1,88 @@
+"""The only place key names are built.
+
+Every key of a queue has the form ``emq:{<queue>}:<suffix>``: the braces are a
+Redis Cluster hash tag, so one queue lives in one slot and every script's keys
+are co-located. Scripts never build keys; they receive them all in KEYS.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+from emqfast.core.validation import check_queue_name
+
+
+class QueueKeys:
+    """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
+
+    __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
+                 "completed", "failed", "marker", "counter", "repeat", "events", "metrics",
+                 "rate", "groups", "gactive", "glimit", "grate")
+
+    def __init__(self, name: str):
+        self.name = check_queue_name(name)
+        self.base = f"emq:{{{name}}}:"
+        b = self.base
+        self.meta = b + "meta"            # hash: keyspace version, paused flag
+        self.pending = b + "pending"      # zset: priority * 2**32 + arrival counter
+        self.delayed = b + "delayed"      # zset: (run_at - EPOCH) * 4096 + 12-bit seq
+        self.active = b + "active"        # zset: lease deadline (server ms)
+        self.leases = b + "leases"        # hash: job id -> lease token
+        self.completed = b + "completed"  # zset: finish time (server ms)
+        self.failed = b + "failed"        # zset: finish time (server ms)
+        self.marker = b + "marker"        # zset: wake marker workers BZPOPMIN on
+        self.counter = b + "counter"      # string: INCR arrival counter
+        self.repeat = b + "repeat"        # zset: schedule name -> next run (server ms)
+        self.events = b + "events"        # stream: job events
+        self.metrics = b + "metrics"      # hash: counters and latency histogram buckets
+        self.rate = b + "rate"            # string: jobs started in the current rate window
+        self.groups = b + "groups"        # zset: ring of groups with waiting jobs (score = turn)
+        self.gactive = b + "gactive"      # zset (lex): "<group>\0<id>" per active job of a capped group
+        self.glimit = b + "glimit"        # hash: group -> concurrency cap
+        self.grate = b + "grate"          # hash: group -> "max:window" rate limit
+
+    def job(self, job_id: str) -> str:
+        """Hash holding one job's payload, options and outcome."""
+        return self.base + "job:" + job_id
+
+    def jobs(self, job_ids: Iterable[str]) -> List[str]:
+        """:meth:`job` for many ids."""
+        b = self.base + "job:"
+        return [b + j for j in job_ids]
+
+    def group_pending(self, group: str) -> str:
+        """Lane of one group: its waiting jobs (zset, same scores as ``pending``)."""
+        return self.base + "g:" + group + ":pending"
+
+    def group_rate(self, group: str) -> str:
+        """One group's rate window: lease token -> claim instant (zset, last window only)."""
+        return self.base + "g:" + group + ":rate"
+
+    def worker_claim(self, worker: str) -> str:
+        """One worker's last claim (hash: request id, ids, counter), so a claim re-sent after
+        its reply was lost returns the same leases instead of popping more; expires with them."""
+        return self.base + "w:" + worker + ":claim"
+
+    def schedule(self, name: str) -> str:
+        """Hash holding one repeatable schedule's options."""
+        return self.base + "repeat:" + name
+
+    def glob(self) -> str:
+        """SCAN pattern matching every key of this queue (glob metacharacters escaped)."""
+        escaped = "".join("\\" + c if c in "*?[]\\" else c for c in self.base)
+        return escaped + "*"
+
+
+def leaderboard_key(name: str) -> str:
+    """Sorted set of one leaderboard: ``emq:{lb:<name>}:board`` (names validated like queues)."""
+    return f"emq:{{lb:{check_queue_name(name)}}}:board"
+
+
+def queue_meta_glob() -> str:
+    """SCAN pattern matching every queue's meta hash (how tools discover queues)."""
+    return "emq:{*}:meta"
+
+
+def queue_of_key(key: str) -> str:
+    """The queue name inside an ``emq:{queue}:...`` key."""
+    start = key.index("{") + 1
+    return key[start:key.index("}", start)]

@@ -1,0 +1,68 @@
+"""The Lua moves as text: locating ``lua/``, expanding ``--@include``, SHA1, declared KEYS.
+
+Each ``lua/<move>.lua`` starts with a header naming every KEYS[i] and ARGV[i];
+:class:`LuaSource` parses the fixed KEYS count from it so a test can check that the
+Python call sites pass exactly what the header declares. Sending a script is the
+backends' job (:mod:`emqfast.backends.scripts`).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+_INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.M)
+_HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)(\.\.)?\]", re.M)
+
+
+def lua_dir() -> Path:
+    """Directory holding the ``.lua`` files: ``emqfast/lua`` in an installed wheel,
+    the repository's top-level ``lua/`` in a source tree or editable install."""
+    package = Path(__file__).resolve().parent.parent  # emqfast/
+    for candidate in (package / "lua", package.parent / "lua"):
+        if (candidate / "enqueue.lua").exists():
+            return candidate
+    raise FileNotFoundError(f"emqfast's Lua scripts are missing (looked in {package / 'lua'})")
+
+
+class LuaSource:
+    """One atomic move: its source (includes expanded), SHA1 and declared KEYS."""
+
+    def __init__(self, name: str, raw: str, source: str):
+        self.name = name
+        self.raw = raw
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        header = raw.split("\n\n", 1)[0]
+        declared = _HEADER_KEY.findall(header)
+        self.fixed_keys = sum(1 for _, variadic in declared if not variadic)
+        self.variadic = any(variadic for _, variadic in declared)
+
+    def check_keys(self, keys: Sequence[Any]) -> None:
+        """Assert the caller passes what the header declares (cheap; catches wiring bugs)."""
+        n = len(keys)
+        if n < self.fixed_keys or (n > self.fixed_keys and not self.variadic):
+            raise AssertionError(
+                f"{self.name}.lua declares {self.fixed_keys} fixed keys, got {n}")
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple:
+        """The EVALSHA command of one call."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def expand(text: str, directory: Path) -> str:
+    def include(match: "re.Match[str]") -> str:
+        return (directory / "includes" / f"{match.group(1)}.lua").read_text()
+    return _INCLUDE.sub(include, text)
+
+
+def read(name: str) -> LuaSource:
+    """The script ``lua/<name>.lua`` with its includes expanded."""
+    directory = lua_dir()
+    raw = (directory / f"{name}.lua").read_text()
+    return LuaSource(name, raw, expand(raw, directory))
+
+
+# What an operation names when it asks for a script call (the backends' Script is one).
+Script = LuaSource

@@ -1,0 +1,146 @@
+"""Operations without I/O ("sans-IO"): what each public operation asks to have sent.
+
+Every public operation of :class:`~emqfast.Queue`, :class:`~emqfast.schedules.Schedules`,
+:class:`~emqfast.Leaderboard` and :func:`~emqfast.promote_many` is written once,
+as a generator: it validates its input, ``yield``s what it needs sent (a
+:class:`Call` of a Lua move, a plain :class:`Cmd`, a pipelined :class:`Batch`,
+...) and receives the reply, then ``return``s the result. It never touches a
+socket, so the same code serves both facades:
+
+- :func:`emqfast.backends.drive.run` drives it with a blocking ``redis.Redis`` /
+  ``RedisCluster`` (the sync facade; bulk calls go through the backend Batcher, C when built);
+- :func:`emqfast.backends.drive.run_async` drives it with ``redis.asyncio`` (the
+  :mod:`emqfast.aio` facade).
+
+A class opts in with :func:`operation` on its generator methods and a ``_drive``
+method: the sync classes return ``run``'s result, the async subclasses
+return ``run_async``'s coroutine, so ``q.enqueue(x)`` and
+``await aq.enqueue(x)`` share every line of logic.
+
+Failures are typed (:func:`emqfast.errors.translate`: ``ConnectionFailed``/``ReplyLost``,
+``ServerBusy``, ``ServerFull``, ``PermissionDenied``, the Lua ``EMQ*`` classes) and thrown
+into the operation at its ``yield``: most let them propagate, a bulk operation catches
+them to report what landed (``enqueue_many``'s :class:`~emqfast.errors.PartialBatch`).
+Script calls are never re-sent blindly (:mod:`emqfast.backends.transport`).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
+
+from emqfast.core.lua import Script
+
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Scan", "Watched", "Op", "Request", "operation",
+           "expand_columns"]
+
+
+class Call(NamedTuple):
+    """Run one Lua move (EVALSHA, NOSCRIPT reload); reply as the script returns it.
+
+    A Lua error is raised as its typed :mod:`emqfast.errors` class. A tuple, so
+    lists of calls also feed :func:`~emqfast.scripts.run_pipeline` and
+    :func:`~emqfast.wire.run_calls` as they are.
+    """
+
+    script: Script
+    keys: Sequence[Any]
+    args: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class Cmd:
+    """One plain Redis command; ``options`` go to redis-py's reply callbacks
+    (e.g. ``withscores=True`` for ``ZRANGE ... WITHSCORES``)."""
+
+    args: Tuple[Any, ...]
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *args: Any, **options: Any) -> "Cmd":
+        """``Cmd.of("HGET", key, field)``."""
+        return cls(tuple(args), dict(options))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Many :class:`Call` s (or many :class:`Cmd` s) in one round trip, no MULTI.
+
+    Replies come back in order. For calls a Lua error is returned typed in its
+    slot (not raised); for commands an error reply raises. ``wire=True`` lets
+    the sync driver send calls through the backend Batcher (hiredis under C).
+    ``wait=(replicas, timeout_ms)`` (calls only) sends ``WAIT`` on the connection that
+    wrote them; the replies then end with the fewest replicas that acknowledged.
+    """
+
+    items: Sequence[Union[Call, Cmd]]
+    wire: bool = False
+    wait: Optional[Tuple[int, int]] = None
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A bulk of one script framed as columns (see ``Batcher.evalsha_columns``):
+    call ``i``'s argument ``s`` is ``slots[s][0]`` plus, when ``slots[s][1]`` is a
+    column index, ``columns[slots[s][1]][i]``. Replies in order, errors in their slot."""
+
+    script: Script
+    numkeys: int
+    slots: Sequence[Tuple[Any, Optional[int]]]
+    columns: Sequence[Sequence[Any]]
+    wait: Optional[Tuple[int, int]] = None  # as Batch.wait
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Every key matching ``match`` (SCAN, on every master of a cluster)."""
+
+    match: str
+    count: int = 1000
+
+
+@dataclass(frozen=True)
+class Watched:
+    """An optimistic transaction: WATCH ``keys``, run ``read`` at once, then MULTI/EXEC
+    the commands ``then(read_reply)`` returns; retried while the watch fires.
+    Reply: ``(read_reply, exec_replies)``."""
+
+    keys: Sequence[str]
+    read: Cmd
+    then: Callable[[Any], List[Cmd]]
+
+
+Request = Union[Call, Cmd, Batch, Columns, Scan, Watched]
+Op = Generator[Request, Any, Any]
+
+
+def operation(fn: Callable[..., Op]) -> Callable[..., Any]:
+    """Make generator method ``fn`` a public operation: ``self._drive(fn(self, ...))``.
+
+    The undecorated generator stays reachable as ``.op``, so one operation can
+    ``yield from`` another inside the same drive.
+    """
+    @functools.wraps(fn)
+    def public(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._drive(fn(self, *args, **kwargs))
+
+    public.op = fn  # type: ignore[attr-defined]
+    return public
+
+
+def expand_columns(slots: Sequence[Tuple[Any, Optional[int]]],
+                   columns: Sequence[Sequence[Any]]) -> List[List[bytes]]:
+    """The per-call argument lists a :class:`Columns` request stands for."""
+    n = len(columns[0]) if columns else 0
+    consts = [v if isinstance(v, bytes) else str(v).encode() for v, _ in slots]
+    return [[c if k is None else c + _bytes(columns[k][i]) for c, (_, k) in zip(consts, slots)]
+            for i in range(n)]
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(value)).encode()
+
+

@@ -1,0 +1,89 @@
+"""Input checks shared by every layer: integers in range and the names that end up in keys.
+
+They raise emqfast's typed errors (:class:`~emqfast.errors.InvalidInput`,
+:class:`~emqfast.errors.RangeError`, :class:`~emqfast.errors.KindError`) before anything
+is sent, so bad input never reaches Redis.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from emqfast.core.errors import InvalidInput, KindError, RangeError
+
+JOB_BRAND = "JOB"
+MAX_NAME_BYTES = 200
+
+
+def check_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``[lo, hi]``, else :class:`RangeError` / :class:`InvalidInput`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{name} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise RangeError(f"{name}={value} outside [{lo}, {hi}]")
+    return value
+
+
+def check_queue_name(name: str) -> str:
+    """Validate a queue name: non-empty text, no ``{``/``}`` (they would move the hash tag)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("queue name must be a non-empty str")
+    if "{" in name or "}" in name:
+        raise InvalidInput("queue name must not contain '{' or '}' (they would break the hash tag)")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise InvalidInput(f"queue name longer than {MAX_NAME_BYTES} bytes")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("queue name must be valid unicode text") from None
+    return name
+
+
+def check_job_id(job_id: str) -> str:
+    """Validate a caller-chosen job id: text with the ``JOB`` brand (the EMQKIND gate)."""
+    if not isinstance(job_id, str):
+        raise InvalidInput("job id must be a str")
+    if not job_id.startswith(JOB_BRAND):
+        raise KindError(f"job id must start with {JOB_BRAND!r}")
+    if len(job_id) > MAX_NAME_BYTES:
+        raise InvalidInput(f"job id longer than {MAX_NAME_BYTES} characters")
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("job id must be valid unicode text") from None
+    return job_id
+
+
+def check_schedule_name(name: str) -> str:
+    """Validate a schedule name: non-empty text, no ``{``/``}``, at most 200 UTF-8 bytes.
+
+    The name is both the registry member and the suffix of its record key
+    (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("schedule name must be a non-empty str")
+    if "{" in name or "}" in name:
+        raise InvalidInput("schedule name must not contain '{' or '}' (they would break the hash tag)")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("schedule name must be valid unicode text") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"schedule name longer than {MAX_NAME_BYTES} bytes")
+    return name
+
+
+def check_group_name(name: str) -> str:
+    """Validate a group (lane) name: non-empty text, no ``{``/``}`` and no NUL, at most
+    200 UTF-8 bytes. It is the suffix of the lane key ``emq:{q}:g:<group>:pending``, and
+    claim.lua files active grouped jobs under ``<group>\\0<job id>`` (so no NUL inside)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("group name must be a non-empty str")
+    if "{" in name or "}" in name or "\0" in name:
+        raise InvalidInput("group name must not contain '{', '}' or NUL")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("group name must be valid unicode text") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"group name longer than {MAX_NAME_BYTES} bytes")
+    return name

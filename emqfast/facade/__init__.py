@@ -1,0 +1,1 @@
+"""facade layer (see docs/ARCHITECTURE.md)."""

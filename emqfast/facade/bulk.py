@@ -1,0 +1,152 @@
+"""Moves across many queues in a few round trips.
+
+:func:`promote_many` is ``Queue.promote`` for a thousand queues at once: one
+pipelined pass of ``due.lua`` (read-only, on the server clock) learns every
+queue's due ids, one pipelined HGET pass reads their groups (a grouped job rejoins
+its lane, see :mod:`emqfast.groups`), then one pipelined pass of ``promote.lua``
+releases them, with every job key declared. The script passes go through the live
+backend's Batcher (hiredis under the C backend), so the cost per queue is framing,
+not a round trip.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+from emqfast.backends import select as backend
+from emqfast.core.errors import InvalidInput
+from emqfast.core.keys import QueueKeys
+from emqfast.facade.lanes import lane_moves
+from emqfast.core.ops import Batch, Call, Cmd, Op
+from emqfast.backends.drive import run
+from emqfast.backends.scripts import load
+from emqfast.core.version import KEYSPACE_VERSION
+
+_DUE = load("due")
+_PROMOTE = load("promote")
+
+QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue
+
+
+def _keys_of(queues: Iterable[QueueLike]) -> List[QueueKeys]:
+    out: List[QueueKeys] = []
+    for q in queues:
+        if isinstance(q, str):
+            out.append(QueueKeys(q))  # validates the name
+        elif isinstance(getattr(q, "keys", None), QueueKeys):
+            out.append(q.keys)
+        else:
+            raise InvalidInput(f"expected a queue name or an emqfast.Queue, not {type(q).__name__}")
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
+    """The operation behind :func:`promote_many` (both facades): rounds of pipelined passes
+    (due ids, their groups, the moves); a round reads at most ``DUE_BATCH`` due ids per
+    queue and moves them in script calls of at most ``PROMOTE_BATCH`` jobs; a queue takes
+    part in the next round while it had a full read due and ``limit`` allows more (a limit
+    of at most ``DUE_BATCH`` is a single round)."""
+    from emqfast.core.batching import DUE_BATCH
+
+    moved = {k.name: 0 for k in keys}
+    seen = {k.name: 0 for k in keys}
+    active = list(keys)
+    while active:
+        asked = {k.name: min(DUE_BATCH, limit - seen[k.name]) for k in active}
+        found = yield from _promote_round(active, asked, moved)
+        for k, ids in found:
+            seen[k.name] += len(ids)
+        active = [k for k, ids in found
+                  if len(ids) == asked[k.name] and seen[k.name] < limit]
+    return moved
+
+
+def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
+                   moved: Dict[str, int]) -> Op:
+    """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
+    per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
+    from emqfast.core.batching import PROMOTE_BATCH
+
+    due = yield Batch([Call(_DUE, [k.delayed, k.meta], [asked[k.name], 1]) for k in keys],
+                      wire=True)
+    found: List[Tuple[QueueKeys, List[str]]] = []
+    grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
+    for k, reply in zip(keys, due):
+        if isinstance(reply, Exception):
+            raise reply
+        ids = [_text(i) for i in reply[2:]]
+        if ids:
+            found.append((k, ids))
+            if reply[1]:
+                grouped.append((k, ids))
+    if not found:
+        return found
+    # A grouped job rejoins its lane: read the due jobs' groups in one pipelined pass,
+    # only for queues that ever held grouped jobs.
+    groups = (yield Batch([Cmd.of("HGET", key, "group")
+                           for k, ids in grouped for key in k.jobs(ids)])) if grouped else []
+    group_of: Dict[str, Dict[str, Optional[str]]] = {}
+    at = 0
+    for k, ids in grouped:
+        group_of[k.name] = {j: (_text(g) if g is not None else None)
+                            for j, g in zip(ids, groups[at:at + len(ids)])}
+        at += len(ids)
+    calls, owners = [], []
+    for k, ids in found:
+        by_group: Dict[Optional[str], List[str]] = defaultdict(list)
+        known = group_of.get(k.name, {})
+        for job_id in ids:
+            by_group[known.get(job_id)].append(job_id)
+        # the same calls Queue.promote makes (tests hold the two in step)
+        for call in lane_moves(k, by_group, lambda pending, ids_, k=k: Call(
+                _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
+                [KEYSPACE_VERSION, *ids_]), PROMOTE_BATCH):
+            calls.append(call)
+            owners.append(k.name if call.script is _PROMOTE else None)
+    # One round trip per distinct due count (a single one when every queue had `limit`).
+    for name, reply in zip(owners, (yield Batch(calls, wire=True))):
+        if isinstance(reply, Exception):
+            raise reply
+        if name is not None:  # None: a ring join, not a count
+            moved[name] += int(reply)
+    return found
+
+
+def validate(queues: Iterable[QueueLike], limit: int) -> List[QueueKeys]:
+    """Check ``limit`` and every queue before anything is sent (or connected)."""
+    from emqfast.core.validation import check_int
+
+    check_int(limit, "limit", 1, 1_000_000)
+    return _keys_of(queues)
+
+
+def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> Dict[str, int]:
+    """Release due delayed jobs of every queue in ``queues`` (server clock).
+
+    ``conn`` is a redis-py client (or URL); ``queues`` are names or
+    :class:`emqfast.Queue` objects on that server. At most ``limit`` jobs per
+    queue move in one call. Returns ``{queue name: jobs released}`` for every
+    queue given. Same effect as ``Queue.promote`` on each, in a few pipelined round
+    trips per round (a round reads at most ``DUE_BATCH`` due ids per queue and moves
+    them ``PROMOTE_BATCH`` per script call: bounded work per call).
+    """
+    from emqfast.server.connection import resolve
+
+    keys = validate(queues, limit)
+    client = resolve(conn)
+    held: List[Any] = []
+
+    def wire() -> Any:  # one Batcher for both passes (a C one is a connection)
+        if not held:
+            held.append(backend.batcher_for(client))
+        return held[0]
+
+    try:
+        return run(client, promote_many_op(keys, limit), wire)
+    finally:
+        for batcher in held:
+            batcher.close()

@@ -1,0 +1,128 @@
+"""What a caller sees of a job: :class:`JobRef` from enqueue, :class:`Job` from ``Queue.get``."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
+
+from emqfast.backends import select as backend
+from emqfast.core import codec
+from emqfast.facade import options
+from emqfast.facade.backoff import Backoff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from emqfast.facade.queue import Queue
+
+STATES = ("scheduled", "pending", "active", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The answer to an enqueue: the id, and whether it was new or a duplicate."""
+
+    id: str
+    status: str  # 'pending', 'scheduled' or 'duplicate'
+
+    @property
+    def duplicate(self) -> bool:
+        """True when the id already existed and nothing was written."""
+        return self.status == "duplicate"
+
+
+def _int(value: Any) -> Optional[int]:
+    return int(value) if value is not None else None
+
+
+def _text(value: Any) -> Optional[str]:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@dataclass
+class Job:
+    """A job's state and data, as stored in Redis (timestamps are server-clock epoch ms)."""
+
+    id: str
+    queue: str
+    state: str
+    payload: Any
+    attempts: int = 0
+    max_attempts: int = 1
+    priority: int = 0
+    backoff: Optional[Backoff] = None
+    created_ms: Optional[int] = None
+    run_at_ms: Optional[int] = None
+    started_ms: Optional[int] = None
+    finished_ms: Optional[int] = None
+    result: Any = None
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    stalls: int = 0
+    extra: Dict[str, Any] = field(default_factory=dict)
+    last_progress: Any = None  # the latest job.progress(value) of the running handler
+    # set by the Worker for the job it is running: extends this job's lease
+    _extend: Optional[Callable[[int], None]] = field(default=None, repr=False, compare=False)
+    # set by emqfast.aio.Worker: the awaitable twin of _extend
+    _extend_async: Optional[Callable[[int], Awaitable[None]]] = field(default=None, repr=False,
+                                                                      compare=False)
+    # set by the Workers for the running job: write its progress (sync / awaitable)
+    _progress: Optional[Callable[[Any], None]] = field(default=None, repr=False, compare=False)
+    _progress_async: Optional[Callable[[Any], Awaitable[None]]] = field(default=None, repr=False,
+                                                                        compare=False)
+
+    @classmethod
+    def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes],
+                  delayed_score: Any = None) -> "Job":
+        """Build from an HGETALL reply (missing ``opts``/``enc``/``attempts``: their defaults)
+        and the job's score on the delayed set (ZSCORE; None when it is not parked there).
+
+        A waiting job's hash holds no ``state``: the set holding it says it, so a job
+        parked on the delayed set is ``scheduled`` (its run-at unpacked from the score)
+        and any other job without a state is ``pending``."""
+        opts = options.decode(h.get(b"opts"))
+        result = h.get(b"result")
+        progress = h.get(b"progress")
+        state = _text(h.get(b"state"))
+        run_at = _int(h.get(b"run_at"))
+        if state in (None, "pending", "scheduled"):  # (older hashes still name them)
+            state = "pending" if delayed_score is None else "scheduled"
+            if delayed_score is not None:
+                run_at = backend.impl().unpack_delayed(int(float(delayed_score)))[0]
+        return cls(
+            id=job_id, queue=queue, state=state,
+            payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
+            attempts=int(h.get(b"attempts", 0)), max_attempts=opts.max_attempts,
+            priority=opts.priority, backoff=opts.backoff,
+            created_ms=_int(h.get(b"created")), run_at_ms=run_at,
+            started_ms=_int(h.get(b"started")), finished_ms=_int(h.get(b"finished")),
+            result=json.loads(result) if result is not None else None,
+            error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),
+            stalls=int(h.get(b"stalls", 0)),
+            extra=opts.extra,
+            last_progress=json.loads(progress) if progress is not None else None,
+        )
+
+    def extend_lease(self, ms: int) -> None:
+        """From inside a handler: keep the lease for ``ms`` more (raises LeaseLost if gone)."""
+        if self._extend is None:
+            raise RuntimeError("extend_lease() is only available to the running handler")
+        self._extend(ms)
+
+    def progress(self, value: Any) -> None:
+        """From inside a handler: record ``value`` (JSON) as this job's progress and
+        append a ``progress`` event (raises LeaseLost if the lease is gone)."""
+        if self._progress is None:
+            raise RuntimeError("progress() is only available to the running handler")
+        self._progress(value)
+
+    async def progress_async(self, value: Any) -> None:
+        """The awaitable :meth:`progress` for coroutine handlers of :class:`emqfast.aio.Worker`."""
+        if self._progress_async is None:
+            raise RuntimeError("progress_async() is only available to a running aio handler")
+        await self._progress_async(value)
+
+    async def extend_lease_async(self, ms: int) -> None:
+        """From inside a coroutine handler of :class:`emqfast.aio.Worker`: keep the lease
+        for ``ms`` more (raises LeaseLost if gone). ``extend_lease`` would block the loop."""
+        if self._extend_async is None:
+            raise RuntimeError("extend_lease_async() is only available to a running aio handler")
+        await self._extend_async(ms)

@@ -1,0 +1,117 @@
+"""``connect()``: an explicit URL, else ``EMQ_REDIS_URL``, else the embedded Redis."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from emqfast.core.errors import ConnectionFailed, InvalidInput
+from emqfast.core.redaction import scrub as _scrub_any
+
+log = logging.getLogger("emqfast")
+
+# Redaction lives in emqfast.redaction (it parses no URL, so malformed ones are masked
+# too); these names stay for the callers that import them from here.
+from emqfast.core.redaction import redact  # noqa: E402,F401
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` without any copy (or piece) of a secret from ``url``; see
+    :func:`emqfast.redaction.scrub`."""
+    return _scrub_any(text, [url])
+
+
+def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
+    """A redis-py client for emqfast.
+
+    ``url`` may be ``redis://``, ``rediss://`` (TLS), ``unix://`` or
+    ``redis+cluster://host:port`` (Redis Cluster). With no URL: ``EMQ_REDIS_URL``,
+    else the embedded server (started on first use, shared by every process of
+    this user; see :mod:`emqfast.embedded`). An existing client is returned as is.
+
+    The client re-sends no command (``retry`` defaults to ``Retry(NoBackoff(), 0)``; a
+    broken connection is replaced on the next command): a command whose reply was lost
+    may have run, and emqfast reports that (:class:`~emqfast.errors.ReplyLost`) rather
+    than run it twice. emqfast's own script calls never use a client's retry anyway
+    (see :mod:`emqfast.transport`).
+
+    The first connect() to a server whose ``maxmemory-policy`` may evict keys logs a
+    loud warning (logger ``emqfast``): jobs would vanish under memory pressure. The
+    check never fails connect() (an unreachable or ACL-restricted server is not checked).
+    """
+    if isinstance(url, (redis.Redis, redis.RedisCluster)):
+        return url
+    kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+    target = target_url(url)
+    client = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
+    _warn_if_evicting(client, target)
+    return client
+
+
+_checked: set = set()  # servers (redacted URLs) whose eviction policy was looked at
+
+
+def _warn_if_evicting(client: Any, url: str) -> None:
+    """Log a loud warning, once per server and process, when the server may evict
+    emqfast's keys (see :mod:`emqfast.eviction`). Never raises; at most ~1 s per probe."""
+    where = redact(url)
+    if where in _checked:
+        return
+    _checked.add(where)
+    try:
+        from emqfast.server import eviction
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return
+    probe = client
+    try:
+        if isinstance(client, redis.Redis):  # a short-lived probe: bounded timeouts
+            pool = client.connection_pool
+            kw = dict(pool.connection_kwargs)
+            kw.update(socket_connect_timeout=1, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+            probe = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **kw))
+        warning = eviction.check(probe)
+    except Exception:  # noqa: BLE001 - a warning must never fail connect()
+        return
+    finally:
+        if probe is not client:
+            probe.close()
+    if warning:
+        log.warning("emqfast: WARNING %s: %s", where, warning)
+
+
+def target_url(url: Optional[str]) -> str:
+    """The URL to use: ``url``, else ``EMQ_REDIS_URL``, else the embedded server's."""
+    url = url or os.environ.get("EMQ_REDIS_URL")
+    if not url:
+        from emqfast.server import embedded
+        url = embedded.ensure_running()
+    if not isinstance(url, str):
+        raise InvalidInput("url must be a str or a redis client")
+    return url
+
+
+def open_client(url: str, single: Any, cluster: Any, **kwargs: Any) -> Any:
+    """``single.from_url`` or, for ``redis+cluster://``, ``cluster.from_url`` (the sync or
+    the asyncio classes); errors never echo a password."""
+    try:
+        if url.startswith(("redis+cluster://", "rediss+cluster://")):
+            return cluster.from_url(url.replace("+cluster", "", 1), **kwargs)
+        return single.from_url(url, **kwargs)
+    except (ValueError, redis.RedisError) as exc:
+        # redis-py's messages may echo the URL: never let a password out
+        raise ConnectionFailed(f"cannot connect to {redact(url)}: "
+                               f"{_scrub(str(exc), url)}") from None
+
+
+def resolve(conn: Any) -> "redis.Redis":
+    """A client from whatever the caller gave a Queue: None, a URL, or a client."""
+    if conn is None or isinstance(conn, str):
+        return connect(conn)
+    if isinstance(conn, (redis.Redis, redis.RedisCluster)):
+        return conn
+    raise InvalidInput(f"expected a redis client or URL, not {type(conn).__name__}")

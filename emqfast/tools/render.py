@@ -1,0 +1,137 @@
+"""Terminal rendering shared by the CLI and the demo: times and job tables (rich).
+
+Every time shown is a server-clock epoch-ms value (a job timestamp or
+``Queue.server_time_ms()``), never the local machine's clock.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any, Dict, Iterable, Optional
+
+from rich.table import Table
+from rich.text import Text
+
+from emqfast.facade.job import Job
+
+STATE_STYLES = {"scheduled": "cyan", "pending": "yellow", "grouped": "yellow",
+                "active": "blue", "completed": "green", "failed": "red"}
+
+
+def fmt_ms(epoch_ms: Optional[int], tz: Optional[dt.tzinfo] = None, *, date: bool = True) -> str:
+    """An epoch-ms instant as text (UTC unless ``tz``; ``date=False``: time of day only,
+    for tables whose title carries the date); ``-`` for None."""
+    if epoch_ms is None:
+        return "-"
+    when = dt.datetime.fromtimestamp(epoch_ms / 1000, tz or dt.timezone.utc)
+    text = when.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")
+    text += f".{epoch_ms % 1000:03d}"
+    return text + (" " + (when.tzname() or "") if date else "")
+
+
+def fmt_delta(ms: Optional[float]) -> str:
+    """A duration in ms, human-sized (``850 ms``, ``3.2 s``, ``4 min``, ``2.5 h``, ``6 d``)."""
+    if ms is None:
+        return "-"
+    a = abs(ms)
+    if a < 1000:
+        text = f"{a:.0f} ms"
+    elif a < 60_000:
+        text = f"{a / 1000:.1f} s"
+    elif a < 3_600_000:
+        text = f"{a / 60_000:.0f} min"
+    elif a < 86_400_000:
+        text = f"{a / 3_600_000:.1f} h"
+    else:
+        text = f"{a / 86_400_000:.1f} d"
+    return ("-" if ms < 0 else "") + text
+
+
+def fmt_relative(epoch_ms: Optional[int], now_ms: int) -> str:
+    """``in 3.2 s`` / ``3.2 s ago`` relative to the server's ``now_ms``."""
+    if epoch_ms is None:
+        return "-"
+    delta = epoch_ms - now_ms
+    return f"in {fmt_delta(delta)}" if delta >= 0 else f"{fmt_delta(-delta)} ago"
+
+
+def state_text(state: str) -> Text:
+    """A job state, coloured."""
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def short_error(error: Optional[str], width: int = 60) -> str:
+    """First line of an error, cut to ``width``."""
+    if not error:
+        return ""
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed")
+
+
+def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queues") -> Table:
+    """One row per queue: counts per state (pending includes the grouped jobs waiting in
+    lanes, also shown on their own), paused flag, next due job, schedules."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("queue", style="bold", overflow="fold")
+    for state in _COLUMNS:
+        table.add_column(state, justify="right", style=STATE_STYLES[state])
+    table.add_column("paused")
+    table.add_column("next due", no_wrap=True)
+    table.add_column("schedules", justify="right")
+    for row in rows:
+        c = row["counts"]
+        nxt = row.get("next_due_ms")
+        table.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS),
+                      "yes" if row.get("paused") else "no",
+                      f"{fmt_ms(nxt, date=False)} ({fmt_relative(nxt, now_ms)})" if nxt else "-",
+                      str(row.get("schedules", "-")))
+    return table
+
+
+def jobs_table(jobs: Iterable[Job], now_ms: int, title: str) -> Table:
+    """Jobs as rows: id, state, attempts, priority, times, last error."""
+    table = Table(title=title, title_justify="left")
+    for name in ("id", "state", "attempts", "prio", "created", "run at", "finished", "error"):
+        table.add_column(name, no_wrap=name != "error")
+    for job in jobs:
+        table.add_row(job.id, state_text(job.state), f"{job.attempts}/{job.max_attempts}",
+                      str(job.priority), fmt_ms(job.created_ms, date=False),
+                      fmt_ms(job.run_at_ms, date=False), fmt_ms(job.finished_ms, date=False),
+                      short_error(job.error))
+    return table
+
+
+def job_dict(job: Job) -> Dict[str, Any]:
+    """A job as plain JSON-able data (bytes payloads shown as text with escapes)."""
+    payload = job.payload
+    if isinstance(payload, bytes):
+        payload = {"bytes": payload.decode("utf-8", "backslashreplace")}
+    return {"id": job.id, "queue": job.queue, "state": job.state, "payload": payload,
+            "attempts": job.attempts, "max_attempts": job.max_attempts,
+            "priority": job.priority, "backoff": repr(job.backoff) if job.backoff else None,
+            "created_ms": job.created_ms, "run_at_ms": job.run_at_ms,
+            "started_ms": job.started_ms, "finished_ms": job.finished_ms,
+            "result": job.result, "error": job.error, "traceback": job.traceback,
+            "stalls": job.stalls}
+
+
+def job_detail_table(job: Job, now_ms: int) -> Table:
+    """Every field of one job, one per row."""
+    table = Table(title=f"job {job.id}", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    data = job_dict(job)
+    for name, value in data.items():
+        if name.endswith("_ms"):
+            value = f"{fmt_ms(value)} ({fmt_relative(value, now_ms)})" if value else "-"
+        elif name == "state":
+            value = state_text(value)
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value, ensure_ascii=False)
+        elif value is None:
+            value = "-"
+        table.add_row(name.replace("_ms", ""), value if isinstance(value, Text) else str(value))
+    return table

@@ -1,0 +1,1 @@
+"""worker layer (see docs/ARCHITECTURE.md)."""
