@@ -22,7 +22,10 @@ class QueueKeys:
         self.name = check_queue_name(name)
         self.base = f"emq:{{{name}}}:"
         b = self.base
-        self.meta = b + "meta"            # hash: keyspace version, paused flag
+        # hash: keyspace `version`, `paused`, settings from configure.lua (`events` cap,
+        # `rate_max` per `rate_window` ms), `grouped` (the queue ever held grouped jobs),
+        # `fturn` (the flat pending set's turn on the group ring)
+        self.meta = b + "meta"
         self.pending = b + "pending"      # zset: priority * 2**32 + arrival counter
         self.delayed = b + "delayed"      # zset: (run_at - EPOCH) * 4096 + 12-bit seq
         self.active = b + "active"        # zset: lease deadline (server ms)
@@ -31,10 +34,12 @@ class QueueKeys:
         self.failed = b + "failed"        # zset: finish time (server ms)
         self.marker = b + "marker"        # zset: wake marker workers BZPOPMIN on
         self.counter = b + "counter"      # string: INCR arrival counter
-        self.repeat = b + "repeat"        # zset: schedule name -> next run (server ms)
+        self.repeat = b + "repeat"        # zset: schedule name -> next run (epoch ms, server clock)
         self.events = b + "events"        # stream: job events
         self.metrics = b + "metrics"      # hash: counters and latency histogram buckets
-        self.rate = b + "rate"            # string: jobs started in the current rate window
+        # zset: lease token -> claim instant (start.lua moves it to the start instant),
+        # the claims/starts of the last rate window (meta `rate_max` per `rate_window`)
+        self.rate = b + "rate"
         self.groups = b + "groups"        # zset: ring of groups with waiting jobs (score = turn)
         self.gactive = b + "gactive"      # zset (lex): "<group>\0<id>" per active job of a capped group
         self.glimit = b + "glimit"        # hash: group -> concurrency cap
@@ -54,7 +59,8 @@ class QueueKeys:
         return self.base + "g:" + group + ":pending"
 
     def group_rate(self, group: str) -> str:
-        """One group's rate window: lease token -> claim instant (zset, last window only)."""
+        """One group's rate window: lease token -> claim (then start) instant (zset, last
+        window only; the grate hash holds the group's limit)."""
         return self.base + "g:" + group + ":rate"
 
     def worker_claim(self, worker: str) -> str:
