@@ -5,7 +5,12 @@
     q.enqueue({"to": "ada@example.com"})
     emqfast.Worker(q, lambda job: send(job.payload)).run()
 """
-from emqfast import backend, errors  # public modules; emqfast.backend() -> 'c' | 'python'
+import sys as _sys
+
+from emqfast.backends import select as backend  # callable: emqfast.backend() -> 'c' | 'python'
+from emqfast.core import errors, redaction
+from emqfast.facade import metrics
+from emqfast.server import embedded
 from emqfast.facade.backoff import Backoff
 from emqfast.facade.bulk import promote_many
 from emqfast.server.connection import connect
@@ -27,5 +32,15 @@ __all__ = [
     "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
     "LeaseLost",
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
-    "WorkerStats", "__version__", "backend", "connect", "errors", "promote_many",
+    "WorkerStats", "__version__", "backend", "connect", "embedded", "errors", "metrics",
+    "promote_many", "redaction",
 ]
+
+# The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,
+# ``emqfast.metrics.Collector``, ``emqfast.embedded.stop()``, ``emqfast.redaction.redact``)
+# are the layer modules themselves, registered under their short names: one module object.
+_PUBLIC_MODULES = {"backend": backend, "errors": errors, "metrics": metrics,
+                   "embedded": embedded, "redaction": redaction}
+for _name, _module in _PUBLIC_MODULES.items():
+    _sys.modules[f"emqfast.{_name}"] = _module
+del _name, _module
