@@ -48,7 +48,7 @@ class Queue(_SyncQueue):
         # the client is picked once running: a coroutine made outside its loop still works
         return await run_async(self.redis, op)
 
-    def _wire(self) -> Any:  # pragma: no cover - the async driver never asks for a Batcher
+    def _live_batcher(self) -> Any:  # pragma: no cover - the async driver never asks for one
         raise TypeError("emqfast.aio.Queue has no blocking Batcher")
 
     async def events(self, since: str = "0-0", *, block_ms: Optional[int] = None,  # type: ignore[override]

@@ -1,9 +1,10 @@
 """Running script calls through a Batcher (hiredis under the C backend).
 
-:func:`run_calls` is :func:`emqfast.scripts.run_pipeline` for a Batcher: the
-same ``[(script, keys, args), ...]`` list, replies in call order, Lua errors
-returned typed in their slot. A Batcher frames one ``numkeys`` per batch, so
-calls are grouped by (script, KEYS count): one round trip per group.
+:func:`run_calls` is :func:`emqfast.backends.scripts.run_pipeline` for a Batcher: the
+same list of :class:`~emqfast.core.ops.Call` s, replies in call order, Lua errors
+returned typed in their slot (a plain ``(script, keys, args)`` tuple is a Call too). A
+Batcher frames one ``numkeys`` per batch, so calls are grouped by (script, KEYS count):
+one round trip per group.
 """
 from __future__ import annotations
 
@@ -12,18 +13,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import redis
 
 from emqfast.core import errors
-from emqfast.backends.scripts import Script, map_error
+from emqfast.core.ops import Call
+from emqfast.backends.scripts import map_error
 from emqfast.backends.transport import UNSENT, Wait, cut_error
 
-Call = Tuple[Script, Sequence[Any], Sequence[Any]]
+__all__ = ["run_calls"]
 
 
 def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[Any]:
     """Run every call (no MULTI); typed error replies are returned, not raised.
 
     Never re-sent after a lost reply: a batch cut part-way raises
-    :class:`~emqfast.transport.BatchCut` whose ``replies`` are in call order (typed).
-    ``wait=(replicas, timeout_ms)``: a WAIT follows each group's writes on its
+    :class:`~emqfast.backends.transport.BatchCut` whose ``replies`` are in call order
+    (typed). ``wait=(replicas, timeout_ms)``: a WAIT follows each group's writes on its
     connection; the list then ends with the fewest replicas that acknowledged."""
     groups: Dict[Tuple[str, int], List[int]] = {}
     for i, (script, keys, _) in enumerate(calls):
@@ -32,7 +34,7 @@ def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[An
     acked: Optional[int] = None
     for (_, numkeys), members in groups.items():
         script = calls[members[0]][0]
-        rows = [[*calls[i][1], *calls[i][2]] for i in members]
+        rows = [[*keys, *args] for _, keys, args in (calls[i] for i in members)]
         try:
             if wait:
                 got = batcher.evalsha_many(script.sha, script.source.encode(), numkeys, rows,

@@ -1,8 +1,8 @@
 """The two drivers that run the sans-IO operations of :mod:`emqfast.core.ops`.
 
 - :func:`run` drives an operation with a blocking ``redis.Redis`` / ``RedisCluster``
-  (the sync facade; wired batches and :class:`~emqfast.core.ops.Columns` go through the
-  backend Batcher, hiredis under C);
+  (the sync facade; ``Batch(via_batcher=True)`` and :class:`~emqfast.core.ops.Columns` go
+  through the backend Batcher, hiredis under C);
 - :func:`run_async` drives it with ``redis.asyncio`` (the :mod:`emqfast.aio` facade).
 
 Failures are typed (:func:`emqfast.errors.translate`) and thrown into the operation at
@@ -21,22 +21,25 @@ from emqfast.backends.scripts import map_error, send, send_async
 from emqfast.core import errors
 from emqfast.core.ops import Batch, Call, Cmd, Columns, Op, Request, Scan, Watched, expand_columns
 
-__all__ = ["run", "run_async", "typed", "typed_failure"]
+__all__ = ["BatcherSource", "run", "run_async", "typed", "typed_failure"]
 
 
 # --- the blocking driver ------------------------------------------------------------------
 
-def run(client: Any, op: Op, wire: Optional[Callable[[], Any]] = None) -> Any:
+BatcherSource = Callable[[], Any]  # returns the Batcher to use (the caller's cached one)
+
+
+def run(client: Any, op: Op, batcher: Optional[BatcherSource] = None) -> Any:
     """Drive ``op`` to completion over the blocking redis-py ``client``.
 
-    ``wire`` returns the Batcher to use for :class:`Columns` and wired batches
-    (the caller's cached one); without it a Batcher is made and closed per request.
+    ``batcher`` returns the Batcher to use for :class:`Columns` and
+    ``Batch(via_batcher=True)``; without it a Batcher is made and closed per request.
     """
     try:
         request = op.send(None)
         while True:
             try:
-                reply = _perform(client, request, wire)
+                reply = _perform(client, request, batcher)
             except Exception as exc:
                 request = op.throw(typed_failure(exc))
             else:
@@ -69,7 +72,7 @@ def typed_failure(exc: BaseException) -> BaseException:
     return typed
 
 
-def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> Any:
+def _perform(client: Any, req: Request, batcher: Optional[BatcherSource]) -> Any:
     if isinstance(req, Call):
         return req.script(client, req.keys, req.args)
     if isinstance(req, Cmd):
@@ -81,20 +84,19 @@ def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> An
             return []
         if isinstance(req.items[0], Call):
             calls = list(req.items)
-            if req.wire:
-                return _with_batcher(client, wire, lambda b: run_calls(b, calls, req.wait))
+            if req.via_batcher:
+                return _with_batcher(client, batcher, lambda b: run_calls(b, calls, req.wait))
             return send(client, calls, req.wait)
         pipe = client.pipeline(transaction=False)
         for c in req.items:
             pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]
         return pipe.execute()
     if isinstance(req, Columns):
-        if req.wait:
-            return _with_batcher(client, wire, lambda b: b.evalsha_columns(
-                req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns,
-                req.wait))
-        return _with_batcher(client, wire, lambda b: b.evalsha_columns(
-            req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns))
+        # ``wait`` only when set: the Batchers' wrappers forward positional arguments
+        waited = (req.wait,) if req.wait else ()
+        return _with_batcher(client, batcher, lambda b: b.evalsha_columns(
+            req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns,
+            *waited))
     if isinstance(req, Scan):
         return list(client.scan_iter(match=req.match, count=req.count))
     if isinstance(req, Watched):
@@ -102,10 +104,11 @@ def _perform(client: Any, req: Request, wire: Optional[Callable[[], Any]]) -> An
     raise TypeError(f"unknown request {req!r}")
 
 
-def _with_batcher(client: Any, wire: Optional[Callable[[], Any]],
+def _with_batcher(client: Any, source: Optional[BatcherSource],
                   use: Callable[[Any], Any]) -> Any:
-    if wire is not None:
-        return use(wire())
+    """``use(batcher)`` with the caller's Batcher, or a fresh one closed afterwards."""
+    if source is not None:
+        return use(source())
     batcher = backend.batcher_for(client)
     try:
         return use(batcher)

@@ -7,6 +7,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import redis
 
 from emqfast.core.errors import InvalidInput
+from emqfast.core.ops import expand_columns
 from emqfast.backends.scripts import send
 from emqfast.backends.transport import Wait
 
@@ -72,11 +73,7 @@ class Batcher:
             raise InvalidInput("columns differ in length")
         if any(col is not None and not 0 <= col < len(columns) for _, col in slots):
             raise InvalidInput("a slot names a column that does not exist")
-        consts = [v if isinstance(v, bytes) else str(v).encode() for v, _ in slots]
-        calls = []
-        for i in range(ncalls):
-            calls.append([c if k is None else c + _bytes(columns[k][i])
-                          for c, (_, k) in zip(consts, slots)])
+        calls = expand_columns(slots, columns)
         if wait:
             return self.evalsha_many(sha, script, numkeys, calls, wait=wait)
         return self.evalsha_many(sha, script, numkeys, calls)
@@ -89,10 +86,3 @@ class Batcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _bytes(value: Any) -> bytes:
-    """A column value as bytes (str as UTF-8, ints as ASCII), as redis-py would send it."""
-    if isinstance(value, bytes):
-        return value
-    return (value if isinstance(value, str) else str(value)).encode()

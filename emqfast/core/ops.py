@@ -32,16 +32,16 @@ from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, 
 
 from emqfast.core.lua import Script
 
-__all__ = ["Call", "Cmd", "Batch", "Columns", "Scan", "Watched", "Op", "Request", "operation",
-           "expand_columns"]
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Op", "Request",
+           "operation", "expand_columns", "as_bytes"]
 
 
 class Call(NamedTuple):
     """Run one Lua move (EVALSHA, NOSCRIPT reload); reply as the script returns it.
 
     A Lua error is raised as its typed :mod:`emqfast.errors` class. A tuple, so
-    lists of calls also feed :func:`~emqfast.scripts.run_pipeline` and
-    :func:`~emqfast.wire.run_calls` as they are.
+    lists of calls also feed :func:`~emqfast.backends.scripts.run_pipeline` and
+    :func:`~emqfast.backends.batcher.run_calls` as they are.
     """
 
     script: Script
@@ -68,26 +68,35 @@ class Batch:
     """Many :class:`Call` s (or many :class:`Cmd` s) in one round trip, no MULTI.
 
     Replies come back in order. For calls a Lua error is returned typed in its
-    slot (not raised); for commands an error reply raises. ``wire=True`` lets
+    slot (not raised); for commands an error reply raises. ``via_batcher=True`` lets
     the sync driver send calls through the backend Batcher (hiredis under C).
     ``wait=(replicas, timeout_ms)`` (calls only) sends ``WAIT`` on the connection that
     wrote them; the replies then end with the fewest replicas that acknowledged.
     """
 
     items: Sequence[Union[Call, Cmd]]
-    wire: bool = False
+    via_batcher: bool = False
     wait: Optional[Tuple[int, int]] = None
+
+
+class Slot(NamedTuple):
+    """One argument position of every call in a :class:`Columns` bulk: ``prefix``, then,
+    when ``column`` names one, call ``i``'s value in that column (``Slot(value)``: the
+    same constant for every call). A tuple, as the Batchers take it."""
+
+    prefix: Any
+    column: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class Columns:
-    """A bulk of one script framed as columns (see ``Batcher.evalsha_columns``):
-    call ``i``'s argument ``s`` is ``slots[s][0]`` plus, when ``slots[s][1]`` is a
-    column index, ``columns[slots[s][1]][i]``. Replies in order, errors in their slot."""
+    """A bulk of one script framed as columns (see ``Batcher.evalsha_columns``): call
+    ``i``'s arguments are ``slots`` (its first ``numkeys`` are KEYS, the rest ARGV), each
+    filled from ``columns`` as :class:`Slot` says. Replies in order, errors in their slot."""
 
     script: Script
     numkeys: int
-    slots: Sequence[Tuple[Any, Optional[int]]]
+    slots: Sequence[Slot]
     columns: Sequence[Sequence[Any]]
     wait: Optional[Tuple[int, int]] = None  # as Batch.wait
 
@@ -133,12 +142,13 @@ def expand_columns(slots: Sequence[Tuple[Any, Optional[int]]],
                    columns: Sequence[Sequence[Any]]) -> List[List[bytes]]:
     """The per-call argument lists a :class:`Columns` request stands for."""
     n = len(columns[0]) if columns else 0
-    consts = [v if isinstance(v, bytes) else str(v).encode() for v, _ in slots]
-    return [[c if k is None else c + _bytes(columns[k][i]) for c, (_, k) in zip(consts, slots)]
+    prefixes = [as_bytes(prefix) for prefix, _ in slots]
+    return [[p if k is None else p + as_bytes(columns[k][i]) for p, (_, k) in zip(prefixes, slots)]
             for i in range(n)]
 
 
-def _bytes(value: Any) -> bytes:
+def as_bytes(value: Any) -> bytes:
+    """A value as redis-py would send it: bytes as is, str as UTF-8, numbers as ASCII."""
     if isinstance(value, bytes):
         return value
     return (value if isinstance(value, str) else str(value)).encode()

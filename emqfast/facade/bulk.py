@@ -72,7 +72,7 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
     from emqfast.core.batching import PROMOTE_BATCH
 
     due = yield Batch([Call(_DUE, [k.delayed, k.meta], [asked[k.name], 1]) for k in keys],
-                      wire=True)
+                      via_batcher=True)
     found: List[Tuple[QueueKeys, List[str]]] = []
     grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
     for k, reply in zip(keys, due):
@@ -108,7 +108,7 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
             calls.append(call)
             owners.append(k.name if call.script is _PROMOTE else None)
     # One round trip per distinct due count (a single one when every queue had `limit`).
-    for name, reply in zip(owners, (yield Batch(calls, wire=True))):
+    for name, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
         if isinstance(reply, Exception):
             raise reply
         if name is not None:  # None: a ring join, not a count
@@ -140,13 +140,13 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     client = resolve(conn)
     held: List[Any] = []
 
-    def wire() -> Any:  # one Batcher for both passes (a C one is a connection)
+    def one_batcher() -> Any:  # one Batcher for both passes (a C one is a connection)
         if not held:
             held.append(backend.batcher_for(client))
         return held[0]
 
     try:
-        return run(client, promote_many_op(keys, limit), wire)
+        return run(client, promote_many_op(keys, limit), batcher=one_batcher)
     finally:
         for batcher in held:
             batcher.close()

@@ -128,7 +128,7 @@ class Queue:
 
     def _drive(self, op: Op) -> Any:
         """Run one operation over the blocking client (bulk calls through the Batcher)."""
-        return run(self.redis, op, self._wire)
+        return run(self.redis, op, batcher=self._live_batcher)
 
     # --- enqueue -------------------------------------------------------------
     def _options(self, priority: int, attempts: Optional[int],
@@ -326,7 +326,7 @@ class Queue:
         if batch.group is not None:
             return Batch([self._grouped_call(j, data, enc, batch.opts, batch.priority,
                                              batch.mode, batch.value, batch.group, acl)
-                          for j, (data, enc) in zip(ids_, encoded)], wire=True, wait=self._wait)
+                          for j, (data, enc) in zip(ids_, encoded)], via_batcher=True, wait=self._wait)
         tail = [batch.opts, str(batch.priority).encode(), batch.mode, str(batch.value).encode(),
                 KEYSPACE_VERSION.encode(), b"%d" % acl]
         # Only the job key, id, payload and encoding differ between jobs: they travel as
@@ -360,7 +360,7 @@ class Queue:
         err.batch, err.queue = batch, self.name  # for retry_partial
         return err
 
-    def _wire(self) -> Any:
+    def _live_batcher(self) -> Any:
         """The live backend's Batcher for this queue's connection (C when possible)."""
         want = backend.current()
         if self._batcher is None or self._batcher[0] != want:
