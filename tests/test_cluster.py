@@ -298,7 +298,7 @@ def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names,
     for name in names:
         q = Queue(name, conn)
         refs = q.enqueue_many([b"a", b"b", b"c"])
-        assert isinstance(q._wire(), _pure_wire.Batcher)
+        assert isinstance(q._live_batcher(), _pure_wire.Batcher)
         assert [q.get(r.id).payload for r in refs] == [b"a", b"b", b"c"]
     logged = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
     assert len(logged) == (1 if backend == "c" else 0)

@@ -213,7 +213,7 @@ def batcher_for(client):
     commands per node (one round trip each), keeps the ``CLUSTER SLOTS`` map and
     follows MOVED/ASK while slots move. Each distinct reason is logged once.
     """
-    from emqfast.backends import pure_batcher as _pure_wire
+    from emqfast.backends import pure_batcher
 
     if _current == "c":
         try:
@@ -230,7 +230,7 @@ def batcher_for(client):
                 _refusals_logged.add(reason)
                 log.info("emqfast: C batcher unavailable for this connection (%s); "
                          "using redis-py", reason)
-    return _pure_wire.Batcher.from_redis(client)
+    return pure_batcher.Batcher.from_redis(client)
 
 
 class _CallableModule(ModuleType):
