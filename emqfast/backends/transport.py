@@ -27,158 +27,36 @@ connection failure the slot map is refreshed, so the next call finds a promoted 
 ``wait=(replicas, timeout_ms)`` appends ``WAIT replicas timeout_ms`` to the writes on the
 same connection (per node), and the result then ends with one more entry: the smallest
 number of replicas that acknowledged.
+
+The exchange on one connection lives in :mod:`emqfast.backends.exchange`, the Cluster
+routing and redirect rounds in :mod:`emqfast.backends.cluster_transport`; this module is
+the entry both facades call.
 """
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
-import redis
-from redis.exceptions import AskError, MovedError, ResponseError
+from emqfast.backends.cluster_transport import (cluster_execute, cluster_execute_async,
+                                                routes_of)
+from emqfast.backends.exchange import (LOST, UNSENT, BatchCut, Command, Failed, Wait,  # noqa: F401
+                                       cut_error, min_acked, on_pool, on_pool_async, route_key,
+                                       wait_lost, with_wait)
 
-from emqfast.core import errors
-
-Command = Sequence[Any]
-Wait = Optional[Tuple[int, int]]
-
-# Network failures: redis-py's own and the builtins its lower layers may let through.
-_NETWORK = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            ConnectionError, TimeoutError, OSError)
-_PACK_BYTES = 64 << 10  # bytes framed per write (few syscalls, bounded copies)
-_REDIRECTS = 5  # MOVED/ASK rounds before the redirect stays in its slot as an error
-
-
-class _Marker:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-LOST = _Marker("LOST")  # written, reply lost: may have run
-UNSENT = _Marker("UNSENT")  # never left the client: did not run
-
-
-class BatchCut(errors.ReplyLost):
-    """The connection failed after part of a batch was written.
-
-    ``replies`` has one entry per command sent: its reply, :data:`LOST` or :data:`UNSENT`.
-    Still a :class:`~emqfast.errors.ReplyLost` (and a builtin ``ConnectionError``), so
-    code that does not look at the partial replies handles it as a lost reply."""
-
-    def __init__(self, message: str, replies: List[Any]):
-        super().__init__(message)
-        self.replies = replies
-
-
-def cut_error(exc: BaseException, replies: List[Any]) -> BaseException:
-    """The typed error for a failure that left ``replies`` (with markers): BatchCut when
-    anything may have run, else what :func:`errors.translate` says with ``sent=False``."""
-    if all(r is UNSENT for r in replies):
-        return errors.translate(exc, sent=False)
-    typed = errors.translate(exc, sent=True)
-    text = str(typed) if isinstance(typed, errors.ConnectionFailed) else \
-        f"{type(exc).__name__}: {exc}"
-    return BatchCut(text, replies)
-
-
-def route_key(command: Command) -> Any:
-    """The key a command is routed by on Cluster: an EVALSHA's first key, else None."""
-    if len(command) > 3 and command[0] == "EVALSHA" and int(command[2]) > 0:
-        return command[3]
-    return None
-
-
-def _frames(conn: Any, commands: Sequence[Command]):
-    """(bytes, index after the last command in it) per ~64 KB of framed commands."""
-    buf: List[bytes] = []
-    size = 0
-    for i, args in enumerate(commands):
-        for piece in conn.pack_command(*args):
-            buf.append(piece)
-            size += len(piece)
-        if size >= _PACK_BYTES:
-            yield b"".join(buf), i + 1
-            buf, size = [], 0
-    if buf:
-        yield b"".join(buf), len(commands)
-
-
-class _Failed(Exception):
-    """An exchange failed: ``replies`` with markers, ``cause`` the network error."""
-
-    def __init__(self, cause: BaseException, replies: List[Any]):
-        super().__init__(str(cause))
-        self.cause = cause
-        self.replies = replies
-
-
-def _marked(replies: List[Any], written: int, total: int) -> List[Any]:
-    return replies + [LOST] * (written - len(replies)) + [UNSENT] * (total - max(written,
-                                                                                 len(replies)))
-
-
-# --- blocking ----------------------------------------------------------------------------
-
-def _exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
-    """Write ``commands`` on ``conn`` and read every reply; never re-sent."""
-    replies: List[Any] = []
-    written = 0
-    try:
-        conn.connect()
-        for data, upto in _frames(conn, commands):
-            conn.send_packed_command([data], check_health=False)
-            written = upto
-        for _ in range(len(commands)):
-            try:
-                replies.append(conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-    except BaseException as exc:
-        conn.disconnect()  # unread replies or half a command: the connection is out of step
-        if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
-            raise _Failed(exc, _marked(replies, written, len(commands))) from exc
-        raise
-    return replies
-
-
-def _on_pool(client: Any, commands: Sequence[Command]) -> List[Any]:
-    """:func:`_exchange` on a connection of a ``redis.Redis`` client."""
-    single = getattr(client, "connection", None)
-    if single is not None:
-        lock = getattr(client, "single_connection_lock", None)
-        if lock is None:
-            return _exchange(single, commands)
-        with lock:
-            return _exchange(single, commands)
-    pool = client.connection_pool
-    try:
-        conn = pool.get_connection()
-    except BaseException as exc:
-        if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
-            raise _Failed(exc, [UNSENT] * len(commands)) from exc
-        raise
-    try:
-        return _exchange(conn, commands)
-    finally:
-        pool.release(conn)
+__all__ = ["LOST", "UNSENT", "BatchCut", "Command", "Wait", "cut_error", "execute",
+           "execute_async", "route_key"]
 
 
 def _is_cluster(client: Any) -> bool:
     return hasattr(client, "nodes_manager")
 
 
-def _wait_lost(failed: "_Failed", n: int, wait: Wait) -> Optional[List[Any]]:
-    """When only WAIT's reply was lost (every write replied), the writes landed and their
-    replication is unconfirmed: their replies and 0 replicas, not a failure."""
-    if wait and all(r is not LOST and r is not UNSENT for r in failed.replies[:n]):
-        return failed.replies[:n] + [0]
-    return None
-
-
-def _with_wait(commands: List[Command], wait: Wait) -> List[Command]:
-    return commands + [("WAIT", wait[0], wait[1])] if wait else commands
+def _single_node_result(failed: Failed, n: int, wait: Wait) -> List[Any]:
+    """What a failed exchange on one node returns (only WAIT's reply lost: the writes'
+    replies and 0 replicas), else raise the typed error it left."""
+    got = wait_lost(failed, n, wait)
+    if got is None:
+        raise cut_error(failed.cause, failed.replies[:n]) from failed.cause
+    return got
 
 
 def execute(client: Any, commands: Sequence[Command], wait: Wait = None,
@@ -190,193 +68,15 @@ def execute(client: Any, commands: Sequence[Command], wait: Wait = None,
     commands = list(commands)
     if not commands:
         return [0] if wait else []
-    if not _is_cluster(client):
-        try:
-            got = _on_pool(client, _with_wait(commands, wait))
-        except _Failed as failed:
-            got = _wait_lost(failed, len(commands), wait)
-            if got is None:
-                raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
-        if wait:
-            got[-1] = _min_acked(None, got[-1])
-        return got
-    return _cluster_execute(client, commands, wait, _routes(commands, routes))
-
-
-def _routes(commands: List[Command], routes: Optional[Sequence[Any]]) -> List[Any]:
-    if routes is None:
-        return [route_key(c) for c in commands]
-    return [r if r is not None else route_key(c) for c, r in zip(commands, routes)]
-
-
-def _cluster_rounds(n: int):
-    """The redirect loop of both cluster drivers, as a generator: yields
-    ``(kind, target, indices)`` (kind ``"slot"``: each command to its slot's primary;
-    ``"ask"``: to ``target`` after ASKING) and receives the replies, aligned."""
-    todo: List[Tuple[str, Any, List[int]]] = [("slot", None, list(range(n)))]
-    for _ in range(_REDIRECTS + 1):
-        again: List[Tuple[str, Any, List[int]]] = []
-        for kind, target, idx in todo:
-            got = yield kind, target, idx
-            moved: List[int] = []
-            for i, reply in zip(idx, got):
-                if isinstance(reply, MovedError):  # did not run: follow the new slot map
-                    moved.append(i)
-                elif isinstance(reply, AskError):  # did not run: this slot is migrating
-                    again.append(("ask", (reply.host, reply.port), [i]))
-            if moved:
-                again.append(("slot", None, moved))
-        if not again:
-            return
-        todo = again
-
-
-def _min_acked(acked: Optional[int], reply: Any) -> Optional[int]:
-    if isinstance(reply, Exception):  # e.g. WAIT refused: count it as no replica
-        reply = 0
-    return int(reply) if acked is None else min(acked, int(reply))
-
-
-def _asking(commands: List[Command]) -> List[Command]:
-    return [c for command in commands for c in (("ASKING",), command)]
-
-
-def _by_node(client: Any, routes: List[Any]) -> Dict[str, Tuple[Any, List[int]]]:
-    """Commands grouped by the primary owning their slot: ``{name: (node, indices)}``."""
-    groups: Dict[str, Tuple[Any, List[int]]] = {}
-    for j, key in enumerate(routes):
-        if key is None:
-            node = client.get_default_node()
-        else:
-            node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
-        groups.setdefault(node.name, (node, []))[1].append(j)
-    return groups
-
-
-def _cluster_round(client: Any, kind: str, target: Any, commands: List[Command],
-                   routes: List[Any], wait: Wait) -> Tuple[List[Any], Optional[int]]:
-    """One round of a cluster batch: (replies aligned with ``commands``, fewest acks)."""
-    if kind == "ask":
-        node = client.get_node(host=target[0], port=target[1])
-        if node is None:
-            raise _Failed(redis.exceptions.ConnectionError(f"ASK to unknown node {target}"),
-                          [UNSENT] * len(commands))
-        try:
-            raw = _on_pool(client.get_redis_connection(node), _with_wait(_asking(commands), wait))
-        except _Failed as failed:
-            raise _Failed(failed.cause, failed.replies[1::2]) from failed.cause
-        return raw[1::2], (_min_acked(None, raw[-1]) if wait else None)
-    out: List[Any] = [UNSENT] * len(commands)
-    acked: Optional[int] = None
-    for node, members in _by_node(client, routes).values():
-        try:
-            raw = _on_pool(client.get_redis_connection(node),
-                           _with_wait([commands[j] for j in members], wait))
-        except _Failed as failed:
-            raw = _wait_lost(failed, len(members), wait)
-            if raw is None:
-                for j, reply in zip(members, failed.replies):
-                    out[j] = reply
-                raise _Failed(failed.cause, out) from failed.cause
-        for j, reply in zip(members, raw):
-            out[j] = reply
-        if wait:
-            acked = _min_acked(acked, raw[-1])
-    return out, acked
-
-
-def _cluster_execute(client: Any, commands: List[Command], wait: Wait,
-                     routes: List[Any]) -> List[Any]:
-    done: List[Any] = [UNSENT] * len(commands)
-    acked: Optional[int] = None
-    rounds = _cluster_rounds(len(commands))
+    if _is_cluster(client):
+        return cluster_execute(client, commands, wait, routes_of(commands, routes))
     try:
-        kind, target, idx = next(rounds)
-        while True:
-            try:
-                got, round_acked = _cluster_round(client, kind, target,
-                                                  [commands[i] for i in idx],
-                                                  [routes[i] for i in idx], wait)
-            except _Failed as failed:
-                _refresh(client)
-                for i, reply in zip(idx, failed.replies):
-                    done[i] = reply
-                raise cut_error(failed.cause, done) from failed.cause
-            except redis.exceptions.RedisClusterException as exc:  # no node for the slot
-                raise errors.ServerBusy(str(exc), "CLUSTERDOWN") from exc
-            if wait:
-                acked = _min_acked(acked, round_acked)
-            for i, reply in zip(idx, got):
-                done[i] = reply
-                if isinstance(reply, MovedError):
-                    client.nodes_manager.move_slot(reply)
-            kind, target, idx = rounds.send(got)
-    except StopIteration:
-        return done + ([acked] if wait else [])
-
-
-def _refresh(client: Any) -> None:
-    """Re-read the slot map after a node failed (a replica may have taken over)."""
-    try:
-        client.nodes_manager.initialize()
-    except Exception:  # every node down: the next call reports it
-        pass
-
-# --- asyncio -----------------------------------------------------------------------------
-
-async def _exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
-    replies: List[Any] = []
-    written = 0
-    try:
-        await conn.connect()
-        for data, upto in _frames(conn, commands):
-            await conn.send_packed_command([data], check_health=False)
-            written = upto
-        for _ in range(len(commands)):
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:
-                replies.append(exc)
-    except BaseException as exc:
-        try:
-            await asyncio.shield(conn.disconnect())
-        except BaseException:
-            pass
-        if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
-            raise _Failed(exc, _marked(replies, written, len(commands))) from exc
-        raise
-    return replies
-
-
-async def _on_pool_async(client: Any, commands: Sequence[Command]) -> List[Any]:
-    single = getattr(client, "connection", None)
-    if single is not None:
-        async with client._single_conn_lock:
-            return await _exchange_async(single, commands)
-    pool = client.connection_pool
-    try:
-        conn = await pool.get_connection()
-    except BaseException as exc:
-        if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
-            raise _Failed(exc, [UNSENT] * len(commands)) from exc
-        raise
-    try:
-        return await _exchange_async(conn, commands)
-    finally:
-        await pool.release(conn)
-
-
-async def _on_node_async(node: Any, commands: Sequence[Command]) -> List[Any]:
-    try:
-        conn = node.acquire_connection()
-    except BaseException as exc:
-        if isinstance(exc, _NETWORK):
-            raise _Failed(exc, [UNSENT] * len(commands)) from exc
-        raise
-    try:
-        return await _exchange_async(conn, commands)
-    finally:
-        node.release(conn)
+        got = on_pool(client, with_wait(commands, wait))
+    except Failed as failed:
+        got = _single_node_result(failed, len(commands), wait)
+    if wait:
+        got[-1] = min_acked(None, got[-1])
+    return got
 
 
 async def execute_async(client: Any, commands: Sequence[Command], wait: Wait = None,
@@ -385,81 +85,12 @@ async def execute_async(client: Any, commands: Sequence[Command], wait: Wait = N
     commands = list(commands)
     if not commands:
         return [0] if wait else []
-    if not _is_cluster(client):
-        try:
-            got = await _on_pool_async(client, _with_wait(commands, wait))
-        except _Failed as failed:
-            got = _wait_lost(failed, len(commands), wait)
-            if got is None:
-                raise cut_error(failed.cause, failed.replies[:len(commands)]) from failed.cause
-        if wait:
-            got[-1] = _min_acked(None, got[-1])
-        return got
-    routes = _routes(commands, routes)
-    if getattr(client, "_initialize", False):
-        try:
-            await client.initialize()
-        except Exception as exc:
-            raise errors.translate(exc, sent=False) from exc
-    done: List[Any] = [UNSENT] * len(commands)
-    acked: Optional[int] = None
-    rounds = _cluster_rounds(len(commands))
+    if _is_cluster(client):
+        return await cluster_execute_async(client, commands, wait, routes_of(commands, routes))
     try:
-        kind, target, idx = next(rounds)
-        while True:
-            try:
-                got, round_acked = await _cluster_round_async(
-                    client, kind, target, [commands[i] for i in idx], [routes[i] for i in idx],
-                    wait)
-            except _Failed as failed:
-                await _refresh_async(client)
-                for i, reply in zip(idx, failed.replies):
-                    done[i] = reply
-                raise cut_error(failed.cause, done) from failed.cause
-            except redis.exceptions.RedisClusterException as exc:
-                raise errors.ServerBusy(str(exc), "CLUSTERDOWN") from exc
-            if wait:
-                acked = _min_acked(acked, round_acked)
-            for i, reply in zip(idx, got):
-                done[i] = reply
-                if isinstance(reply, MovedError):
-                    await client.nodes_manager.move_slot(reply)
-            kind, target, idx = rounds.send(got)
-    except StopIteration:
-        return done + ([acked] if wait else [])
-
-
-async def _cluster_round_async(client: Any, kind: str, target: Any, commands: List[Command],
-                               routes: List[Any], wait: Wait) -> Tuple[List[Any], Optional[int]]:
-    if kind == "ask":
-        node = client.nodes_manager.get_node(host=target[0], port=target[1])
-        if node is None:
-            raise _Failed(redis.exceptions.ConnectionError(f"ASK to unknown node {target}"),
-                          [UNSENT] * len(commands))
-        try:
-            raw = await _on_node_async(node, _with_wait(_asking(commands), wait))
-        except _Failed as failed:
-            raise _Failed(failed.cause, failed.replies[1::2]) from failed.cause
-        return raw[1::2], (_min_acked(None, raw[-1]) if wait else None)
-    out: List[Any] = [UNSENT] * len(commands)
-    acked: Optional[int] = None
-    for node, members in _by_node(client, routes).values():
-        try:
-            raw = await _on_node_async(node, _with_wait([commands[j] for j in members], wait))
-        except _Failed as failed:
-            raw = _wait_lost(failed, len(members), wait)
-            if raw is None:
-                for j, reply in zip(members, failed.replies):
-                    out[j] = reply
-                raise _Failed(failed.cause, out) from failed.cause
-        for j, reply in zip(members, raw):
-            out[j] = reply
-        if wait:
-            acked = _min_acked(acked, raw[-1])
-    return out, acked
-
-async def _refresh_async(client: Any) -> None:
-    try:
-        await client.nodes_manager.initialize()
-    except Exception:
-        pass
+        got = await on_pool_async(client, with_wait(commands, wait))
+    except Failed as failed:
+        got = _single_node_result(failed, len(commands), wait)
+    if wait:
+        got[-1] = min_acked(None, got[-1])
+    return got
