@@ -167,10 +167,13 @@ def test_backoff_delay_many(k, base, cap, b, full, atts, seeds):
 @PARITY
 @given(st.one_of(any_int, st.none()))
 def test_optional_seed(seed):
-    if seed is None:
-        assert 0 <= N.optional_seed(None) <= U64_MAX
-    else:
-        same("optional_seed", seed)
+    # no C twin: both backends share the one Python function, so comparing them would
+    # compare it with itself and could never fail; check its contract instead
+    assert N.optional_seed is P.optional_seed
+    got = P.optional_seed(seed)
+    assert 0 <= got <= U64_MAX
+    if seed is not None:
+        assert got == seed % 2**64  # the caller's seed, wrapped to 64 bits
 
 
 # --- inside C's domain the answer comes from C itself ---------------------
