@@ -13,7 +13,8 @@
 -- ARGV[4] options (JSON object, opaque to Lua: attempts, backoff, ...); '' = the library
 --         defaults, stored as no 'opts' field
 -- ARGV[5] priority, integer 0 .. 2^21-1
--- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
+-- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in'
+--          (ARGV[7] = delay ms on the server clock)
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')
 -- ARGV[8] keyspace version of the caller
 -- ARGV[9] acl: '0' skips the ACL check of the commands it writes with (a batch checks them

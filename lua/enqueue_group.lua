@@ -16,7 +16,8 @@
 -- ARGV[4] options (JSON object, opaque to Lua); '' = the library defaults, stored as no
 --         'opts' field
 -- ARGV[5] priority, integer 0 .. 2^21-1
--- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in' (ARGV[7] = delay ms on the server clock)
+-- ARGV[6] mode: 'now', 'at' (ARGV[7] = absolute run-at epoch ms) or 'in'
+--          (ARGV[7] = delay ms on the server clock)
 -- ARGV[7] run-at or delay in ms ('0' for mode 'now')
 -- ARGV[8] keyspace version of the caller
 -- ARGV[9] group name (validated by the caller: no braces, no NUL)
@@ -24,7 +25,8 @@
 --          them in its first call on the connection); anything else, or absent, checks
 -- Returns: 1 admitted to its lane, 2 admitted as scheduled, 0 duplicate id (nothing written)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number or empty group; EMQVERSION keyspace of another major version;
+--          EMQINPUT malformed mode/number or empty group;
+--          EMQVERSION keyspace of another major version;
 --          NOPERM the user's ACL denies a command it writes with. Each before any write.
 --@include common
 --@include admit

@@ -10,7 +10,8 @@
 -- ARGV[3..] pairs: job id, lease token
 -- Returns: one 1/0 per pair: 1 held (deadline now at least now + lease), 0 lease no longer held
 -- Errors:  EMQINPUT bad lease (not a whole number of ms >= 1), odd pair list or more than
---          EMQ_MAX_BATCH pairs (bounded work per call); EMQVERSION keyspace of another major version
+--          EMQ_MAX_BATCH pairs (bounded work per call);
+--          EMQVERSION keyspace of another major version
 --@include common
 
 local lease = tonumber(ARGV[1])

@@ -13,7 +13,8 @@
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2..] job ids (from due.lua; re-checked here, so a stale list is harmless), at most 4000
 -- Returns: number of jobs released
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts or more than 4000 ids; EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts or more than 4000 ids;
+--          EMQVERSION keyspace of another major version
 --@include common
 
 if #ARGV < 1 or #ARGV - 1 ~= #KEYS - 5 then
@@ -31,8 +32,9 @@ local bound = emq_due_bound(emq_now())
 local CHUNK = 4000
 
 -- Which listed ids are still due. Usually the list is exactly the due head of delayed
--- that due.lua just read, so one ZRANGEBYSCORE (no per-id lookup) confirms it. Ids outside that head (a stale list) get a ZSCORE
--- each. An id missing from delayed, not yet due, or listed twice is skipped.
+-- that due.lua just read, so one ZRANGEBYSCORE (no per-id lookup) confirms it. Ids outside
+-- that head (a stale list) get a ZSCORE each. An id missing from delayed, not yet due, or
+-- listed twice is skipped.
 local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
   'LIMIT', 0, #ARGV - 1)
 local in_head = {}  -- id -> delayed score
