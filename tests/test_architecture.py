@@ -196,3 +196,9 @@ def test_the_documented_layers_are_the_tested_ones():
             assert f" {layer}/ " in text, f"ARCHITECTURE.md's diagram does not show {layer}/"
     for folder in (p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
         assert folder in LAYERS, f"emqfast/{folder}/ is not a layer in this test"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE.parent / "lua").rglob("*.lua")), ids=lambda p: p.name)
+def test_lua_reads_at_100_columns(path):
+    long = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert not long, f"{path.name}: lines over 100 columns: {long} (wrap the header or comment)"
