@@ -5,7 +5,7 @@ goes first in the same pipeline."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core.keys import QueueKeys
@@ -53,6 +53,16 @@ def lane_moves(k: QueueKeys, by_group: Dict[Optional[str], List[str]],
             calls.append(move(pending, ids[start:start + step]))
     return calls
 
+
+def combine_moves(calls: Sequence[Call], replies: Sequence[Any],
+                  combine: Callable[[Sequence[Any]], Any]) -> Any:
+    """``combine`` the replies of the moves in a batch from :func:`lane_moves` (the ring
+    join's reply left out), raising the first error reply."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    moves = replies[1:] if calls and calls[0].script.name == _JOIN.name else replies
+    return combine(moves)
 
 
 def split_counts(replies: Sequence[Any]) -> Tuple[int, int]:

@@ -36,146 +36,32 @@ Guarantees:
 """
 from __future__ import annotations
 
-import hashlib
-import logging
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 
-from emqfast.core import codec
-from emqfast.facade import options
-from emqfast.core.scores import MAX_OFFSET_MS, MAX_RUN_AT_MS
-from emqfast.facade.backoff import Backoff
-from emqfast.core.cadence import Cadence, Cron, Interval, plan
-from emqfast.core.errors import EmqError, InvalidInput, VersionMismatch
-from emqfast.core.validation import check_schedule_name
-from emqfast.core.ops import Batch, Call, Cmd, Op, operation
-from emqfast.facade.queue import Queue
-from emqfast.core.batching import batches
-from emqfast.core.validation import check_int
 from emqfast.backends.scripts import load
+from emqfast.core.batching import batches
+from emqfast.core.errors import EmqError, InvalidInput
+from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.facade.backoff import Backoff
+from emqfast.facade.due import due_schedules, parse_due
+from emqfast.facade.schedule_spec import (DEFAULT_CATCH_UP_LIMIT, MAX_CATCH_UP_LIMIT,
+                                          MISSED_POLICIES, Schedule, UpsertReply, UpsertSpec,
+                                          occurrence_job_id, occurrence_of, prepare)
+from emqfast.facade.schedule_sweep import (MINT_BATCH, SWEEP_BATCH, Sweep, count_minted,
+                                           mint_calls)
 
-log = logging.getLogger("emqfast.schedules")
+if TYPE_CHECKING:  # the Queue owns its Schedules; this module never imports it at run time
+    from emqfast.facade.queue import Queue
+
+__all__ = ["DEFAULT_CATCH_UP_LIMIT", "MAX_CATCH_UP_LIMIT", "MINT_BATCH", "MISSED_POLICIES",
+           "SWEEP_BATCH", "Schedule", "Schedules", "Sweep", "occurrence_job_id",
+           "occurrence_of"]
 
 _UPSERT = load("schedule_upsert")
-_MINT = load("schedule_mint")
 _REMOVE = load("schedule_remove")
-_DUE = load("due")
-
-MISSED_POLICIES = ("skip", "catch_up")
-DEFAULT_CATCH_UP_LIMIT = 100
-MAX_CATCH_UP_LIMIT = 10_000
 _UPSERT_TRIES = 8
-SWEEP_BATCH = 1000  # due schedule names read per due.lua call (it refuses more than 4,000)
-MINT_BATCH = 1000   # schedule_mint.lua calls per pipelined round trip
-
-
-def occurrence_job_id(name: str, occurrence_ms: int) -> str:
-    """The job id of schedule ``name``'s occurrence at ``occurrence_ms`` (epoch ms).
-
-    ``"JOB"`` + 12 hex digits of the occurrence instant + ``"R"`` + 16 hex digits
-    of BLAKE2b(name): ids carry the ``JOB`` brand, sort by occurrence time, and
-    are the same in every process, which is what makes minting idempotent.
-    """
-    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).hexdigest().upper()
-    return f"JOB{occurrence_ms:012X}R{digest}"
-
-
-def occurrence_of(job_id: str) -> Optional[int]:
-    """The occurrence instant (epoch ms) of a job minted by a schedule, else None."""
-    if len(job_id) != 32 or not job_id.startswith("JOB") or job_id[15] != "R":
-        return None
-    try:
-        return int(job_id[3:15], 16)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """One schedule as stored (instants are epoch ms on the Redis server clock)."""
-
-    name: str
-    cron: Optional[str]
-    tz: Optional[str]
-    every_ms: Optional[int]
-    start_at_ms: Optional[int]
-    anchor_ms: Optional[int]        # interval slots are anchor + k * every_ms
-    next_run_ms: Optional[int]      # the registry score; None once a cron is exhausted
-    last_occurrence_ms: Optional[int]
-    last_job_id: Optional[str]
-    missed: str
-    catch_up_limit: int
-    payload: Any
-    priority: int
-    attempts: int
-    backoff: Optional[Backoff]
-    generation: int                 # bumped on every cadence change
-
-    @property
-    def cadence(self) -> str:
-        """Human-readable cadence, e.g. ``cron '0 9 * * 1' Europe/Paris`` or ``every 900000 ms``."""
-        if self.cron is not None:
-            return f"cron {self.cron!r} {self.tz}"
-        return f"every {self.every_ms} ms"
-
-    @classmethod
-    def from_record(cls, name: str, h: Dict[bytes, bytes], score: Optional[float]) -> "Schedule":
-        """Build from the record's HGETALL and the registry score."""
-        def text(field: str) -> str:
-            return h.get(field.encode(), b"").decode("utf-8")
-
-        def opt_int(field: str) -> Optional[int]:
-            raw = text(field)
-            return int(raw) if raw not in ("", "-") else None
-
-        opts = options.decode(h.get(b"opts"))  # empty: the library defaults
-        is_cron = text("kind") == "cron"
-        next_run = None if score is None or score == float("inf") else int(score)
-        return cls(
-            name=name, cron=text("cron") if is_cron else None, tz=text("tz") if is_cron else None,
-            every_ms=None if is_cron else opt_int("every"), start_at_ms=opt_int("start"),
-            anchor_ms=opt_int("anchor"), next_run_ms=next_run,
-            last_occurrence_ms=opt_int("last"), last_job_id=text("last_job") or None,
-            missed=text("missed") or "skip",
-            catch_up_limit=opt_int("limit") or DEFAULT_CATCH_UP_LIMIT,
-            payload=codec.decode(h.get(b"payload"), h.get(b"enc")),
-            priority=opts.priority, attempts=opts.max_attempts, backoff=opts.backoff,
-            generation=opt_int("gen") or 0,
-        )
-
-    def cadence_obj(self) -> Cadence:
-        """The :mod:`emqfast.cadence` object computing this schedule's slots."""
-        if self.cron is not None:
-            return Cron(self.cron, self.tz or "UTC")
-        assert self.every_ms is not None and self.anchor_ms is not None
-        return Interval(self.every_ms, self.anchor_ms)
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """What one pump pass did, for callers that schedule their own next pass."""
-
-    minted: int                   # jobs created
-    now_ms: int                   # server clock when the pass read the registry
-    next_run_ms: Optional[int]    # earliest registry entry afterwards (None: no schedules)
-    more: bool                    # more schedules were due than ``limit``
-
-
-@dataclass
-class _Spec:
-    """One validated upsert, ready for schedule_upsert.lua."""
-
-    name: str
-    keys: List[str]
-    sig: str
-    fields: List[Any]
-    cron: Optional[Cron]
-    every_ms: Optional[int]
-    start_at_ms: Optional[int]
-
-    def args(self, mode: str, gen: str = "", next_run: Any = "", anchor: Any = "") -> List[Any]:
-        return [self.name, self.sig, mode, gen, next_run, anchor, KEYSPACE_VERSION, *self.fields]
 
 
 class Schedules:
@@ -229,7 +115,7 @@ class Schedules:
         two-phase path of :meth:`upsert`.
         """
         prepared = []
-        now = yield from Queue.server_time_ms.op(self.queue)
+        now = yield from type(self.queue).server_time_ms.op(self.queue)
         for spec in specs:
             spec = dict(spec)
             if "name" not in spec:
@@ -251,74 +137,20 @@ class Schedules:
             out.append((yield from self._finish(p, reply)))
         return out
 
-    def _prepare(self, name: str, *, cron: Optional[str] = None, tz: Optional[str] = None,
-                 every_ms: Optional[int] = None, start_at_ms: Optional[int] = None,
-                 payload: Any = None, missed: str = "skip",
-                 catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT, priority: int = 0,
-                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None) -> "_Spec":
-        """Validate one upsert completely (nothing is sent) and encode its record."""
-        check_schedule_name(name)
-        if (cron is None) == (every_ms is None):
-            raise InvalidInput("give exactly one of cron= or every_ms=")
-        if start_at_ms is not None:
-            check_int(start_at_ms, "start_at_ms", 0, MAX_RUN_AT_MS)
-        cron_cadence: Optional[Cron] = None
-        if cron is not None:
-            cron_cadence = Cron(cron, "UTC" if tz is None else tz)  # validates both
-            kind, cron_text, tz_text, every_text = "cron", cron_cadence.expr, cron_cadence.tz, ""
-        else:
-            if tz is not None:
-                raise InvalidInput("tz applies to cron schedules only")
-            check_int(every_ms, "every_ms", 1, MAX_OFFSET_MS)
-            kind, cron_text, tz_text, every_text = "every", "", "", str(every_ms)
-        if missed not in MISSED_POLICIES:
-            raise InvalidInput(f"missed must be one of {MISSED_POLICIES}, not {missed!r}")
-        check_int(catch_up_limit, "catch_up_limit", 1, MAX_CATCH_UP_LIMIT)
-        data, enc = codec.encode(payload, self.queue.max_payload_bytes)
-        opts = self.queue._options(priority, attempts, backoff)
-        start_text = "-" if start_at_ms is None else str(start_at_ms)
-        # Equal signature = same timing: a boot re-registering it keeps the schedule as is.
-        sig = "|".join((kind, cron_text, tz_text, every_text, start_text))
-        fields = ["name", name, "kind", kind, "cron", cron_text, "tz", tz_text,
-                  "every", every_text, "start", start_text, "missed", missed,
-                  "limit", str(catch_up_limit), "payload", data, "enc", enc, "opts", opts,
-                  "prio", str(priority)]
-        k = self._keys
-        return _Spec(name, [k.repeat, k.schedule(name), k.meta, k.marker, k.counter], sig,
-                     fields, cron_cadence, every_ms, start_at_ms)
+    def _prepare(self, name: str, **upsert: Any) -> UpsertSpec:
+        """Validate one upsert (the arguments of :meth:`upsert`) with this queue's limits."""
+        return prepare(self._keys, name, self.queue.max_payload_bytes, self.queue._options,
+                       **upsert)
 
-    def _finish(self, spec: "_Spec", reply: List[Any]) -> Op:
-        """Complete an upsert from its 'keep' reply: plan and 'set' a new or changed cadence."""
+    def _finish(self, spec: UpsertSpec, reply: List[Any]) -> Op:
+        """Complete an upsert from its 'keep' reply: plan and 'set' a new or changed cadence
+        (again, while racing upserts move the generation under it)."""
         for _ in range(_UPSERT_TRIES):
-            status, _, gen, last, now = _parse_upsert(reply)
-            if status:
-                return self._stored(spec.name, spec.fields, reply)
-            # New or changed cadence: plan its first run from the server clock.
-            anchor = spec.start_at_ms if spec.start_at_ms is not None else now
-            cadence: Cadence = spec.cron or Interval(int(spec.every_ms or 0), anchor)
-            lower = spec.start_at_ms if spec.start_at_ms is not None else now + 1
-            if last is not None:
-                lower = max(lower, last + 1)  # never re-run an occurrence already minted
-            first = cadence.next_after(lower - 1)
-            if first is None:
-                raise InvalidInput(f"{spec.name!r}: the cron never fires after {lower} (epoch ms)")
-            check_int(first, "next run", 0, MAX_RUN_AT_MS)
-            reply = yield Call(_UPSERT, spec.keys,
-                               spec.args("set", "" if gen is None else str(gen), first,
-                                         "" if spec.cron else anchor))
+            seen = UpsertReply.parse(reply)
+            if seen.status:
+                return spec.stored(reply)
+            reply = yield Call(_UPSERT, spec.keys, spec.set_args(seen))
         raise EmqError(f"schedule {spec.name!r}: upsert lost {_UPSERT_TRIES} races in a row")
-
-    @staticmethod
-    def _stored(name: str, fields: List[Any], reply: List[Any]) -> Schedule:
-        """The Schedule as written: our option fields plus what the script echoed."""
-        _, next_run, gen, last, _ = _parse_upsert(reply)
-        h = {str(f).encode(): v if isinstance(v, bytes) else str(v).encode()
-             for f, v in zip(fields[::2], fields[1::2])}
-        h[b"gen"] = str(gen or 0).encode()
-        if last is not None:
-            h[b"last"] = str(last).encode()
-        h[b"anchor"], h[b"last_job"] = _bytes(reply[5]), _bytes(reply[6])
-        return Schedule.from_record(name, h, None if next_run is None else float(next_run))
 
     # --- inspection -------------------------------------------------------------------
     @operation
@@ -379,13 +211,12 @@ class Schedules:
         minted = seen = 0
         now = 0
         for asked in batches(limit, SWEEP_BATCH):
-            reply = yield Call(_DUE, [k.repeat], [asked, 0])
-            now = int(reply[0])
-            names = [n.decode() for n in reply[1:]]
-            seen += len(names)
-            if names:
-                minted += yield from Schedules._mint_due.op(self, names, now)
-            if len(names) < asked:  # nothing more is due
+            due = parse_due((yield due_schedules(k, asked)), with_meta=False)
+            now = due.now_ms
+            seen += len(due.ids)
+            if due.ids:
+                minted += yield from Schedules._mint_due.op(self, due.ids, now)
+            if len(due.ids) < asked:  # nothing more is due
                 break
         head = yield Cmd.of("ZRANGE", k.repeat, 0, 0, "WITHSCORES", withscores=True)
         next_run = None
@@ -411,49 +242,9 @@ class Schedules:
     def _mint_calls(self, name: str, h: Dict[bytes, bytes], score: Optional[float],
                     now: int) -> List[Call]:
         """The CAS chain minting ``name``'s due occurrence(s), per its missed policy."""
-        if not h or score is None or score == float("inf"):
-            if not h:
-                log.warning("emqfast: schedule %r has a registry entry but no record", name)
-            return []
-        try:
-            sched = Schedule.from_record(name, h, score)
-            steps = plan(sched.cadence_obj(), int(score), now, sched.missed, sched.catch_up_limit)
-        except (ValueError, KeyError, TypeError, AssertionError) as exc:
-            # one damaged record must not stop the pump (or the worker beat) for the rest
-            log.error("emqfast: schedule %r cannot be planned: %s", name, exc)
-            return []
-        k = self._keys
-        gen = h.get(b"gen", b"").decode()
-        calls = []
-        for expected, occ, nxt in steps:
-            job_id = occurrence_job_id(name, occ)
-            calls.append(Call(_MINT, [k.repeat, k.schedule(name), k.job(job_id), k.pending,
-                                      k.delayed, k.marker, k.meta, k.counter, k.events],
-                              [name, expected, gen, occ, -1 if nxt is None else nxt, job_id,
-                               KEYSPACE_VERSION]))
-        return calls
+        return mint_calls(self._keys, name, h, score, now)
 
     @operation
     def _run_mints(self, calls: List[Call]) -> int:
-        minted = 0
-        for reply in (yield Batch(calls)):
-            if isinstance(reply, VersionMismatch):
-                raise reply
-            if isinstance(reply, Exception):
-                log.error("emqfast: minting a schedule occurrence failed: %s", reply)
-            elif reply == 1:
-                minted += 1
-        return minted
-
-
-def _bytes(v: Any) -> bytes:
-    return v if isinstance(v, bytes) else str(v).encode()
-
-
-def _parse_upsert(reply: List[Any]) -> Tuple[int, Optional[int], Optional[int], Optional[int], int]:
-    """``(status, next_run, generation, last, now)`` from schedule_upsert.lua (None = absent)."""
-    def num(v: Any) -> Optional[int]:
-        v = v.decode() if isinstance(v, bytes) else v
-        return None if v in ("", None) or int(v) < 0 else int(v)
-    status, next_run, gen, last, now = reply[:5]
-    return int(status), num(next_run), num(gen), num(last), int(now)
+        """Send mint calls in one round trip; how many minted a job."""
+        return count_minted((yield Batch(calls)))
