@@ -19,7 +19,7 @@ import redis
 import emqfast
 import emqfast.aio
 from emqfast.core import errors
-from emqfast.facade import queue as queue_mod
+from emqfast.facade import admission, enqueue_batch
 from emqfast.backends import scripts, transport
 from conftest import dump_queue, start_redis_server
 from fault_proxy import FaultProxy, _Link, upstream_port_of
@@ -130,7 +130,7 @@ def test_lost_pipeline_reply_is_not_resent(proxy, r, qname):
     q = _queue(client, qname)
     q.enqueue("warm")
     from emqfast.core import ids
-    calls = [(queue_mod._ENQUEUE, [q.keys.job(j), *q._fixed_keys()],
+    calls = [(admission.ENQUEUE, [q.keys.job(j), *q._fixed_keys()],
               [j, b'"p"', "j", "", 0, "now", 0, emqfast.KEYSPACE_VERSION])
              for j in ids.new_ids(20)]
     before = _evalsha_calls(r)
@@ -221,7 +221,7 @@ def _after_retry(refs, err, ids, r, q, group=None) -> None:
 
 @pytest.mark.parametrize("group", [None, "g"])
 def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch, group):
-    monkeypatch.setattr(queue_mod, "ENQUEUE_CHUNK", 100)  # earlier chunks' results count too
+    monkeypatch.setattr(enqueue_batch, "ENQUEUE_CHUNK", 100)  # earlier chunks' results count too
     client = redis.Redis(port=proxy.port)
     q = _queue(client, qname)
     [warm] = q.enqueue_many(["warm"], group=group)  # connects the C Batcher, loads the script
@@ -246,7 +246,7 @@ def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch
 
 
 def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
-    monkeypatch.setattr(queue_mod, "ENQUEUE_CHUNK", 100)
+    monkeypatch.setattr(enqueue_batch, "ENQUEUE_CHUNK", 100)
 
     async def main():
         import redis.asyncio as aredis
