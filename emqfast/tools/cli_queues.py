@@ -1,0 +1,138 @@
+"""``emqfast stats``, ``emqfast schedules`` and ``emqfast metrics``: what the queues hold."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import click
+import redis
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from emqfast.core.keys import queue_meta_glob, queue_of_key
+from emqfast.facade.queue import Queue
+from emqfast.tools.cli_state import State, console, current_state, url_option
+from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative
+
+
+def discover_queues(conn: redis.Redis) -> List[str]:
+    """Names of every queue that has been written to (each has a meta hash)."""
+    names = {queue_of_key(k.decode("utf-8", "replace"))
+             for k in conn.scan_iter(match=queue_meta_glob(), count=1000)}
+    return sorted(names)
+
+
+def queue_row(q: Queue) -> Dict[str, Any]:
+    """The numbers ``stats`` shows for one queue."""
+    return {"queue": q.name, "counts": q.counts(), "paused": q.is_paused(),
+            "next_due_ms": q.next_due_ms(), "schedules": q.redis.zcard(q.keys.repeat)}
+
+
+def _stats_view(state: State, queue: Optional[str]) -> Any:
+    conn = state.conn()
+    names = [queue] if queue else discover_queues(conn)
+    rows = [queue_row(Queue(n, conn)) for n in names]
+    now = Queue(names[0] if names else "_", conn).server_time_ms()
+    title = f"Queues on {state.where()} — server clock {fmt_ms(now)}"
+    parts: List[Any] = [counts_table(rows, now, title=title)]
+    if not names:
+        parts.append("[dim]no queues yet[/dim]")
+    if queue and rows[0]["schedules"]:
+        parts.append(schedules_table(Queue(queue, conn), now))
+    return Group(*parts)
+
+
+@click.command()
+@url_option
+@click.argument("queue", required=False)
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
+              help="Seconds between refreshes with --watch.")
+@click.option("--count", "refreshes", default=0, type=click.IntRange(0),
+              help="With --watch: stop after this many refreshes (0 = until Ctrl-C).")
+def stats(queue: Optional[str], watch: bool, interval: float, refreshes: int) -> None:
+    """Counts per state, the next due job and schedules, for QUEUE or every queue."""
+    state = current_state()
+    if queue:
+        Queue(queue, state.conn())  # validates the name before anything else
+    if not watch:
+        console.print(_stats_view(state, queue))
+        return
+    done = 0
+    try:
+        with Live(_stats_view(state, queue), console=console, auto_refresh=False) as live:
+            done = 1
+            while not refreshes or done < refreshes:
+                time.sleep(interval)  # the refresh cadence itself, not a wait for a condition
+                live.update(_stats_view(state, queue), refresh=True)
+                done += 1
+    except KeyboardInterrupt:
+        pass
+
+
+def schedule_rows(q: Queue) -> List[Dict[str, Any]]:
+    """One dict per schedule: name, cadence, tz, next run (epoch ms and in its zone)."""
+    return [_schedule_row(sched) for sched in q.schedules.list()]
+
+
+def _schedule_row(sched: Any) -> Dict[str, Any]:
+    from zoneinfo import ZoneInfo
+
+    tz_name = sched.tz or "UTC"
+    cadence = f"cron {sched.cron}" if sched.cron else f"every {fmt_delta(sched.every_ms)}"
+    next_ms = sched.next_run_ms
+    return {"name": sched.name, "cadence": cadence, "tz": tz_name, "next_ms": next_ms,
+            "next_local": fmt_ms(next_ms, ZoneInfo(tz_name)) if next_ms is not None else "-"}
+
+
+def schedules_table(q: Queue, now_ms: int) -> Table:
+    """The registry of repeatable schedules of ``q``, next runs in each schedule's zone."""
+    table = Table(title=f"Schedules of {q.name}", title_justify="left")
+    for name in ("name", "cadence", "time zone", "next run (schedule's zone)", "in"):
+        table.add_column(name)
+    for row in schedule_rows(q):
+        table.add_row(row["name"], row["cadence"], row["tz"], row["next_local"],
+                      fmt_relative(row["next_ms"], now_ms))
+    return table
+
+
+@click.command()
+@url_option
+@click.argument("queue")
+def schedules(queue: str) -> None:
+    """List the schedules of QUEUE with their next run in the schedule's time zone."""
+    q = current_state().queue(queue)
+    table = schedules_table(q, q.server_time_ms())
+    console.print(table)
+    if not table.row_count:
+        console.print("[dim]no schedules[/dim]")
+
+
+@click.command()
+@url_option
+@click.argument("queues", nargs=-1)
+@click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve the metrics over HTTP on 127.0.0.1:PORT (/metrics) until Ctrl-C.")
+def metrics(queues: tuple, port: Optional[int]) -> None:
+    """Prometheus text metrics of QUEUES (every queue when none is named)."""
+    from emqfast.facade import metrics as metrics_mod
+
+    names = list(queues) or None
+    if port is None:
+        click.echo(metrics_mod.exposition(current_state().conn(), names), nl=False)
+        return
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr="127.0.0.1",
+                                        registry=metrics_mod.registry_for(current_state().conn(), names))
+    click.echo(f"serving metrics on http://127.0.0.1:{server.server_port}/metrics", err=True)
+    stop = threading.Event()
+    try:
+        while not stop.wait(3600):  # scrapes are answered on the server's own thread
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()

@@ -1,0 +1,107 @@
+"""What every ``emqfast`` command shares: the consoles, the Redis URL choice and the
+lazily made connection (:class:`State`), the ``--url``/``--verbose`` options a
+subcommand accepts too, and :func:`scrub`, which masks any password before text is
+printed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, List, Optional
+
+import click
+import redis
+from rich.console import Console
+
+from emqfast.core.redaction import redact, scrub as scrub_text
+from emqfast.facade.queue import Queue
+from emqfast.server import embedded
+from emqfast.server.connection import connect
+
+
+def _console(stderr: bool = False) -> Console:
+    # piped output (scripts, tests) gets room for the tables instead of rich's 80 columns
+    probe = Console(stderr=stderr)
+    wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, width=wide)
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+URL_ENV = "EMQ_REDIS_URL"
+
+
+# --- secrets never leave -----------------------------------------------------------
+def scrub(text: str, urls: Optional[List[Optional[str]]] = None) -> str:
+    """``text`` with anything that looks like a URL password masked, and any copy (or
+    piece) of a password from the URLs we were given too (see :mod:`emqfast.redaction`:
+    no URL parsing, so malformed URLs are masked as well)."""
+    return scrub_text(text, urls if urls is not None else _known_urls())
+
+
+def _known_urls() -> List[Optional[str]]:
+    urls: List[Optional[str]] = [os.environ.get(URL_ENV)]
+    argv = sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--url" and i + 1 < len(argv):
+            urls.append(argv[i + 1])
+        elif arg.startswith("--url="):
+            urls.append(arg[len("--url="):])
+    return urls
+
+
+# --- shared state: the connection, made on first use -------------------------------------
+class State:
+    """What the commands share: the URL choice and a lazily made client."""
+
+    def __init__(self, url: Optional[str] = None):
+        self.url = url
+        self.verbose = False
+        self._conn: Optional[redis.Redis] = None
+
+    def conn(self) -> redis.Redis:
+        """The client (connecting to the embedded server when no URL was given)."""
+        if self._conn is None:
+            self._conn = connect(self.url)
+        return self._conn
+
+    def queue(self, name: str) -> Queue:
+        """A :class:`Queue` on the shared client."""
+        return Queue(name, self.conn())
+
+    def where(self) -> str:
+        """Where we talk to, safe to print."""
+        if self.url:
+            return redact(self.url)
+        if os.environ.get(URL_ENV):
+            return redact(os.environ[URL_ENV])
+        return f"embedded ({embedded.url()})"
+
+
+def _set_url(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
+    if value:
+        ctx.ensure_object(State).url = value
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(State).verbose = True
+
+
+def verbose_option(f: Callable) -> Callable:
+    """``-v/--verbose``: full tracebacks with error messages (before or after the command)."""
+    return click.option("--verbose", "-v", is_flag=True, callback=_set_verbose,
+                        expose_value=False, is_eager=True,
+                        help="Show tracebacks with errors.")(f)
+
+
+def url_option(f: Callable) -> Callable:
+    """``--url`` on a subcommand too (``emqfast stats --url ...``)."""
+    return click.option("--url", callback=_set_url, expose_value=False, is_eager=True,
+                        metavar="URL", help="Redis URL (overrides EMQ_REDIS_URL).")(f)
+
+
+def current_state() -> State:
+    """The running command's :class:`State` (made on first use)."""
+    return click.get_current_context().ensure_object(State)

@@ -1,0 +1,122 @@
+"""``emqfast worker MODULE:FUNCTION``: run a Worker for an importable handler."""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import click
+
+from emqfast.facade.queue import Queue
+from emqfast.tools.cli_state import current_state, err_console, scrub, url_option, verbose_option
+
+
+def import_handler(spec: str, verbose: bool = False) -> Callable:
+    """``package.module:function`` (or ``module:Class.method`` for a static or class
+    method) → the callable.
+
+    The current directory is put on ``sys.path`` first, as ``python -m`` would. Any
+    failure is one line naming the module and the error (a ``SyntaxError`` or an
+    exception raised at import included); ``verbose`` prints the traceback first.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter("expected MODULE:FUNCTION", param_hint="HANDLER")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = _import_module(module_name, verbose)
+    owner: Any = None
+    for part in attr.split("."):
+        try:
+            owner, obj = obj, getattr(obj, part)
+        except AttributeError:
+            raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}",
+                                     param_hint="HANDLER") from None
+    if not callable(obj):
+        raise click.BadParameter(f"{spec} is not callable", param_hint="HANDLER")
+    _refuse_unbound_method(spec, owner, attr.split(".")[-1])
+    return obj
+
+
+def _import_module(module_name: str, verbose: bool) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, or whatever the module raised
+        if verbose:
+            err_console.print(scrub(traceback.format_exc()), markup=False, highlight=False)
+        where = ""
+        if isinstance(exc, SyntaxError) and exc.filename:
+            where = f" ({exc.filename}, line {exc.lineno})"
+            exc = SyntaxError(exc.msg)
+        detail = f"{type(exc).__name__}: {exc}{where}".strip()
+        hint = "" if verbose or isinstance(exc, ModuleNotFoundError) else \
+            " (run with --verbose for the traceback)"
+        raise click.BadParameter(f"cannot import {module_name!r}: {detail}{hint}",
+                                 param_hint="HANDLER") from None
+
+
+def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
+    """``module:Class.method`` naming a plain (instance) method would fail every job with
+    "missing 1 required positional argument": refuse it now, saying what to do."""
+    if not isinstance(owner, type):
+        return
+    import inspect
+
+    raw = inspect.getattr_static(owner, name, None)
+    if inspect.isfunction(raw):  # not a staticmethod/classmethod: it needs an instance
+        raise click.BadParameter(
+            f"{spec} is an instance method: called with a job it has no instance "
+            f"('self') to run on. Make it a @staticmethod or @classmethod, or name a "
+            f"module-level function or instance (e.g. handler = {owner.__name__}().{name})",
+            param_hint="HANDLER")
+
+
+@click.command()
+@url_option
+@click.argument("handler", metavar="MODULE:FUNCTION")
+@click.option("--queue", "-q", "queue_name", required=True, help="Queue to work on.")
+@click.option("--concurrency", "-c", default=8, show_default=True, type=click.IntRange(1, 10_000),
+              help="Handlers running at once.")
+@click.option("--lease-ms", default=30_000, show_default=True, type=click.IntRange(50),
+              help="Lease per claimed job (extended while the handler runs).")
+@click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait on SIGTERM/SIGINT for running handlers before saying "
+                   "which still run; a running job is never handed back while its handler "
+                   "may still finish (its outcome is written when it does).")
+@click.option("--allow-eviction", is_flag=True,
+              help="Run even on a server whose maxmemory-policy may evict keys (jobs "
+                   "would vanish; they are counted 'orphaned' when met).")
+@click.option("--burst", is_flag=True, help="Exit once the queue is idle (nothing due).")
+@verbose_option
+def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
+           shutdown_timeout: float, allow_eviction: bool, burst: bool) -> None:
+    """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
+    from emqfast.backends import select as live_backend  # callable: the live backend name
+    from emqfast.worker.threaded import Worker
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state = current_state()
+    fn = import_handler(handler, verbose=state.verbose)
+    q = state.queue(queue_name)
+    _preflight(q)
+    w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
+               shutdown_timeout_s=shutdown_timeout, allow_eviction=allow_eviction)
+    err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
+                      f"({state.where()}), handler {handler}, concurrency {concurrency}, "
+                      f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully")
+    stats_ = w.run_until_idle(timeout_s=None) if burst else w.run()
+    err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
+                      f"retried {stats_.retried}, failed {stats_.failed}, "
+                      f"released {stats_.released}")
+
+
+def _preflight(q: Queue) -> None:
+    """Reach the server and read the queue once before starting: a wrong or missing
+    password, or an ACL user without rights to the queue's keys, fails here in one
+    line (main() explains it) instead of in the worker's reconnect loop."""
+    q.redis.ping()
+    q.counts()
