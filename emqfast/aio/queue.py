@@ -1,9 +1,10 @@
 """The asyncio facade: the sync classes with an asyncio driver.
 
-Every public method of :class:`emqfast.Queue`, its ``schedules`` and
-:class:`emqfast.Leaderboard` is an :mod:`emqfast.ops` generator; these
-subclasses only swap the driver, so each method returns a coroutine here and
-the logic (validation, keys, scripts, reply parsing) is the very same code.
+Every public method of :class:`emqfast.Queue`, its ``schedules`` and ``groups`` and
+:class:`emqfast.Leaderboard` is an :mod:`emqfast.core.ops` generator; these subclasses
+swap the driver (each method returns a coroutine here) and what asyncio needs besides
+(one client per event loop, an async ``events`` iterator, ``aclose``), so the logic
+(validation, keys, scripts, reply parsing) is the very same code.
 """
 from __future__ import annotations
 

@@ -14,16 +14,16 @@ from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from emqfast.backends import select as backend
+from emqfast.backends.drive import run
+from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
+from emqfast.core.ops import Batch, Cmd, Op
+from emqfast.core.validation import check_int
+from emqfast.facade.due import delayed_due, parse_due
 from emqfast.facade.lanes import lane_moves
-from emqfast.core.ops import Batch, Call, Cmd, Op
-from emqfast.backends.drive import run
-from emqfast.backends.scripts import load
-from emqfast.core.version import KEYSPACE_VERSION
-
-_DUE = load("due")
-_PROMOTE = load("promote")
+from emqfast.facade.maintenance import PROMOTE, promote_call
+from emqfast.server.connection import resolve
 
 QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue
 
@@ -50,8 +50,6 @@ def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
     queue and moves them in script calls of at most ``PROMOTE_BATCH`` jobs; a queue takes
     part in the next round while it had a full read due and ``limit`` allows more (a limit
     of at most ``DUE_BATCH`` is a single round)."""
-    from emqfast.core.batching import DUE_BATCH
-
     moved = {k.name: 0 for k in keys}
     seen = {k.name: 0 for k in keys}
     active = list(keys)
@@ -69,20 +67,17 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
                    moved: Dict[str, int]) -> Op:
     """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
     per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
-    from emqfast.core.batching import PROMOTE_BATCH
-
-    due = yield Batch([Call(_DUE, [k.delayed, k.meta], [asked[k.name], 1]) for k in keys],
-                      via_batcher=True)
+    replies = yield Batch([delayed_due(k, asked[k.name]) for k in keys], via_batcher=True)
     found: List[Tuple[QueueKeys, List[str]]] = []
     grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
-    for k, reply in zip(keys, due):
+    for k, reply in zip(keys, replies):
         if isinstance(reply, Exception):
             raise reply
-        ids = [_text(i) for i in reply[2:]]
-        if ids:
-            found.append((k, ids))
-            if reply[1]:
-                grouped.append((k, ids))
+        due = parse_due(reply)
+        if due.ids:
+            found.append((k, due.ids))
+            if due.grouped:
+                grouped.append((k, due.ids))
     if not found:
         return found
     # A grouped job rejoins its lane: read the due jobs' groups in one pipelined pass,
@@ -101,12 +96,12 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
         known = group_of.get(k.name, {})
         for job_id in ids:
             by_group[known.get(job_id)].append(job_id)
-        # the same calls Queue.promote makes (tests hold the two in step)
-        for call in lane_moves(k, by_group, lambda pending, ids_, k=k: Call(
-                _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids_)],
-                [KEYSPACE_VERSION, *ids_]), PROMOTE_BATCH):
+        # promote_call: the very calls Queue.promote makes
+        moves = lane_moves(k, by_group, lambda pending, ids_, k=k: promote_call(k, pending, ids_),
+                           PROMOTE_BATCH)
+        for call in moves:
             calls.append(call)
-            owners.append(k.name if call.script is _PROMOTE else None)
+            owners.append(k.name if call.script is PROMOTE else None)
     # One round trip per distinct due count (a single one when every queue had `limit`).
     for name, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
         if isinstance(reply, Exception):
@@ -118,8 +113,6 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
 
 def validate(queues: Iterable[QueueLike], limit: int) -> List[QueueKeys]:
     """Check ``limit`` and every queue before anything is sent (or connected)."""
-    from emqfast.core.validation import check_int
-
     check_int(limit, "limit", 1, 1_000_000)
     return _keys_of(queues)
 
@@ -134,8 +127,6 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     trips per round (a round reads at most ``DUE_BATCH`` due ids per queue and moves
     them ``PROMOTE_BATCH`` per script call: bounded work per call).
     """
-    from emqfast.server.connection import resolve
-
     keys = validate(queues, limit)
     client = resolve(conn)
     held: List[Any] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from emqfast.core.validation import check_group_name
+from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.ops import Batch, Call, Cmd, Op, operation
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
@@ -47,7 +47,6 @@ class Groups:
         """Let at most ``n`` jobs of ``group`` be active at once across all workers
         (``None`` removes the cap). Jobs already running when a cap is first set are
         not counted against it."""
-        from emqfast.core.validation import check_int
         check_group_name(group)
         cap = 0 if n is None else check_int(n, "n", 1, MAX_CONCURRENCY)
         k = self.keys
@@ -65,7 +64,6 @@ class Groups:
         """Let workers start at most ``max_jobs`` jobs of ``group`` in any ``window_ms``
         (a sliding window on the Redis server clock, enforced in claim.lua; while the
         group's window is full its lane is skipped and other groups are served)."""
-        from emqfast.core.validation import check_int
         check_group_name(group)
         check_int(max_jobs, "max_jobs", 1, MAX_CONCURRENCY)
         check_int(window_ms, "window_ms", 1, MAX_WINDOW_MS)

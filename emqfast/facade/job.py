@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, Optional
 
 from emqfast.backends import select as backend
 from emqfast.core import codec
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
-
-if TYPE_CHECKING:  # pragma: no cover
-    from emqfast.facade.queue import Queue
 
 STATES = ("scheduled", "pending", "active", "completed", "failed")
 

@@ -3,7 +3,7 @@ due jobs, reap expired leases, trim finished jobs, obliterate the queue. A mixin
 :class:`~emqfast.Queue` (the Workers run promote, reap and trim on their beat)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH, batches, chunks
@@ -15,12 +15,19 @@ from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
 from emqfast.facade.due import delayed_due, expired_leases, parse_due
 
-_PROMOTE = load("promote")
+PROMOTE = load("promote")
 _REAP = load("reap")
 _TRIM = load("trim")
 
 MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handle in all
 TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
+
+
+def promote_call(k: QueueKeys, pending: str, ids: List[str]) -> Call:
+    """promote.lua moving due ``ids`` from ``delayed`` to ``pending`` (the flat set or a
+    group's lane); also sent by :func:`emqfast.promote_many`."""
+    return Call(PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids)],
+                [KEYSPACE_VERSION, *ids])
 
 
 class QueueMaintenance:
@@ -53,9 +60,8 @@ class QueueMaintenance:
         # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
         # standing in for its pending set (queues that never had groups skip the lookup)
         by_group = (yield from lanes.groups_of(k, due.ids)) if due.grouped else {None: due.ids}
-        calls = lanes.lane_moves(k, by_group, lambda pending, ids: Call(
-            _PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids)],
-            [KEYSPACE_VERSION, *ids]), PROMOTE_BATCH)
+        calls = lanes.lane_moves(k, by_group, lambda pending, ids: promote_call(k, pending, ids),
+                                 PROMOTE_BATCH)
         if len(calls) == 1:
             return len(due.ids), int((yield calls[0]))
         return len(due.ids), lanes.combine_moves(calls, (yield Batch(calls)), sum)

@@ -44,8 +44,9 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
     is lost (Redis replication is asynchronous); see the README's failure section.
 
     Each public operation is a generator (see :mod:`emqfast.core.ops`) run by
-    :meth:`_drive`; :class:`emqfast.aio.Queue` swaps the driver (and the connection
-    resolver), so both facades share every line of logic.
+    :meth:`_drive`. :class:`emqfast.aio.Queue` swaps the driver and the connection
+    resolver, keeps one client per event loop (``redis``) and makes :meth:`events` an
+    async iterator; every other line of logic is shared.
     """
 
     _resolve = staticmethod(resolve)
