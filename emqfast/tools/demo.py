@@ -17,80 +17,28 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from rich.text import Text
 
-from emqfast.facade.backoff import Backoff
 from emqfast.core.errors import Unrecoverable
 from emqfast.facade.job import Job
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
+from emqfast.tools import demo_report as report
+from emqfast.tools.demo_plan import (  # noqa: F401 - the scenario's names stay readable here
+    BOARD, BOOTS, BULK_MAILS, BULK_PRIORITY, DAY_MS, DEADLINE_S, DIGEST_EVERY_MS, DIGEST_TZ,
+    LEARNERS, LESSON_DONE, QUEUE, RESET_PRIORITY, SEND_BACKOFF, SEND_FAILURES, SEND_PRIORITY,
+    TOP_N, WEEKLY_CRON, Check, Run, ScheduleFacts, Scenario, Timeline, band, retry_delays)
 from emqfast.tools.render import fmt_delta
 from emqfast.worker.threaded import Worker
-
-QUEUE = "portal-notifications"
-BOARD = "portal-course-42-progress"
-
-DAY_MS = 3_000               # one scenario day ("the lesson starts tomorrow") lasts 3 s
-DIGEST_EVERY_MS = 2_000      # the weekly digest's compressed cadence, so it fires during the demo
-WEEKLY_CRON, DIGEST_TZ = "0 9 * * 1", "Europe/Paris"   # Mondays 09:00, Paris time
-BOOTS = 3                    # service restarts that each re-register the schedules
-BULK_MAILS = 30
-BULK_PRIORITY, SEND_PRIORITY, RESET_PRIORITY = 100, 50, 0
-SEND_FAILURES = 3            # the mail provider refuses the first three tries
-SEND_BACKOFF = Backoff.exponential(250, cap=10_000, jitter=0.2)
-TOP_N = 3
-DEADLINE_S = 13.0            # the demo gives up (and fails) after this
-
-# Portal.Enrollment.Progress percent per learner (Portal.Accounts.User)
-LEARNERS = {"USR-ada": 92, "USR-alan": 64, "USR-barbara": 58, "USR-grace": 87,
-            "USR-linus": 87, "USR-margaret": 71}
-LESSON_DONE = ("USR-alan", 25)  # alan finishes a lesson during the week: +25 %
 
 
 class TransientSendError(Exception):
     """The mail provider's "421 try again later"."""
-
-
-@dataclass
-class Run:
-    """One handler execution, as the worker saw it (server-clock times)."""
-
-    seq: int
-    kind: str
-    job_id: str
-    attempt: int
-    started_ms: int
-    due_ms: Optional[int] = None      # the job's run-at (delayed jobs and retries)
-    outcome: str = "running"
-    ended_ms: Optional[int] = None
-    detail: str = ""
-    result: Any = None
-
-
-@dataclass
-class Timeline:
-    """Every handler execution in order; written from the worker's handler threads."""
-
-    runs: List[Run] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self, kind: str, job: Job, now_ms: int) -> Run:
-        """Record the start of one execution."""
-        with self.lock:
-            run = Run(len(self.runs) + 1, kind, job.id, job.attempts, now_ms)
-            self.runs.append(run)
-            return run
-
-    def of(self, kind: str) -> List[Run]:
-        """Executions of one kind of job, in order."""
-        with self.lock:
-            return [r for r in self.runs if r.kind == kind]
 
 
 class PortalHandler:
@@ -148,16 +96,6 @@ def _summary(result: Any) -> str:
 
 
 # --- the schedules part (emqfast.schedules) ------------------------------------------
-@dataclass
-class ScheduleFacts:
-    """What the boots showed: registry entries after each boot, and the listed schedules."""
-
-    available: bool
-    error: str = ""
-    after_boot: List[Tuple[int, int]] = field(default_factory=list)  # (entries, weekly rows)
-    listed: List[Dict[str, Any]] = field(default_factory=list)
-
-
 def boot_schedules(q: Queue, boots: int = BOOTS) -> ScheduleFacts:
     """Register the digest schedules the way a service does at every boot."""
     try:
@@ -185,24 +123,6 @@ def stop_demo_cadence(q: Queue) -> None:
 
 
 # --- the scenario -----------------------------------------------------------------------
-@dataclass
-class Scenario:
-    """Everything the run produced, for the checks and the report."""
-
-    queue: Queue
-    board: Leaderboard
-    timeline: Timeline
-    t0_ms: int
-    schedules: ScheduleFacts
-    reminder_id: str = ""
-    reset_id: str = ""
-    send_id: str = ""
-    bulk_ids: List[str] = field(default_factory=list)
-    jobs: Dict[str, Job] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    timed_out: bool = False
-
-
 def setup(conn: Any) -> Scenario:
     """Clear the demo's queue and board, boot the schedules, seed the board, enqueue the jobs."""
     q = Queue(QUEUE, conn, attempts=1)
@@ -295,38 +215,6 @@ def play(sc: Scenario, console: Console, show_progress: bool = True) -> None:
 
 
 # --- expectations -------------------------------------------------------------------------
-@dataclass
-class Check:
-    """One expectation and whether it held."""
-
-    label: str
-    ok: bool
-    detail: str
-
-
-def retry_delays(sc: Scenario) -> List[Tuple[Run, Optional[int], Optional[int]]]:
-    """Per send attempt: (run, measured retry delay after it, due time of the next attempt).
-
-    The delay is ``next due - this attempt's failure`` on the server clock: the
-    worker computed it from the backoff and ``fail.lua`` parked the job until then.
-    """
-    runs = sc.timeline.of("send")
-    out = []
-    for i, run in enumerate(runs):
-        nxt = runs[i + 1] if i + 1 < len(runs) else None
-        due = nxt.due_ms if nxt else None
-        delay = (due - run.ended_ms) if (due is not None and run.ended_ms is not None) else None
-        out.append((run, delay, due))
-    return out
-
-
-def band(attempt: int) -> Tuple[int, int]:
-    """The backoff band (without jitter's draw) for the retry after ``attempt``."""
-    d = min(SEND_BACKOFF.base_ms << (attempt - 1), SEND_BACKOFF.cap_ms)
-    w = int(d * SEND_BACKOFF.band)
-    return d - w, d + w
-
-
 def checks(sc: Scenario) -> List[Check]:
     """Every expectation of the scenario, evaluated on what Redis and the worker recorded."""
     out: List[Check] = []
@@ -398,8 +286,6 @@ def run_demo(conn: Any, console: Optional[Console] = None, quiet: bool = False,
                        f"{fmt_delta(DAY_MS)}, the weekly digest also runs every "
                        f"{fmt_delta(DIGEST_EVERY_MS)}. All times are the Redis server's clock.",
                        "italic"))))
-    from emqfast.tools import demo_report as report
-
     sc = setup(conn)
     play(sc, console, show_progress=not quiet)
     results = checks(sc)

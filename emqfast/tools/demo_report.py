@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from emqfast.tools import demo as d
+from emqfast.tools import demo_plan as d
 from emqfast.tools.render import fmt_delta, fmt_ms
 
 
