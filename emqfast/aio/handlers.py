@@ -1,0 +1,207 @@
+"""Running an asyncio Worker's handlers: a task per job under the semaphore, coroutine
+steps timed (a step that blocks the loop is named in a warning), plain functions in the
+executor (their exceptions carried as values), the job's lease/progress hooks."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import time
+import traceback
+from typing import Any, Callable, List, Optional, Tuple
+
+from emqfast.facade.job import Job
+from emqfast.worker import core
+from emqfast.worker.outcomes import Outcome, failure, job_group, success
+from emqfast.worker.stats import RunningJob
+
+log = logging.getLogger("emqfast.worker")
+
+Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
+
+
+class Timed:
+    """Awaits a handler's coroutine step by step, timing each step: how long the handler
+    held the event loop before its next ``await`` (see :meth:`Worker._on_step`)."""
+
+    __slots__ = ("_coro", "_on_step")
+
+    def __init__(self, coro: Any, on_step: Callable[[float], None]):
+        self._coro, self._on_step = coro, on_step
+
+    def __await__(self) -> Any:
+        coro, value, error = self._coro, None, None
+        while True:
+            began = time.monotonic()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as done:
+                self._on_step(time.monotonic() - began)
+                return done.value
+            except BaseException:
+                self._on_step(time.monotonic() - began)
+                raise
+            self._on_step(time.monotonic() - began)
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the handler
+                error = exc
+
+
+def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
+    """Run a plain handler (in the executor thread): ``(True, result)`` or ``(False, exc)``.
+    Its exception travels as a value: run_in_executor would turn a
+    ``concurrent.futures.CancelledError`` into a cancellation of the awaiting task."""
+    try:
+        return True, handler(job)
+    except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+        return False, exc
+
+
+class JobTasks:
+    """How :class:`emqfast.aio.Worker` runs its handlers (mixed into it)."""
+
+    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
+        """A task per started job (bounded by the semaphore)."""
+        now = time.monotonic()
+        for job, token in started:
+            job._extend_async = self._extender(job.id, token)
+            job._extend = self._threadsafe(job._extend_async)
+            job._progress_async = self._progresser(job.id, token)
+            job._progress = self._threadsafe(job._progress_async,
+                                             "await job.progress_async(value)")
+            running = RunningJob(job, token, now)
+            self._running[job.id] = running
+            running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
+
+    async def _run_job(self, job: Job, token: str) -> None:
+        """One job's task: its handler's outcome is queued for the acker; a job whose task
+        was cancelled (shutdown, loop teardown) is queued for release instead: its handler
+        has ended, so it can no longer finish and may run again elsewhere."""
+        try:
+            outcome = await self._outcome_of(job, token)
+        except BaseException:
+            self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
+            raise
+        self._queue_ack(job.id, token, outcome=outcome)
+
+    async def _outcome_of(self, job: Job, token: str) -> Outcome:
+        """Run the handler; its result or exception as an outcome. Raises CancelledError
+        only when this job's task itself was cancelled."""
+        assert self._sem is not None
+        async with self._sem:
+            try:
+                return success(job, token, await self._handle(job))
+            except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
+                if self._task_cancelled():
+                    raise  # our shutdown or the loop's teardown: released by _run_job
+                # the handler raised it itself (or awaited something cancelled): a failure
+                return failure(job, token, exc, traceback.format_exc())
+            except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+                return failure(job, token, exc, traceback.format_exc())
+
+    async def _handle(self, job: Job) -> Any:
+        """The handler's result: a coroutine awaited (its steps timed), a plain function
+        run in the executor (and what it returns awaited when awaitable)."""
+        if self._is_coro:
+            result = self.handler(job)
+            if inspect.iscoroutine(result):
+                result = Timed(result, lambda s: self._on_step(job.id, s))
+            return await result
+        result = await self._in_executor(job)
+        if inspect.isawaitable(result):  # a plain function returning a coroutine
+            result = await result
+        return result
+
+    def _run_cancelled(self) -> bool:
+        """True once the task running :meth:`run` was asked to cancel (checked as well as
+        caught: redis.asyncio can swallow a cancellation that lands mid-command)."""
+        task = self._run_task
+        return task is not None and task.cancelling() > self._cancels_before
+
+    @staticmethod
+    def _task_cancelled() -> bool:
+        """True when the current task was asked to cancel (not a CancelledError a handler
+        raised or caught from something else)."""
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+    def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,
+                   release: Optional[Held] = None) -> None:
+        """Hand a finished job to the acker: its outcome to write, or its release."""
+        running = self._running.get(job_id)
+        if running is not None and running.token == token:
+            running.acking = True  # the lease loop leaves it alone from now on
+        self._pending_acks += 1
+        if outcome is not None:
+            self._outcomes.append(outcome)
+        else:
+            assert release is not None
+            self._releases.append(release)
+        if self._ack_ready is not None:
+            self._ack_ready.set()
+
+    def _on_step(self, job_id: str, seconds: float) -> None:
+        """A coroutine handler's step held the loop ``seconds``: warn when that is long
+        enough to make other jobs' lease renewals late."""
+        if seconds < self.stall_warn_s:
+            return
+        self._last_stall = time.monotonic()
+        log.warning("emqfast aio worker %s: job %s blocked the event loop for %.2fs (over 40%% "
+                    "of lease_ms=%d): lease renewals of the other running jobs were late and "
+                    "may lapse (the job then runs twice). Run CPU-bound or blocking work in a "
+                    "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
+                    seconds, self.lease_ms)
+
+    async def _in_executor(self, job: Job) -> Any:
+        """A plain handler in the default executor. Its thread cannot be stopped: cancelled
+        (shutdown ran out of time, loop teardown, again and again), this still waits for
+        it, so the job is not released while its handler may finish (it would run twice).
+        The handler's exception is raised here as it raised it."""
+        future = asyncio.get_running_loop().run_in_executor(None, call_plain, self.handler, job)
+        warned = False
+        while True:
+            try:
+                ok, value = await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                if future.cancelled():
+                    raise  # never began: nothing can finish
+                if not warned and not future.done():
+                    warned = True
+                    log.warning("emqfast aio worker %s: job %s runs in a thread that cannot "
+                                "be cancelled; keeping its lease until it returns", self.name,
+                                job.id)
+        if ok:
+            return value
+        raise value
+
+    def _extender(self, job_id: str, token: str) -> Callable[[int], Any]:
+        async def extend(ms: int) -> None:
+            await self._drive(self._extend_one(job_id, token, ms))
+        return extend
+
+    def _progresser(self, job_id: str, token: str) -> Callable[[Any], Any]:
+        async def progress(value: Any) -> None:
+            call = core.progress_call(self._keys, job_id, token, value)
+            await call.script.call_async(self._redis, call.keys, call.args)
+        return progress
+
+    def _threadsafe(self, extend: Callable[[Any], Any],
+                    instead: str = "await job.extend_lease_async(ms)") -> Callable[[Any], None]:
+        loop = self._loop
+
+        def blocking(ms: int) -> None:  # for plain handlers running in the executor
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                assert loop is not None
+                asyncio.run_coroutine_threadsafe(extend(ms), loop).result()
+                return
+            raise RuntimeError(f"in a coroutine handler use `{instead}`")
+        return blocking

@@ -1,0 +1,229 @@
+"""The worker state machine: one claim loop for both Workers, without I/O.
+
+:class:`WorkerMachine` holds a Worker's state and its logic as sans-IO generators
+(:mod:`emqfast.worker.effects`): claim under leases (re-sent with the same request id
+after a lost reply), start the claimed jobs, promote due delayed jobs, block on the wake
+marker until work is ready, the beat (:mod:`emqfast.worker.leases`), and writing
+outcomes (:mod:`emqfast.worker.acking`). A driver subclasses it and supplies only what
+differs between threads and asyncio:
+
+- ``_drive(logic)``: run a generator, performing its effects (``_do_send``,
+  ``_do_pipeline``, ``_do_sleep``, ``_do_invoke``, ``_do_wait_for_room``,
+  ``_do_wait_drained``, ``_do_pop_marker``);
+- ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers;
+- ``_guard`` (a context manager around shared state) and ``_notify()`` (a job ended or
+  an outcome was written: wake the claim loop);
+- ``_stop_requested()`` and ``stop()``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from emqfast.core.errors import EvictionRisk
+from emqfast.core.validation import check_int
+from emqfast.worker import core
+from emqfast.worker.acking import Acking
+from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
+from emqfast.worker.leases import LeaseKeeping
+from emqfast.worker.resend import Backoff, until_done, wait_out
+from emqfast.worker.rows import JobRows
+from emqfast.worker.stats import RunningJob, WorkerStats
+
+log = logging.getLogger("emqfast.worker")
+
+
+class WorkerMachine(LeaseKeeping, Acking):
+    """State and logic shared by :class:`emqfast.Worker` and :class:`emqfast.aio.Worker`."""
+
+    _label = "emqfast worker"  # how log lines name this kind of worker
+
+    def _setup(self, queue: Any, handler: Callable[..., Any], *, concurrency: int,
+               lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,
+               keep_completed: int, keep_failed: int, max_age_ms: Optional[int],
+               shutdown_timeout_s: float, name: Optional[str], allow_eviction: bool) -> None:
+        """Check the settings and set up the state (the drivers' constructors call this).
+        ``batch_size`` defaults to ``max(concurrency, batch_floor)``."""
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
+        self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
+        self.max_stalled = check_int(max_stalled, "max_stalled", 0, 1_000_000)
+        self.batch_size = check_int(batch_size or max(self.concurrency, batch_floor),
+                                    "batch_size", 1, 10_000)
+        self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.allow_eviction = allow_eviction
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._who = f"{self._label} {self.name}"
+        self.stats = WorkerStats()
+        self.beat_s = min(1.0, self.lease_ms / 4000.0)
+        # claim request ids: unique per Worker object (two workers may share a name)
+        self._claim_prefix = uuid.uuid4().hex[:8]
+        self._claim_seq = 0
+        self._fatal: Optional[BaseException] = None  # a permanent error met by the acker
+        self._stopped_at = 0.0  # monotonic s of the last stop()
+        self._ack_until: Optional[float] = None  # stopping: re-send outcomes until then
+        self._keys = queue.keys
+        self._redis = queue.redis
+        self._rows = JobRows(queue.name)
+        self._running: Dict[str, RunningJob] = {}
+        self._pending_acks = 0  # outcomes (or releases) handed to the acker, not written yet
+        self._groups: List[str] = []  # ready groups named by the last claim
+        self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
+        self._next_beat = 0.0
+        self._next_trim = 0.0
+        self._server_offset_ms = 0.0  # server clock - local monotonic, from claim replies
+        # server ms of the earliest schedule run (from the last pump, or a marker
+        # popped since); None = nothing known, pump on the beat only
+        self._next_schedule_ms: Optional[float] = None
+        self._waiter: Any = None  # the driver's MarkerWaiter, made on the first wait
+        self.beat_hooks: List[Callable[[], Any]] = []
+
+    # --- state ----------------------------------------------------------------------------
+    def _should_stop(self) -> bool:
+        """The claim loop ends (the asyncio driver adds a cancelled run())."""
+        return self._stop_requested()
+
+    def _stop_overdue(self) -> bool:
+        """Stopping for longer than ``shutdown_timeout_s``: stop re-sending."""
+        return self._stop_requested() and \
+            time.monotonic() - self._stopped_at > self.shutdown_timeout_s
+
+    def _idle(self) -> bool:
+        with self._guard:
+            return not self._running and self._pending_acks == 0
+
+    def _server_now_ms(self) -> float:
+        return time.monotonic() * 1000 + self._server_offset_ms
+
+    def _refuse_eviction(self, warning: Optional[str]) -> None:
+        """Refuse a server that may evict jobs (its check's ``warning``)."""
+        if warning:
+            raise EvictionRisk(warning)
+
+    def _raise_fatal(self) -> None:
+        """After the shutdown: raise the permanent error the acker met, if any."""
+        if self._fatal is not None:
+            raise self._fatal
+
+    # --- the claim loop -----------------------------------------------------------------
+    def _serve_loop(self, until_idle: bool, deadline: Optional[float],
+                    wait_scheduled: bool) -> Logic:
+        """Turn until stopped, or (``until_idle``) until nothing is left; transient faults
+        are waited out with backoff, permanent ones raised typed."""
+        backoff = Backoff()
+        while not self._should_stop():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"worker on {self.queue.name!r} not idle in time")
+            try:
+                if (yield from self._turn(until_idle, wait_scheduled)):
+                    return
+                backoff.reset()
+            except Exception as exc:  # noqa: BLE001 - sorted by wait_out
+                yield from wait_out(exc, backoff, self._who)
+
+    def _turn(self, until_idle: bool, wait_scheduled: bool) -> Logic:
+        """One turn of the loop; True when ``until_idle`` is satisfied."""
+        yield from self._beat_if_due()
+        if self._next_schedule_ms is not None and self._server_now_ms() >= self._next_schedule_ms:
+            yield from self._pump_schedules()
+        if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
+            # woken at a delayed job's run-at: promote before claiming (saves a round trip)
+            self._due_hint = None
+            yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})
+        free = yield WaitForRoom(self.beat_s)
+        if free <= 0:
+            return False
+        # Idleness must be judged from before the claim: an outcome written after
+        # it (a retry re-parked on the delayed set) is not in this claim's reply.
+        idle_before_claim = self._idle()
+        reply = yield from self._claim(min(free, self.batch_size))
+        if reply is None:
+            return False
+        now, status, next_due, pairs = core.parse_claim(reply)
+        served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
+        self._server_offset_ms = now - time.monotonic() * 1000
+        # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
+        # for an empty claim (one bounded promote; the next claim can take it)
+        promoted = core.due_now(status, next_due, now) and \
+            (yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})) > 0
+        if pairs:
+            yield from self._start(pairs, served)
+            return False
+        if promoted:
+            return False
+        if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
+            return True
+        yield from self._wait_for_work(until_idle, now, status, next_due)
+        return False
+
+    def _claim(self, n: int) -> Logic:
+        """claim.lua for up to ``n`` jobs; None when stopping outran the re-sends. A lost
+        reply is re-sent with the same request id: the leases come back, no more jobs are
+        popped (even when stopping, for up to shutdown_timeout_s, so they are released
+        rather than left to expire as stalls)."""
+        self._claim_seq += 1
+        claim = core.claim_call(self._keys, n, self.lease_ms, self.name, self._groups,
+                                f"{self._claim_prefix}:{self._claim_seq}")
+        return (yield from until_done(claim, "claim", self._who, self._stop_overdue))
+
+    def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
+        """After an empty claim: wait until the beat, a run-at, a rate window's opening or
+        the next schedule run, or until new work wakes the marker."""
+        wait_ms, hint = core.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
+        if hint is not None:
+            self._due_hint = hint
+        # draining: what ends this wait is our own outcomes being written, not the marker,
+        # which would hold us a beat
+        if until_idle and status == 1 and (yield WaitDrained(wait_ms / 1000)):
+            return
+        yield from self._block_on_marker(wait_ms)
+
+    def _block_on_marker(self, wait_ms: float) -> Logic:
+        """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
+
+        A popped marker scored in the future (a delayed job's or schedule's run-at) only
+        shortens the wait; one scored now or earlier ends it. The end is kept to the
+        millisecond by the driver's MarkerWaiter (Redis fires blocking timeouts on its hz
+        tick, up to 100 ms late) while new work still wakes the worker at once.
+        """
+        end = time.monotonic() + wait_ms / 1000
+        while not self._stop_requested():
+            remaining = end - time.monotonic()
+            if remaining <= 0.0005:
+                return
+            popped = yield PopMarker(remaining)
+            if popped is None:
+                return
+            score = popped[1]
+            ahead_ms = score - self._server_now_ms()
+            if ahead_ms <= 0:
+                return
+            # it may be a schedule's next run (upserted or minted elsewhere): pump then
+            if self._next_schedule_ms is None or score < self._next_schedule_ms:
+                self._next_schedule_ms = score
+            end = min(end, time.monotonic() + ahead_ms / 1000)
+
+    # --- starting jobs ------------------------------------------------------------------
+    def _start(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
+        """Start claimed jobs in calls of at most ``START_CHUNK`` (bounded work per call)."""
+        for at in range(0, len(pairs), core.START_CHUNK):
+            yield from self._start_chunk(pairs[at:at + core.START_CHUNK], groups)
+
+    def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
+        start = core.start_call(self._keys, pairs, groups)
+        # re-sent after a lost reply: a job already started by its token is not counted twice
+        rows = yield from until_done(start, "start", self._who, self._stop_overdue)
+        if rows is None:  # stopping and Redis still unreachable: the leases will expire
+            log.warning("%s: could not start %d claimed jobs before stopping; the reaper "
+                        "will hand them back", self._who, len(pairs))
+            return
+        started = core.started_jobs(self._rows, pairs, rows)
+        if started:
+            self.stats.claimed += len(started)
+            self._hand_out(started)

@@ -1,0 +1,141 @@
+"""What a handler's run becomes: the outcome a Worker writes, and how it is counted.
+
+No I/O here. A handler's return value becomes a :class:`Done`, its exception a
+:class:`Failed`; :mod:`emqfast.worker.acks` turns a batch of them into script calls,
+and :func:`tally` counts the replies into a Worker's stats.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Union
+
+from emqfast.core import codec
+from emqfast.core.errors import LeaseLost, PayloadError, Unrecoverable
+from emqfast.facade.job import Job
+
+log = logging.getLogger("emqfast.worker")
+
+
+class Done(NamedTuple):
+    """A handler returned: its result (JSON bytes) is written by complete.lua."""
+
+    job: Job
+    token: str  # the lease token the job runs under
+    result: bytes
+
+
+class Failed(NamedTuple):
+    """A handler raised: fail.lua records it and retries the job when it may."""
+
+    job: Job
+    token: str
+    exc: BaseException
+    traceback: str
+    may_retry: bool
+
+
+Outcome = Union[Done, Failed]
+
+
+def as_done(outcome: Any) -> Done:
+    """``outcome`` as a :class:`Done`; also takes the ``("done", job, token, result)``
+    tuple outcomes were before issue 13 (some tests still build those)."""
+    return outcome if isinstance(outcome, Done) else Done(*outcome[1:])
+
+
+def success(job: Job, token: str, result: Any) -> Done:
+    """A handler's return value as the outcome to write (JSON result)."""
+    return Done(job, token, b"null" if result is None else codec.encode_result(result))
+
+
+def failure(job: Job, token: str, exc: BaseException, tb: str) -> Failed:
+    """A handler's exception as the outcome to write; Unrecoverable and bad payloads never retry."""
+    may_retry = not isinstance(exc, (Unrecoverable, PayloadError))
+    return Failed(job, token, exc, tb, may_retry)
+
+
+def is_async_handler(handler: Any) -> bool:
+    """True for ``async def`` functions (or objects whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(handler) or \
+        inspect.iscoroutinefunction(getattr(handler, "__call__", None))
+
+
+def refuse_async_handler(handler: Any) -> None:
+    """The sync Worker runs handlers in threads: an ``async def`` handler would only ever
+    return an un-awaited coroutine. Refuse it at construction."""
+    if is_async_handler(handler):
+        raise TypeError("emqfast.Worker runs plain functions in threads; this handler is a "
+                        "coroutine function (async def): use emqfast.aio.Worker with an "
+                        "emqfast.aio.Queue for it")
+
+
+def awaitable_result(job: Job, token: str, result: Any) -> Failed:
+    """The failed, non-retried outcome of a sync handler that returned an awaitable (a
+    coroutine it never awaited): it did not do its work, and retrying cannot help."""
+    close = getattr(result, "close", None)
+    if callable(close):
+        close()  # no "coroutine was never awaited" warning on top
+    exc = TypeError(f"handler returned an awaitable ({type(result).__name__}), not a result: "
+                    "async handlers need emqfast.aio.Worker")
+    return Failed(job, token, exc, "", False)
+
+
+def retry_delay_ms(job: Job, may_retry: bool) -> int:
+    """Delay before the next attempt (the job's backoff), or -1: no attempt left."""
+    if not may_retry or job.attempts >= job.max_attempts:
+        return -1
+    return job.backoff.delay_ms(job.attempts) if job.backoff is not None else 0
+
+
+def job_group(job: Job) -> Optional[str]:
+    """The group a running job was enqueued with (kept in its options), or None."""
+    return job.extra.get("g")
+
+
+def log_context(job: Job) -> dict:
+    """``extra=`` for log records about one job: queue, job id, attempt (never payloads,
+    results or connection details, which may hold secrets)."""
+    return {"queue": job.queue, "job_id": job.id, "attempt": job.attempts}
+
+
+def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
+          retrying: Sequence[Optional[bool]]) -> None:
+    """Count written outcomes into ``stats``; a lost lease discards the outcome (logged)."""
+    for outcome, reply, retry in zip(batch, replies, retrying):
+        job = outcome.job
+        ctx = log_context(job)
+        if isinstance(reply, LeaseLost):
+            stats.lease_lost += 1
+            log.warning("emqfast: job %s (queue %s, attempt %d) finished after its lease was "
+                        "lost; outcome discarded", job.id, job.queue, job.attempts, extra=ctx)
+        elif isinstance(reply, Exception):
+            log.error("emqfast: writing outcome of %s (queue %s) failed: %s", job.id, job.queue,
+                      reply, extra=ctx)
+        elif retry is None:
+            stats.completed += 1
+            log.debug("emqfast: job %s completed (queue %s, attempt %d)", job.id, job.queue,
+                      job.attempts, extra=ctx)
+        else:
+            _count_failure(stats, outcome, retry, ctx)
+
+
+def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: dict) -> None:
+    if retry:
+        stats.retried += 1
+    else:
+        stats.failed += 1
+    job = outcome.job
+    # the exception's type and message only: payloads and tracebacks stay in Redis
+    log.info("emqfast: job %s %s (queue %s, attempt %d): %s: %s", job.id,
+             "will retry" if retry else "failed", job.queue, job.attempts,
+             type(outcome.exc).__name__, outcome.exc, extra=ctx)
+
+
+def forget_run(running: Dict[str, Any], outcome: Outcome) -> None:
+    """Drop the run an outcome belongs to from a Worker's ``running`` map, and only
+    that run: a retried job may already be running again under the same id (a new
+    lease token) by the time its previous outcome's write returns."""
+    current = running.get(outcome.job.id)
+    if current is not None and current.token == outcome.token:
+        del running[outcome.job.id]
