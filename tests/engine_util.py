@@ -1,13 +1,14 @@
 """Helpers shared by the engine contract tests (tests/test_engine_*.py).
 
-Everything here waits on *conditions* with deadlines; nothing sleeps and hopes.
+Everything here waits on *conditions* with deadlines (tests/waiting.py); nothing sleeps
+and hopes.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import pytest
 import redis
@@ -17,18 +18,7 @@ from emqfast.core import ids
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 
-
-def wait_until(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition",
-               interval: float = 0.005) -> Any:
-    """Poll ``cond`` until it returns a truthy value (returned); fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+from waiting import wait_until
 
 
 def make_queue(redis_url: str, qname: str, client_name: Optional[str] = None,

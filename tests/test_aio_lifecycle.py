@@ -21,7 +21,7 @@ import redis
 
 import emqfast
 import emqfast.aio as emq
-from engine_util import wait_until
+from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +37,8 @@ def _script(tmp_path, text):
 
 
 def _spawn(path, *args):
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    # tests/ too: the scripts wait with tests/waiting.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])}
     return subprocess.Popen([sys.executable, str(path), *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -80,6 +81,7 @@ def test_handler_cancelled_error_is_a_failure_not_a_wedged_slot(redis_url, qname
 _TEARDOWN = """
     import asyncio, sys, time
     import emqfast.aio as emq
+    from waiting import wait_until_async
 
     url, qname, mode, want = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     started = finished = 0
@@ -110,11 +112,12 @@ _TEARDOWN = """
         handler = {"quick": quick, "slow": slow, "plain": plain}[mode]
         w = emq.Worker(q, handler, concurrency=want, shutdown_timeout_s=30)
         asyncio.ensure_future(w.run())  # never stopped nor awaited: main just returns
-        while started < want:
-            await asyncio.sleep(0.001)
+        await wait_until_async(lambda: started >= want, 30, "every handler to start",
+                               interval=0.001)
         gate.set()
-        while mode == "quick" and finished < want:
-            await asyncio.sleep(0)
+        if mode == "quick":
+            await wait_until_async(lambda: finished >= want, 30, "every handler to finish",
+                                   interval=0)
         print("returning", started, finished, flush=True)
 
     asyncio.run(main())

@@ -17,7 +17,8 @@ import emqfast
 import emqfast.aio as emq
 from emqfast import Backoff
 from emqfast.core.errors import LeaseLost
-from engine_util import server_ms, wait_until
+from engine_util import server_ms
+from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

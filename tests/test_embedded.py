@@ -17,7 +17,7 @@ import pytest
 
 import emqfast
 from emqfast.server import embedded
-from engine_util import wait_until
+from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,7 +25,7 @@ import pytest
 import emqfast
 from emqfast.server import embedded
 from emqfast.core.errors import ConnectionFailed
-from engine_util import wait_until
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,8 @@ from emqfast.core import ids
 from emqfast.core.scores import EPOCH_MS, MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from emqfast.core.errors import EmqError, InvalidInput, KindError, RangeError
 from engine_util import skewed_local_clock  # noqa: F401 (fixture)
-from engine_util import make_queue, server_ms, wait_server_past, wait_until
+from engine_util import make_queue, server_ms, wait_server_past
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -41,7 +42,8 @@ def test_minted_ids_are_branded_and_sort_by_mint_time():
     first = ids.new_id()
     assert abs(ids.mint_time_ms(first) - time.time() * 1000) < 5_000
     # the next local millisecond: a later mint must sort after
-    wait_until(lambda: time.time_ns() // 1_000_000 > ids.mint_time_ms(first))
+    wait_until(lambda: time.time_ns() // 1_000_000 > ids.mint_time_ms(first),
+               what="the local clock to pass the first id's millisecond")
     later = ids.new_id()
     batch = ids.new_ids(500)
     minted = [first, later, *batch]

@@ -9,7 +9,8 @@ from conftest import dump_queue
 from emqfast.core.errors import VersionMismatch
 from emqfast.core.version import KEYSPACE_VERSION
 from engine_util import (claim, complete, extend, fail, make_queue, release, server_ms,
-                         wait_server_past, wait_until)
+                         wait_server_past)
+from waiting import wait_until
 
 
 @pytest.fixture

@@ -17,9 +17,12 @@ from conftest import dump_queue
 from emqfast.core.errors import LeaseLost
 from engine_util import skewed_local_clock  # noqa: F401 (fixture)
 from engine_util import (claim, complete, extend, fail, make_queue, running_worker, server_ms,
-                         wait_server_past, wait_until)
+                         wait_server_past)
+from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what the worker scripts import from: this checkout, and tests/ (they wait with waiting.py)
+CHILD_PATH = os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])
 
 
 @pytest.fixture
@@ -229,18 +232,18 @@ def test_long_handler_completes_exactly_once(r, redis_url, qname):
 
 
 _FROZEN_WORKER = textwrap.dedent("""
-    import json, sys, time
+    import json, sys
     import redis, emqfast
     from emqfast.core.errors import LeaseLost
+    from waiting import wait_until
     url, qname = sys.argv[1:3]
     q = emqfast.Queue(qname, redis.Redis.from_url(url))
     report = {}
 
     def handler(job):
         # runs until somebody else finished this job (we get frozen meanwhile)
-        end = time.monotonic() + 60
-        while q.get(job.id).state != "completed" and time.monotonic() < end:
-            time.sleep(0.01)
+        wait_until(lambda: q.get(job.id).state == "completed", 60,
+                   "another worker to complete the job", interval=0.01)
         try:
             job.extend_lease(1_000)
             report["extend"] = "ok"
@@ -261,7 +264,7 @@ def test_frozen_worker_loses_its_lease_to_a_live_one(r, redis_url, qname):
     ref = q.enqueue("contended")
     frozen = subprocess.Popen([sys.executable, "-c", _FROZEN_WORKER, redis_url, qname],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+                              env={**os.environ, "PYTHONPATH": CHILD_PATH})
     try:
         wait_until(lambda: q.get(ref.id).state == "active", what="frozen worker claimed")
         frozen.send_signal(signal.SIGSTOP)
@@ -304,7 +307,7 @@ def test_killed_worker_job_is_reaped_and_rerun(redis_url, qname):
     q = make_queue(redis_url, qname)
     ref = q.enqueue("survivor")
     dying = subprocess.Popen([sys.executable, "-c", _DYING_WORKER, redis_url, qname],
-                             env={**os.environ, "PYTHONPATH": ROOT})
+                             env={**os.environ, "PYTHONPATH": CHILD_PATH})
     try:
         wait_until(lambda: q.get(ref.id).state == "active", what="dying worker claimed")
     finally:

@@ -16,10 +16,12 @@ import pytest
 import emqfast
 from conftest import dump_queue
 from emqfast import Unrecoverable
-from engine_util import (blocked_on_marker, claim, make_queue, running_worker, server_ms,
-                         wait_until)
+from engine_util import blocked_on_marker, claim, make_queue, running_worker, server_ms
+from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# what the worker script imports from: this checkout, and tests/ (it waits with waiting.py)
+CHILD_PATH = os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])
 # A generous bound (noisy shared 2-core machine): without the wake marker, the worker below
 # would sleep out its whole 1 s beat. The strict latency target lives in bench/.
 WAKE_BOUND_S = 0.5
@@ -237,18 +239,15 @@ def test_cancel_of_a_retry_waiting_job(q):
 # --- graceful shutdown -------------------------------------------------------------------
 
 _SIGTERM_WORKER = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, sys
     import redis, emqfast
+    from waiting import wait_until
     url, qname, go, slow_go = sys.argv[1:5]
     q = emqfast.Queue(qname, redis.Redis.from_url(url))
 
-    def wait_for(path):
-        end = time.monotonic() + 60
-        while not os.path.exists(path) and time.monotonic() < end:
-            time.sleep(0.005)
-
     def handler(job):
-        wait_for(slow_go if job.payload == "slow" else go)
+        path = slow_go if job.payload == "slow" else go
+        wait_until(lambda: os.path.exists(path), 60, f"the test to create {path}")
         return "done " + job.payload
 
     w = emqfast.Worker(q, handler, concurrency=3, shutdown_timeout_s=1.5)
@@ -264,7 +263,7 @@ def test_sigterm_finishes_in_flight_jobs_and_never_releases_a_running_one(r, red
     proc = subprocess.Popen([sys.executable, "-c", _SIGTERM_WORKER, redis_url, qname,
                              str(go), str(slow_go)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": CHILD_PATH})
     try:
         wait_until(lambda: all(q.get(i).state == "active" for i in refs.values()),
                    what="all three jobs running")
@@ -313,9 +312,12 @@ def test_acker_survives_an_unexpected_error_and_the_job_is_rerun(q, monkeypatch)
     monkeypatch.setattr(emqfast.Worker, "_write_outcomes", flaky_write)
     worker = emqfast.Worker(q, lambda job: runs.append(job.id) or "ok", lease_ms=300)
     worker.run_until_idle(timeout_s=20)
-    deadline = time.monotonic() + 20
-    while q.get(ref.id).state != "completed":  # the reaper hands the job back after the lease
-        assert time.monotonic() < deadline, q.get(ref.id)
+
+    def rerun_until_completed() -> bool:  # the reaper hands the job back after the lease
+        if q.get(ref.id).state == "completed":
+            return True
         worker.run_until_idle(timeout_s=20)
+        return False
+    wait_until(rerun_until_completed, 20, "the reaped job to be re-run and completed")
     assert runs == [ref.id, ref.id]
     assert q.get(ref.id).result == "ok"

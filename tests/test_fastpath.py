@@ -17,7 +17,7 @@ from emqfast.worker.rows import JobRows
 from emqfast.worker.prefetch import Prefetch
 from emqfast.facade.job import Job
 from emqfast.worker.wake import MarkerWaiter
-from engine_util import wait_until
+from waiting import wait_until
 
 
 

@@ -466,7 +466,7 @@ def test_fault_proxy_cuts_a_reply_after_the_server_ran_the_command(fault_proxy, 
 def test_fault_proxy_delays_pauses_resumes_and_stops_by_itself(redis_url):
     """The proxy's other faults: delay, paused acceptance (held, then dropped), and the
     lifetime bound that stops it even if nobody calls stop()."""
-    from engine_util import wait_until
+    from waiting import wait_until
 
     no_retry = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
     with FaultProxy(upstream_port_of(redis_url), seed=4) as proxy:

@@ -12,7 +12,8 @@ import emqfast
 import emqfast.aio as emq
 from emqfast.core.errors import InvalidInput, RangeError
 from conftest import dump_queue
-from engine_util import make_queue, wait_server_past, wait_until
+from engine_util import make_queue, wait_server_past
+from waiting import wait_until
 
 BIG, SMALL = 5000, 10
 

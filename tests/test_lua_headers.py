@@ -16,7 +16,8 @@ import emqfast
 from emqfast.core import errors
 from emqfast.backends import scripts
 from emqfast.backends.pure_batcher import Batcher
-from engine_util import claim, make_queue, wait_server_past, wait_until
+from engine_util import claim, make_queue, wait_server_past
+from waiting import wait_until
 
 LUA = scripts.lua_dir()
 FILES = sorted(LUA.glob("*.lua"))

@@ -25,7 +25,8 @@ from emqfast.worker import core as worker_core
 from emqfast.tools.cli import cli
 from emqfast.core.errors import InvalidInput, LeaseLost, PayloadError, RangeError
 from conftest import _free_port, dump_queue
-from engine_util import claim, complete, fail, make_queue, release, wait_server_past, wait_until
+from engine_util import claim, complete, fail, make_queue, release, wait_server_past
+from waiting import wait_until
 
 NO_WAIT = Backoff.fixed(0)
 

@@ -31,7 +31,7 @@ from emqfast.core.errors import InvalidInput, KindError, codes
 from emqfast.core.ids import new_id
 from emqfast.facade.schedules import Sweep, occurrence_job_id, occurrence_of
 from emqfast.backends.scripts import load
-from engine_util import wait_until
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,8 @@ from typing import List, Tuple
 import emqfast
 import emqfast.aio as emq
 from emqfast.facade.backoff import Backoff
-from engine_util import make_queue, running_worker, wait_until
+from engine_util import make_queue, running_worker
+from waiting import wait_until
 
 BACKLOG = 6000
 DELAY_MS = 800  # longer than enqueueing the backlog takes, shorter than draining it
