@@ -56,14 +56,15 @@ def check_backoff(backoff: Any) -> Backoff:
 
 
 def job_options(priority: int, attempts: Optional[int], backoff: Optional[Backoff],
-                group: Optional[str], defaults: Tuple[int, Backoff]) -> bytes:
+                group: Optional[str], *, default_attempts: int,
+                default_backoff: Backoff) -> bytes:
     """A job's encoded options (b"" for the library defaults: the scripts then store no
-    ``opts`` field); ``defaults`` are the queue's ``(attempts, backoff)``."""
+    ``opts`` field); the queue's defaults stand in for ``attempts`` / ``backoff`` not given."""
     check_int(priority, "priority", 0, PRIORITY_MAX)
     extra = {} if group is None else {"g": check_group_name(group)}  # the worker reads it
-    attempts = defaults[0] if attempts is None else \
+    attempts = default_attempts if attempts is None else \
         check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
-    backoff = defaults[1] if backoff is None else check_backoff(backoff)
+    backoff = default_backoff if backoff is None else check_backoff(backoff)
     return options.encode(attempts, priority, backoff, extra)
 
 

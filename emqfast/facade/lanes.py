@@ -67,4 +67,5 @@ def combine_moves(calls: Sequence[Call], replies: Sequence[Any],
 
 def split_counts(replies: Sequence[Any]) -> Tuple[int, int]:
     """Sum of ``(requeued, failed)`` pairs from several reap.lua replies."""
-    return (sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies))
+    return (sum(int(requeued) for requeued, _ in replies),
+            sum(int(failed) for _, failed in replies))

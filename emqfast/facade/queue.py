@@ -91,7 +91,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
                  backoff: Optional[Backoff], group: Optional[str] = None) -> bytes:
         """A job's encoded options, this queue's defaults filling what is not given."""
         return admission.job_options(priority, attempts, backoff, group,
-                                     (self.default_attempts, self.default_backoff))
+                                     default_attempts=self.default_attempts,
+                                     default_backoff=self.default_backoff)
 
     def _shared(self, priority: int, attempts: Optional[int], backoff: Optional[Backoff],
                 delay_ms: Optional[int], run_at_ms: Optional[int],

@@ -231,9 +231,10 @@ class Schedules:
         rows = yield Batch([cmd for name in names for cmd in
                             (Cmd.of("HGETALL", k.schedule(name)),
                              Cmd.of("ZSCORE", k.repeat, name))])
+        records, scores = rows[0::2], rows[1::2]  # the two reads per name, interleaved
         calls = []
-        for i, name in enumerate(names):
-            calls += self._mint_calls(name, rows[2 * i], rows[2 * i + 1], now)
+        for name, record, score in zip(names, records, scores):
+            calls += self._mint_calls(name, record, score, now)
         minted = 0
         for start in range(0, len(calls), MINT_BATCH):  # in order: a chain stays in sequence
             minted += yield from Schedules._run_mints.op(self, calls[start:start + MINT_BATCH])
