@@ -6,7 +6,6 @@ Every call either succeeds and round-trips exactly, or raises a typed
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -256,7 +255,6 @@ SCHEDULE_FIELDS = {
 @SETTINGS
 @given(data=st.data())
 def test_schedule_upsert_hostile(r, qname, data):
-    pytest.importorskip("emqfast.schedules")
     f = draw_fields(data, SCHEDULE_FIELDS)
     name, (cron, tz, every), start, payload = f["name"], f["cadence"], f["start"], f["payload"]
     q = fresh(r, qname)
@@ -284,9 +282,8 @@ def test_payload_limit_is_configurable_with_a_clear_error(r, qname):
         q.enqueue({"text": "é" * 600})  # measured as encoded UTF-8 JSON, not characters
     with pytest.raises(PayloadError):
         q.enqueue_many([b"ok", b"y" * 2000, b"ok"])  # one too big: none written
-    if importlib.util.find_spec("emqfast.schedules"):
-        with pytest.raises(PayloadError):
-            q.schedules.upsert("big", every_ms=1000, payload=b"z" * 4096)
+    with pytest.raises(PayloadError):
+        q.schedules.upsert("big", every_ms=1000, payload=b"z" * 4096)
     assert dump_queue(r, qname) == before
     assert isinstance(PayloadError("x"), emqfast.InvalidInput)  # one except clause catches all
     with pytest.raises(EmqError):

@@ -1,5 +1,5 @@
 """The Batcher against a real redis-server: the C one (hiredis, `_native`) and
-its redis-py twin (`_pure_wire`) must behave the same for every batch.
+its redis-py twin (`pure_batcher`) must behave the same for every batch.
 
 Tests taking the `c_only` fixture cover what only the C Batcher does
 itself: connecting, auth, reconnecting, timeouts, fork and thread safety.
@@ -18,7 +18,8 @@ import pytest
 import redis
 from redis.exceptions import DataError, ResponseError
 
-from conftest import start_redis_server
+from conftest import require_native, start_redis_server
+from emqfast.backends import pure_batcher
 from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, InvalidInput,
     PermissionDenied)
 
@@ -56,25 +57,14 @@ def _key() -> str:
 
 
 def _native():
-    if not backend.native_available():
-        if os.environ.get("EMQ_REQUIRE_C") == "1":
-            pytest.fail("C core required (EMQ_REQUIRE_C=1) but not built: "
-                        + backend.native_error())
-        pytest.skip("C core not built: " + backend.native_error())
+    require_native()
     return importlib.import_module("emqfast.backends.native")
-
-
-def _pure_wire():
-    try:
-        return importlib.import_module("emqfast.backends.pure_batcher")
-    except ImportError as exc:
-        pytest.skip(f"emqfast.backends.pure_batcher not available: {exc}")
 
 
 @pytest.fixture(params=["c", "python"])
 def batcher(request, r):
     """A Batcher of each kind on the session server."""
-    module = _native() if request.param == "c" else _pure_wire()
+    module = _native() if request.param == "c" else pure_batcher
     b = module.Batcher.from_redis(r)
     yield b
     b.close()
@@ -199,7 +189,7 @@ def test_empty_batches(batcher):
 
 
 def test_c_and_python_agree(r):
-    native, pure = _native(), _pure_wire()
+    native, pure = _native(), pure_batcher
     sha, body = SHAPES
     key = _key()
     calls = [[key, what, arg] for what in ("int", "bulk", "status", "nil", "nested", "error",
@@ -298,7 +288,8 @@ def test_socket_timeout(c_only, private_redis):
         with pytest.raises(ConnectionFailed, match="timed out"):
             b.evalsha_many(*SPIN, 0, [[800]])
         assert time.monotonic() - started < 0.7
-        time.sleep(0.8)  # let the server finish the script
+        with redis.Redis(port=port, socket_timeout=10) as probe:
+            probe.ping()  # answered once the server is free again: the script has finished
         assert b.evalsha_many(*SPIN, 0, [[1]]) == [1]
 
 

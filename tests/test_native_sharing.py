@@ -12,13 +12,14 @@ import redis
 
 import emqfast
 
+from conftest import require_native
+
 backend = importlib.import_module("emqfast.backend")  # emqfast.backend is also a function
 
 
 @pytest.fixture
 def c_backend():
-    if not backend.native_available():
-        pytest.skip("C core not built: " + backend.native_error())
+    require_native()
     previous = backend.current()
     backend.use("c")
     yield

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import traceback
 from pathlib import Path
 
@@ -21,11 +20,11 @@ import pytest
 import redis
 
 import emqfast
-from emqfast import ConnectionFailed, Queue, Worker
+from emqfast import ConnectionFailed, Leaderboard, Queue, Worker
 
 from conftest import _free_port, start_redis_server
 from lua_static import readme_least_privilege, readme_simple_rule
-from engine_util import wait_until
+from waiting import wait_until
 
 backend_mod = importlib.import_module("emqfast.backend")
 PACKAGE = Path(emqfast.__file__).resolve().parent
@@ -142,9 +141,8 @@ def exercise_everything(url: str) -> None:
     q.groups.counts("tenant-a"), q.groups.list()
     q.set_rate_limit(1000, 1000)
     assert q.rate_limit() == (1000, 1000)
-    if importlib.util.find_spec("emqfast.schedules"):
-        q.schedules.upsert("tick", every_ms=100, payload={"tick": 1})
-        q.schedules.pump(), q.schedules.list(), q.schedules.get("tick")
+    q.schedules.upsert("tick", every_ms=100, payload={"tick": 1})
+    q.schedules.pump(), q.schedules.list(), q.schedules.get("tick")
 
     def handler(job):
         if job.payload == 2 and job.attempts == 1:
@@ -174,17 +172,13 @@ def exercise_everything(url: str) -> None:
     q.trim(keep_completed=0, max_age_ms=0)
     q.trim(keep_completed=0, keep_failed=0, limit=10)
     q.promote(), q.reap()
-    if importlib.util.find_spec("emqfast.leaderboard"):
-        from emqfast.facade.leaderboard import Leaderboard
-
-        board = Leaderboard(conn, "acl-board")
-        board.set_many({"ada": 3, "bob": 2})
-        board.incr("bob", 5)
-        assert [e.member for e in board.around("ada", 1)] == ["bob", "ada"]
-        assert board.rank("ada") == 2 and len(board.top(5)) == 2
-        board.clear()
-    if importlib.util.find_spec("emqfast.schedules"):
-        assert q.schedules.remove("tick")
+    board = Leaderboard(conn, "acl-board")
+    board.set_many({"ada": 3, "bob": 2})
+    board.incr("bob", 5)
+    assert [e.member for e in board.around("ada", 1)] == ["bob", "ada"]
+    assert board.rank("ada") == 2 and len(board.top(5)) == 2
+    board.clear()
+    assert q.schedules.remove("tick")
     assert q.obliterate() > 0
     Queue("acl-other", conn).obliterate()
     conn.close()
@@ -314,20 +308,21 @@ def tls_server():
          "--tls-auth-clients", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     client = redis.Redis(port=port, ssl=True, ssl_ca_certs=str(d / "ca.crt"))
-    deadline = time.monotonic() + 10
-    while True:
+
+    def answers() -> bool:
         try:
-            client.ping()
-            break
+            return bool(client.ping())
         except redis.ConnectionError:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else ""
                 shutil.rmtree(d, ignore_errors=True)
                 pytest.skip(f"redis-server has no TLS support here: {err[-300:]}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("TLS redis-server did not start")
-            time.sleep(0.05)
+            return False
+    try:
+        wait_until(answers, 10, "the TLS redis-server to answer PING", interval=0.05)
+    except AssertionError:
+        proc.kill()
+        raise
     client.close()
     yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={d / 'ca.crt'}"
     proc.terminate()
