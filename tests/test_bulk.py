@@ -3,29 +3,17 @@ and the Batcher transport the worker's acks use (``emqfast.backends.batcher.run_
 from __future__ import annotations
 
 import importlib
-import time
 
 import pytest
 import redis
 
 import emqfast
 from conftest import dump_queue
+from engine_util import server_ms, wait_server_past
 from emqfast.core.errors import InvalidInput, RangeError
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.backends.batcher import run_calls
-
-
-def server_ms(client: redis.Redis) -> int:
-    sec, usec = client.time()
-    return sec * 1000 + usec // 1000
-
-
-def wait_server_past(client: redis.Redis, ms: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server_ms(client) <= ms:
-        assert time.monotonic() < deadline, "server clock did not pass the run-at"
-        time.sleep(0.005)
 
 
 @pytest.fixture

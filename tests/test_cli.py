@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from emqfast import Queue, Worker
 from emqfast.tools.render import fmt_ms
 
 from conftest import dump_queue, start_redis_server
+from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,18 +45,6 @@ def cells(output: str, first: str) -> list:
         if len(parts) > 2 and parts[1] == first:
             return parts[1:-1]
     raise AssertionError(f"no row {first!r} in:\n{output}")
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
 
 
 def fail_flagged(job):
@@ -166,11 +154,13 @@ def test_worker_runs_an_importable_handler_and_stops_gracefully(redis_url, qname
         cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         refs = q.enqueue_many([{"n": i} for i in range(20)])
-        wait_for(lambda: q.counts()["completed"] == 20)
+        wait_until(lambda: q.counts()["completed"] == 20, 20, "the worker process to run 20 jobs",
+                   interval=0.05)
         assert [q.get(ref.id).result for ref in refs] == [{"double": 2 * i} for i in range(20)]
 
         slow = q.enqueue({"n": 21, "slow": True})
-        wait_for(lambda: q.get(slow.id).state == "active")
+        wait_until(lambda: q.get(slow.id).state == "active", 20, "the slow job to start",
+                   interval=0.05)
         proc.send_signal(signal.SIGTERM)  # in flight: a graceful stop lets it finish
         _, err = proc.communicate(timeout=30)
     finally:
