@@ -1,4 +1,4 @@
-"""``enqueue_many`` on the wire: a batch streamed in bounded chunks, and the exact report
+"""Sending ``enqueue_many``: a batch streamed in bounded chunks, and the exact report
 of a batch cut part-way (:class:`~emqfast.errors.PartialBatch`) that ``retry_partial``
 re-sends from. Sans-IO: each function is (or builds a step of) an operation generator.
 """
@@ -157,7 +157,8 @@ def retry_partial(k: QueueKeys, queue: str, err: PartialBatch, wait: Wait) -> Op
         refs = yield from admit_many(k, queue, again)
     except PartialBatch as cut:  # report the whole original batch, retryable again
         cut.landed = [done[j] for j in batch.job_ids if j in done] + cut.landed
-        cut.batch = batch.subset(range(len(batch.jobs)), again.recovering)  # type: ignore[attr-defined]
+        whole = batch.subset(range(len(batch.jobs)), again.recovering)
+        cut.batch = whole  # type: ignore[attr-defined]
         raise
     done.update((ref.id, ref) for ref in refs)
     return [done[j] for j in batch.job_ids if j in done]
