@@ -31,6 +31,7 @@ import redis  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast import LeaseLost, Queue, Worker  # noqa: E402
+from waiting import wait_until  # noqa: E402 (tests/, this script's own folder)
 
 
 def _defer_sigterm_until_serving(w: Worker) -> None:
@@ -63,11 +64,9 @@ def stall_worker(url: str, queue: str, name: str, lease_ms: str, log_key: str,
 
     def handler(job):
         conn.rpush(log_key, f"started:{name}:{job.attempts}")
-        deadline = time.monotonic() + 60
-        while not conn.exists(go_key):  # the test SIGSTOPs us in here
-            if time.monotonic() > deadline:
-                raise TimeoutError("go key never set")
-            time.sleep(0.01)
+        # the test SIGSTOPs us in here
+        wait_until(lambda: conn.exists(go_key), 60, "the test to set the go key",
+                   interval=0.01)
         try:
             job.extend_lease(10_000)
             conn.rpush(log_key, "extend:ok")

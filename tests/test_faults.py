@@ -25,8 +25,10 @@ import redis
 
 import emqfast
 from emqfast import Queue, Worker
+from emqfast.facade import schedules
 
 from conftest import start_redis_server
+from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.faults
 
@@ -50,13 +52,13 @@ class Deadline:
 
     def wait(self, cond: Callable[[], Any], what: str, interval: float = 0.01) -> Any:
         """Poll ``cond`` until truthy (returned); fail when the global deadline passes."""
-        while True:
-            value = cond()
-            if value:
-                return value
-            if time.monotonic() > self.end:
-                raise AssertionError(f"{self.what}: timed out waiting for {what}")
-            time.sleep(interval)
+        return wait_until(cond, max(self.left(), 0.0), f"{what} ({self.what})", interval)
+
+    async def wait_async(self, cond: Callable[[], Any], what: str,
+                         interval: float = 0.01) -> Any:
+        """:meth:`wait` from inside an event loop (the loop runs on between polls)."""
+        return await wait_until_async(cond, max(self.left(), 0.0), f"{what} ({self.what})",
+                                      interval)
 
 
 def spawn(mode: str, *args: Any, backend: str = "") -> subprocess.Popen:
@@ -325,7 +327,6 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     them for several slots (catch_up must then mint the missed ones). Every minted job
     is cancelled as soon as it appears, so a second mint of an occurrence would create
     its job again and be seen: each occurrence must be cancelled exactly once."""
-    schedules = pytest.importorskip("emqfast.schedules")
     clock = Deadline(90, "pump run")
     every, n_slots = 100, 40
     q = Queue(qname, r)
@@ -552,9 +553,8 @@ def test_redis_restarted_mid_run_aio_runs_every_job_exactly_once(qname):
         restarts = 0
         for i in range(restarts_wanted):
             mark = (i + 1) * n_jobs // (restarts_wanted + 2)
-            while done() < mark and not wtask.done():
-                clock.check()
-                await asyncio.sleep(0.01)
+            await clock.wait_async(lambda: done() >= mark or wtask.done(),
+                                   f"{mark} jobs done before restart {i + 1}")
             procs[0] = await asyncio.to_thread(_restart_redis, procs[0], port, workdir,
                                                "sigkill", aof)
             restarts += 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-import time
 import uuid
 
 import pytest
@@ -23,6 +22,7 @@ from emqfast.facade import admission, enqueue_batch
 from emqfast.backends import scripts, transport
 from conftest import dump_queue, start_redis_server
 from fault_proxy import FaultProxy, _Link, upstream_port_of
+from waiting import wait_until
 
 
 # --- a precise cut: the fault proxy, cutting after exactly N reply bytes -----------------
@@ -98,9 +98,8 @@ def _only_link(proxy: FaultProxy, client=None) -> None:
     wait until the proxy's links are down to what is in use."""
     if client is not None:
         client.connection_pool.disconnect()
-    deadline = time.monotonic() + 5
-    while proxy.live() > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: proxy.live() <= 1, 5, "the proxy's links down to the one in use",
+               interval=0.01)
 
 
 # --- defect 3: a lost reply is never re-sent ---------------------------------------------
@@ -359,11 +358,9 @@ def test_wait_replicas_with_a_replica(backend, full_server, qname):
     port = full_server()
     replica = full_server("--replicaof", "127.0.0.1", str(port))
     admin, copy = redis.Redis(port=port), redis.Redis(port=replica)
-    deadline = time.monotonic() + 10
-    while admin.info("replication")["connected_slaves"] < 1 \
-            or copy.info("replication")["master_link_status"] != "up":
-        assert time.monotonic() < deadline, "replica did not sync"
-        time.sleep(0.05)
+    wait_until(lambda: admin.info("replication")["connected_slaves"] >= 1
+               and copy.info("replication")["master_link_status"] == "up", 10,
+               "the replica to sync", interval=0.05)
     q = emqfast.Queue(qname, f"redis://127.0.0.1:{port}/0", wait_replicas=1,
                       wait_timeout_ms=5000)
     ref = q.enqueue("x")

@@ -32,7 +32,8 @@ from emqfast.worker import core
 from emqfast.core.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
 
 from conftest import dump_queue, start_redis_server
-from engine_util import make_queue, running_worker, wait_until
+from engine_util import make_queue, running_worker
+from waiting import wait_until, wait_until_async
 
 
 def _aio_queue(url: str, qname: str) -> emqfast.aio.Queue:
@@ -395,12 +396,11 @@ def test_aio_outcomes_are_written_after_a_redis_restart(private_redis, qname):
         w = emqfast.aio.Worker(_aio_queue(private_redis["url"], qname), handler,
                                lease_ms=60_000)
         task = asyncio.create_task(w.run())
-        while not started.is_set():
-            await asyncio.sleep(0.01)
+        await wait_until_async(started.is_set, 15, "the handler to start", interval=0.01)
         await asyncio.to_thread(private_redis["restart"])
         gate.set()
-        while _state(q, ref) != "completed":
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: _state(q, ref) == "completed", 15,
+                               "the outcome written after the restart", interval=0.05)
         w.stop()
         return await asyncio.wait_for(task, 15)
     stats = asyncio.run(main())
@@ -544,8 +544,7 @@ def test_aio_shutdown_waits_for_a_thread_handler_and_writes_its_outcome(redis_ur
     async def main():
         w = emqfast.aio.Worker(_aio_queue(redis_url, qname), handler, shutdown_timeout_s=0.2)
         task = asyncio.create_task(w.run())
-        while not started.is_set():
-            await asyncio.sleep(0.01)
+        await wait_until_async(started.is_set, 15, "the handler to start", interval=0.01)
         w.stop()
         await asyncio.sleep(0.6)  # past the timeout: not released
         assert sq.get(ref).state == "active"
