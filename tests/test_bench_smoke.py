@@ -19,7 +19,9 @@ def _bench_run():
     """``emqfast.bench.run`` when installed, else ``bench.run`` from the source tree."""
     try:
         return importlib.import_module("emqfast.bench.run")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("emqfast.bench", "emqfast.bench.run"):
+            raise  # the suite is installed but one of its imports is broken: say so
         if ROOT not in sys.path:
             sys.path.insert(0, ROOT)
         return importlib.import_module("bench.run")
