@@ -77,19 +77,28 @@ def qname():
     return "t-" + uuid.uuid4().hex[:12]
 
 
-def require_native() -> None:
-    """Skip the calling test when the C core is not built; under CI (``EMQ_REQUIRE_C=1``)
-    fail it instead: there a missing C core is a broken build, never a reason to skip."""
+def native_built() -> bool:
+    """Whether the C core is built; under CI (``EMQ_REQUIRE_C=1``) a missing one fails the
+    calling test: there it is a broken build, never a reason to test less."""
     import importlib
 
     # not `from emqfast import backend`: that name is the public backend() function
     backend_mod = importlib.import_module("emqfast.backend")
     if backend_mod.native_available():
-        return
+        return True
     if os.environ.get("EMQ_REQUIRE_C") == "1":
         pytest.fail("C backend required (EMQ_REQUIRE_C=1) but not built: "
                     + backend_mod.native_error())
-    pytest.skip("C extension not built: " + backend_mod.native_error())
+    return False
+
+
+def require_native() -> None:
+    """Skip the calling test when the C core is not built (fail under ``EMQ_REQUIRE_C=1``)."""
+    if not native_built():
+        import importlib
+
+        backend_mod = importlib.import_module("emqfast.backend")
+        pytest.skip("C extension not built: " + backend_mod.native_error())
 
 
 @pytest.fixture(params=["python", "c"])

@@ -22,7 +22,7 @@ import redis
 import emqfast
 from emqfast import ConnectionFailed, Leaderboard, Queue, Worker
 
-from conftest import _free_port, start_redis_server
+from conftest import _free_port, native_built, start_redis_server
 from lua_static import readme_least_privilege, readme_simple_rule
 from waiting import wait_until
 
@@ -114,7 +114,7 @@ def exercise_everything(url: str) -> None:
     q = Queue("acl-q", conn)
     previous = backend_mod.current()
     try:
-        for name in ("python", "c") if backend_mod.native_available() else ("python",):
+        for name in ("python", "c") if native_built() else ("python",):
             backend_mod.use(name)
             q.enqueue({"a": 1})
             q.enqueue_in(b"later", 50)
