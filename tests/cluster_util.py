@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List
 
 import redis
 
-
+from waiting import wait_until
 
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
@@ -101,7 +101,7 @@ class Cluster:
             except redis.RedisError:
                 return False
             return info.get("role") == "slave" and info.get("master_link_status") == "up"
-        _wait(linked, timeout, f"node {port} to rejoin as a replica")
+        wait_until(linked, timeout, f"node {port} to rejoin as a replica", interval=0.05)
 
     def wait_promoted(self, replica_port: int, timeout: float = 30.0) -> None:
         """Wait until the node on ``replica_port`` is a master serving slots and every
@@ -114,7 +114,7 @@ class Cluster:
             except redis.RedisError:
                 return False
             return all(_node_ok(p) for p in self.live_ports())
-        _wait(promoted, timeout, f"replica {replica_port} to take over")
+        wait_until(promoted, timeout, f"replica {replica_port} to take over", interval=0.05)
 
     def refresh_roles(self) -> None:
         """Re-read who is master and who replica (after a failover): ``ports`` := the live
@@ -140,14 +140,6 @@ class Cluster:
                 p.kill()
                 p.wait(5)
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _node_ok(port: int) -> bool:
@@ -197,14 +189,16 @@ def start_cluster(masters: int = 3, extra_args: Iterable[str] = (),
                  "--dir", str(node_dir), *extra_args],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for port in ports:
-            _wait(lambda: _pingable(port), timeout, f"cluster node {port} to start")
+            wait_until(lambda: _pingable(port), timeout, f"cluster node {port} to start",
+                       interval=0.05)
         subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
                         "--cluster-replicas", str(replicas), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                        timeout=timeout)
         cluster.proc_of.update(zip(ports, procs))
         for port in ports:
-            _wait(lambda: _node_ok(port), timeout, f"cluster_state:ok on {port}")
+            wait_until(lambda: _node_ok(port), timeout, f"cluster_state:ok on {port}",
+                       interval=0.05)
         if replicas:
             _split_roles(cluster, timeout)
     except BaseException:
@@ -229,7 +223,7 @@ def _split_roles(cluster: Cluster, timeout: float) -> None:
         replicas = [p for p, i in infos.items() if i.get("role") == "slave"]
         return bool(replicas) and all(infos[p].get("master_link_status") == "up"
                                       for p in replicas)
-    _wait(roles_settled, timeout, "replicas in sync with their masters")
+    wait_until(roles_settled, timeout, "replicas in sync with their masters", interval=0.05)
     everyone = cluster.ports + cluster.replica_ports
     cluster.ports[:] = [p for p in everyone if _role(p).get("role") == "master"]
     cluster.replica_ports[:] = [p for p in everyone if p not in cluster.ports]

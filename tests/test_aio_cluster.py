@@ -9,6 +9,7 @@ import redis.asyncio as aredis
 
 import emqfast.aio as emq
 from cluster_util import names_over_masters, start_cluster
+from waiting import wait_until_async
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,11 @@ def test_aio_facade_on_every_master(cluster, qname):
                 refs = await q.enqueue_many([1, 2, 3])
                 late = await q.enqueue_in("due", 20)
                 assert (await q.enqueue({"q": name}, job_id=first.id)).duplicate
-                while (await q.server_time_ms()) <= (await q.get(late.id)).run_at_ms:
-                    await asyncio.sleep(0.005)  # polling the server clock, not a fixed sleep
+                run_at = (await q.get(late.id)).run_at_ms
+
+                async def due(q=q, run_at=run_at) -> bool:
+                    return await q.server_time_ms() > run_at
+                await wait_until_async(due, 15, "the server clock to pass the late job's run_at")
                 assert await emq.promote_many(client, [q]) == {name: 1}
                 assert (await q.job_ids("pending"))[:3] == [r.id for r in refs]
 

@@ -10,7 +10,6 @@ master that owns their queue's slot.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 import threading
 import time
@@ -20,12 +19,15 @@ import redis
 from redis.crc import key_slot
 
 import emqfast
-from emqfast import Backoff, Queue, Worker
+from emqfast import Backoff, Leaderboard, Queue, Worker, promote_many
+from emqfast.facade import schedules
+from emqfast.tools import cli
 from emqfast.core.keys import QueueKeys
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 
 from cluster_util import migrate_slot, names_over_masters, start_cluster
+from waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.cluster
 backend_mod = importlib.import_module("emqfast.backend")
 
 _CLAIM = load("claim")
+POLL_S = 0.02  # waits here poll with cluster round trips: a gentler pace than the default
 
 
 @pytest.fixture(scope="module")
@@ -85,17 +88,6 @@ def claim(conn, q: Queue, n: int = 10, lease_ms: int = 30_000, worker: str = "w"
                           k.rate],
                    [n, lease_ms, worker, KEYSPACE_VERSION])
     return int(reply[1]), [reply[i].decode() for i in range(3, len(reply), 2)]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- the fixture itself ---------------------------------------------------------------
@@ -154,7 +146,8 @@ def test_delay_and_promote_on_the_server_clock(conn, names):
         moved = q.promote()
         if q.server_time_ms() < run_at:  # promote ran before run_at: it must not release
             assert moved == 0 and q.get(ref.id).state == "scheduled"
-        wait_for(lambda: q.promote() or q.get(ref.id).state == "pending", 10, "promotion")
+        wait_until(lambda: q.promote() or q.get(ref.id).state == "pending", 10, "promotion",
+                   interval=POLL_S)
         assert q.get(ref.id).state == "pending"
         assert q.server_time_ms() >= run_at
         assert q.job_ids("pending") == [ref.id]
@@ -192,7 +185,7 @@ def test_reap_returns_a_dead_workers_job(conn, names):
         status, claimed = claim(conn, q, lease_ms=100)
         assert (status, claimed) == (1, [ref.id])
         assert q.counts()["active"] == 1
-        wait_for(lambda: q.reap() == (1, 0), 10, "reap")
+        wait_until(lambda: q.reap() == (1, 0), 10, "reap", interval=POLL_S)
         job = q.get(ref.id)
         assert job.state == "pending" and job.stalls == 1
         assert q.job_ids("pending") == [ref.id]
@@ -270,9 +263,8 @@ def test_queue_keeps_working_while_its_slot_moves_to_another_master(cluster, con
 
 
 def test_leaderboard_on_cluster(cluster, conn, names):
-    lb_mod = pytest.importorskip("emqfast.leaderboard")
     for name in names:
-        board = lb_mod.Leaderboard(conn, name)
+        board = Leaderboard(conn, name)
         board.set_many({"ada": 97, "linus": 88, "grace": 97})
         board.incr("linus", 10)
         assert [(e.member, e.score) for e in board.top(3)] == [
@@ -305,7 +297,6 @@ def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names,
 
 
 def test_schedules_on_cluster(conn, names):
-    schedules = pytest.importorskip("emqfast.schedules")
     for name in names:
         q = Queue(name, conn)
         start = q.server_time_ms() - 250  # three slots already due: catch_up mints them
@@ -327,16 +318,13 @@ def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
     """bulk.promote_many pipelines due/promote for many queues at once; on a cluster the
     calls of queues on different masters travel in one ClusterPipeline (a round trip
     per node) because the C Batcher refuses cluster connections."""
-    if importlib.util.find_spec("emqfast.bulk") is None:
-        pytest.skip("emqfast.bulk not present")
-    from emqfast.facade.bulk import promote_many
-
     names = names_over_masters(cluster, 3, f"promote-{time.monotonic_ns()}")
     queues = [Queue(n, conn) for n in names]
     refs = {q.name: [r.id for r in q.enqueue_many(list(range(4)), delay_ms=200)]
             for q in queues}
     run_at = max(q.get(refs[q.name][-1]).run_at_ms for q in queues)
-    wait_for(lambda: queues[0].server_time_ms() > run_at, 10, "the jobs to fall due")
+    wait_until(lambda: queues[0].server_time_ms() > run_at, 10, "the jobs to fall due",
+               interval=POLL_S)
     moved = promote_many(conn, queues)
     assert moved == {n: 4 for n in names}
     for q in queues:
@@ -347,11 +335,7 @@ def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
 
 def test_cli_stats_and_jobs_on_cluster(cluster, conn):
     """The CLI discovers queues on every master (SCAN fans out) and reads them."""
-    if importlib.util.find_spec("emqfast.cli") is None:
-        pytest.skip("emqfast.cli not present")
     from click.testing import CliRunner
-
-    from emqfast.tools import cli
 
     names = names_over_masters(cluster, 1, f"cli-{time.monotonic_ns()}")
     refs = {n: Queue(n, conn).enqueue({"q": n}) for n in names}
@@ -560,7 +544,8 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
     acked = load.acked
     try:
         load.start()
-        wait_for(lambda: done() >= 300 or load.failed, 30, "jobs to flow before the kill")
+        wait_until(lambda: done() >= 300 or load.failed, 30, "jobs to flow before the kill",
+                   interval=POLL_S)
         cluster.kill(master)
         cluster.wait_promoted(replica, timeout=30)
         at_failover = dict((k, len(v)) for k, v in acked.items())
@@ -568,8 +553,9 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
         # until then waited enqueues get NotReplicated (no replica left) and are re-sent
         cluster.restart(master)
         cluster.refresh_roles()
-        wait_for(lambda: all(len(acked[k]) >= at_failover[k] + 100 for k in acked)
-                 or load.failed, 30, "both producers to carry on after the failover")
+        wait_until(lambda: all(len(acked[k]) >= at_failover[k] + 100 for k in acked)
+                   or load.failed, 30, "both producers to carry on after the failover",
+                   interval=POLL_S)
         load.stop_producers()
         all_acked = acked["waited"] + acked["plain"]
         with redis.Redis(port=replica, socket_timeout=5) as c:
@@ -583,8 +569,8 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
                 return {j for j, e in zip(ids, pipe.execute()) if e}
             lost = {k: sorted(set(v) - present(v)) for k, v in acked.items()}
             survivors = set(all_acked) - set(lost["waited"]) - set(lost["plain"])
-            wait_for(lambda: survivors <= completed_now() or load.failed, 60,
-                     "the worker to drain every surviving job")
+            wait_until(lambda: survivors <= completed_now() or load.failed, 60,
+                       "the worker to drain every surviving job", interval=POLL_S)
             counts = Queue(name, c).counts()
             survivors_list = sorted(survivors)
             pipe = c.pipeline(transaction=False)
