@@ -360,21 +360,6 @@ def replicated_cluster():
     c.stop()
 
 
-def require_wait_option() -> None:
-    """Issue 11 asks for a durability option that waits for a replica (WAIT); a missing
-    one fails the test that needs it (pending), never skips it."""
-    import inspect
-    if "wait_replicas" not in inspect.signature(Queue.__init__).parameters:
-        raise AssertionError("pending (issue 11): emqfast.Queue has no wait_replicas option; "
-                             "enqueues that wait for a replica cannot be tested yet")
-
-
-def durable_queue(name: str, conn) -> Queue:
-    """A Queue whose enqueues wait for one replica to acknowledge (WAIT)."""
-    require_wait_option()
-    return Queue(name, conn, wait_replicas=1)
-
-
 class _FailoverLoad:
     """Producers (plain and wait_replicas=1, own ids) and one Worker on one queue, for the
     failover test: the sync facade in threads. ``acked`` holds every id an enqueue
@@ -387,7 +372,6 @@ class _FailoverLoad:
         self.errors, self.untyped, self.execs = Counter(), Counter(), Counter()
         self.acked = {"waited": [], "plain": []}
         self.stop_producing = threading.Event()
-        self.missing_option = None
         self.failed: list = []
 
     def ids(self, kind: str, b: int) -> list:
@@ -398,10 +382,7 @@ class _FailoverLoad:
 
         conn = self.conn = emqfast.connect(self.url)
         plain = self.plain = Queue(self.name, conn)
-        try:
-            waited = durable_queue(self.name, conn)
-        except AssertionError as exc:  # measured without it; the test fails at the end
-            self.missing_option, waited = exc, plain
+        waited = Queue(self.name, conn, wait_replicas=1)  # enqueues wait for a replica
         lock = threading.Lock()
 
         def handler(job):
@@ -457,11 +438,7 @@ class _AioFailoverLoad(_FailoverLoad):
         async def main() -> None:
             conn = emqfast.aio.connect(self.url)
             plain = emqfast.aio.Queue(self.name, conn)
-            try:
-                require_wait_option()
-                waited = emqfast.aio.Queue(self.name, conn, wait_replicas=1)
-            except AssertionError as exc:
-                self.missing_option, waited = exc, plain
+            waited = emqfast.aio.Queue(self.name, conn, wait_replicas=1)
 
             async def handler(job):
                 self.execs[job.id] += 1
@@ -602,5 +579,3 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
     assert counts["active"] == 0 and counts["pending"] == 0, counts
     assert not lost["waited"], f"{len(lost['waited'])} waited enqueues lost: {lost['waited'][:5]}"
     assert result.never_run == 0 and not result.untyped_errors, result
-    if load.missing_option is not None:
-        raise load.missing_option
