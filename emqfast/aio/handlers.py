@@ -79,6 +79,12 @@ class JobTasks:
             self._running[job.id] = running
             running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
 
+    def _take_held(self, peek: bool = False) -> List[Held]:
+        """Jobs waiting for a handler: none. A task starts each job at once, and claims
+        take only free slots (``concurrency`` minus running or unacked), so no task ever
+        waits on the semaphore with a job of its own."""
+        return []
+
     async def _run_job(self, job: Job, token: str) -> None:
         """One job's task: its handler's outcome is queued for the acker; a job whose task
         was cancelled (shutdown, loop teardown) is queued for release instead: its handler

@@ -87,6 +87,9 @@ def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
     return int(reply[0]), int(reply[1]), int(reply[2]), pairs
 
 
+CLAIM_PAUSED, CLAIM_OK, CLAIM_RATE_LIMITED = 0, 1, 2  # parse_claim's status
+
+
 def due_now(status: int, next_due: int, now: int) -> bool:
     """A claim reply says a delayed job (or retry) is due: promote it now, whether or not
     the claim leased jobs (a backlog must not hold a due job back until claims run dry)."""

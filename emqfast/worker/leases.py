@@ -32,7 +32,8 @@ class LeaseKeeping:
 
     # --- the beat -----------------------------------------------------------------------
     def _beat_if_due(self) -> Logic:
-        """Once per ``beat_s``: renew leases, reap, promote, trim, pump schedules, hooks."""
+        """Once per ``beat_s``: renew leases, reap, promote, trim, pump schedules, release held
+        jobs of a paused queue, hooks."""
         now = time.monotonic()
         if now < self._next_beat:
             return
@@ -50,6 +51,7 @@ class LeaseKeeping:
                                       "keep_failed": self.keep_failed,
                                       "max_age_ms": self.max_age_ms})
         yield from self._pump_schedules()
+        yield from self._check_paused()
         for hook in self.beat_hooks:
             yield Invoke(hook)
 

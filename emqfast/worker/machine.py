@@ -10,7 +10,8 @@ differs between threads and asyncio:
 - ``_drive(logic)``: run a generator, performing its effects (``_do_send``,
   ``_do_pipeline``, ``_do_sleep``, ``_do_invoke``, ``_do_wait_for_room``,
   ``_do_wait_drained``, ``_do_pop_marker``);
-- ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers;
+- ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers, and
+  ``_take_held(peek)``: take back those whose handler has not begun (a paused queue);
 - ``_guard`` (a context manager around shared state) and ``_notify()`` (a job ended or
   an outcome was written: wake the claim loop);
 - ``_stop_requested()`` and ``stop()``.
@@ -146,6 +147,8 @@ class WorkerMachine(LeaseKeeping, Acking):
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)
+        if status == core.CLAIM_PAUSED:
+            yield from self._release_held()
         served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
         self._server_offset_ms = now - time.monotonic() * 1000
         # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
@@ -208,6 +211,23 @@ class WorkerMachine(LeaseKeeping, Acking):
             if self._next_schedule_ms is None or score < self._next_schedule_ms:
                 self._next_schedule_ms = score
             end = min(end, time.monotonic() + ahead_ms / 1000)
+
+    # --- pause --------------------------------------------------------------------------
+    def _check_paused(self) -> Logic:
+        """On the beat, while jobs wait for a handler: a claim loop whose slots are all
+        busy does not claim, so it asks whether the queue was paused meanwhile."""
+        if self._take_held(peek=True) and (yield Invoke(self.queue.is_paused)):
+            yield from self._release_held()
+
+    def _release_held(self) -> Logic:
+        """The queue is paused: jobs claimed and started but not yet begun by a handler go
+        back (release.lua) instead of running; running handlers finish."""
+        held = self._take_held()
+        if held:
+            log.info("%s: queue %s paused; releasing %d jobs not begun", self._who,
+                     self.queue.name, len(held))
+            until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+            yield from self._releasing(held, until)
 
     # --- starting jobs ------------------------------------------------------------------
     def _start(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:

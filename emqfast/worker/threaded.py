@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import logging
 import queue as queue_mod
-import signal
 import threading
 import time
 import traceback
@@ -30,7 +29,7 @@ from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.core.validation import check_int
-from emqfast.worker import core, effects
+from emqfast.worker import core, effects, signals
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import (Outcome, awaitable_result, failure, job_group,
@@ -118,7 +117,7 @@ class Worker(WorkerMachine):
         docstring for handlers still running after ``shutdown_timeout_s``). Raises
         :class:`~emqfast.errors.PermissionDenied` when Redis refuses the worker's commands
         for good, :class:`~emqfast.errors.EvictionRisk` on an evicting server."""
-        restore = self._install_signals()
+        restore = signals.install(self.stop, self.name)
         try:
             self._serve(until_idle=False, deadline=None, wait_scheduled=False)
         finally:
@@ -234,6 +233,15 @@ class Worker(WorkerMachine):
         for _ in range(spawn):
             self._pool.submit(self._drain_ready)
 
+    def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
+        """``(id, token, group)`` of jobs waiting for a handler thread, taken from the
+        queue (``peek``: left there)."""
+        with self._lock:
+            held = [(job.id, token, job_group(job)) for job, token in self._ready]
+            if not peek:
+                self._ready.clear()
+            return held
+
     def _drain_ready(self) -> None:
         """One handler slot: run waiting jobs one after another until none is left."""
         done: List[Outcome] = []
@@ -341,10 +349,8 @@ class Worker(WorkerMachine):
         for (its lease kept) rather than released."""
         pool, self._pool = self._pool, None
         end = time.monotonic() + self.shutdown_timeout_s
-        with self._lock:  # claimed but not started yet: hand back now instead of running
-            waiting = [(job.id, token, job_group(job)) for job, token in self._ready]
-            self._ready.clear()
-        self._drive(self._releasing(waiting, end))
+        # claimed but not started yet: hand back now instead of running
+        self._drive(self._releasing(self._take_held(), end))
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
@@ -381,20 +387,3 @@ class Worker(WorkerMachine):
                 except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
                     log.error("emqfast worker %s: cannot extend leases while stopping (%s)",
                               self.name, exc)
-
-    def _install_signals(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            log.info("emqfast worker %s: signal %d, shutting down gracefully", self.name, signum)
-            self.stop()
-
-        for s in previous:
-            signal.signal(s, on_signal)
-
-        def restore() -> None:
-            for s, h in previous.items():
-                signal.signal(s, h)
-        return restore
