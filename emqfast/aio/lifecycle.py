@@ -71,6 +71,8 @@ class Lifecycle:
         # but outcomes must still be written and a slow handler's lease kept
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
         leases = await self._alive(leases, self._lease_loop, "emq-leases")
+        # a claim or start that the cancellation of run() cut short: its jobs go back
+        await self._drive(self._settle(time.monotonic() + min(self.shutdown_timeout_s, 5.0)))
         await self._grace_period()
         late = self._job_tasks()
         for task in late:

@@ -31,7 +31,8 @@ from emqfast.worker import core
 from emqfast.worker.acking import Acking
 from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
 from emqfast.worker.leases import LeaseKeeping
-from emqfast.worker.resend import Backoff, until_done, wait_out
+from emqfast.worker.outcomes import job_group
+from emqfast.worker.resend import Backoff, typed, until_done, wait_out
 from emqfast.worker.rows import JobRows
 from emqfast.worker.stats import RunningJob, WorkerStats
 
@@ -83,6 +84,10 @@ class WorkerMachine(LeaseKeeping, Acking):
         # popped since); None = nothing known, pump on the beat only
         self._next_schedule_ms: Optional[float] = None
         self._waiter: Any = None  # the driver's MarkerWaiter, made on the first wait
+        # a claim sent whose reply was not read yet, and claimed pairs no handler has got:
+        # what the shutdown hands back when a call was cut short (see _settle)
+        self._claiming: Any = None
+        self._unstarted: List[Tuple[str, str]] = []
         self.beat_hooks: List[Callable[[], Any]] = []
 
     # --- state ----------------------------------------------------------------------------
@@ -147,6 +152,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)
+        self._claiming, self._unstarted = None, list(pairs)
         if status == core.CLAIM_PAUSED:
             yield from self._release_held()
         served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
@@ -173,6 +179,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         self._claim_seq += 1
         claim = core.claim_call(self._keys, n, self.lease_ms, self.name, self._groups,
                                 f"{self._claim_prefix}:{self._claim_seq}")
+        self._claiming = claim
         return (yield from until_done(claim, "claim", self._who, self._stop_overdue))
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
@@ -229,11 +236,46 @@ class WorkerMachine(LeaseKeeping, Acking):
             until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
             yield from self._releasing(held, until)
 
+    # --- shutdown -----------------------------------------------------------------------
+    def _settle(self, until: float) -> Logic:
+        """Hand back jobs leased to this worker that no handler got: a claim or start cut
+        short (the asyncio run() task cancelled mid-call, a permanent error). Both are safe
+        to re-send with the same arguments (the claim by its request id, start by the
+        token: each returns what its first send did); the jobs are then released instead
+        of waiting out their leases. Tried until ``until`` (monotonic s), then logged."""
+        try:
+            held = yield from self._unclaimed(lambda: time.monotonic() > until)
+            if held:
+                yield from self._releasing(held, until)
+        except Exception as exc:  # noqa: BLE001 - their leases expire; the reaper re-runs them
+            log.warning("%s: could not hand back claimed jobs while stopping (%s); the reaper "
+                        "will", self._who, typed(exc))
+
+    def _unclaimed(self, give_up: Callable[[], bool]) -> Logic:
+        """``(id, token, group)`` of the jobs a cut-short claim or start left with us."""
+        claim, self._claiming = self._claiming, None
+        if claim is not None:
+            reply = yield from until_done(claim, "claim", self._who, give_up)
+            if reply is not None:
+                self._unstarted += core.parse_claim(reply)[3]
+        pairs, self._unstarted = self._unstarted, []
+        held: List[Tuple[str, str, Optional[str]]] = []
+        for at in range(0, len(pairs), core.START_CHUNK):
+            chunk = pairs[at:at + core.START_CHUNK]
+            rows = yield from until_done(core.start_call(self._keys, chunk), "start",
+                                         self._who, give_up)
+            if rows is not None:  # a job whose lease is gone has an empty row: not ours
+                held += [(job.id, token, job_group(job))
+                         for job, token in core.started_jobs(self._rows, chunk, rows)]
+        return held
+
     # --- starting jobs ------------------------------------------------------------------
     def _start(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
         """Start claimed jobs in calls of at most ``START_CHUNK`` (bounded work per call)."""
         for at in range(0, len(pairs), core.START_CHUNK):
-            yield from self._start_chunk(pairs[at:at + core.START_CHUNK], groups)
+            chunk = pairs[at:at + core.START_CHUNK]
+            yield from self._start_chunk(chunk, groups)
+            del self._unstarted[:len(chunk)]  # handed out (or no longer ours)
 
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
         start = core.start_call(self._keys, pairs, groups)

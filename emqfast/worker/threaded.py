@@ -350,6 +350,7 @@ class Worker(WorkerMachine):
         pool, self._pool = self._pool, None
         end = time.monotonic() + self.shutdown_timeout_s
         # claimed but not started yet: hand back now instead of running
+        self._drive(self._settle(end))
         self._drive(self._releasing(self._take_held(), end))
         if self._waiter is not None:
             self._waiter.close()
