@@ -110,7 +110,7 @@ _TEARDOWN = """
         gate = asyncio.Event()
         q = emq.Queue(qname, emq.connect(url))
         handler = {"quick": quick, "slow": slow, "plain": plain}[mode]
-        w = emq.Worker(q, handler, concurrency=want, shutdown_timeout_s=30)
+        w = emq.Worker(q, handler, concurrency=want, shutdown_timeout_s=30, keep_completed=10_000)
         asyncio.ensure_future(w.run())  # never stopped nor awaited: main just returns
         await wait_until_async(lambda: started >= want, 30, "every handler to start",
                                interval=0.001)

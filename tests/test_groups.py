@@ -16,6 +16,9 @@ from engine_util import make_queue, wait_server_past
 from waiting import wait_until
 
 BIG, SMALL = 5000, 10
+# The Worker's beat trims completed jobs to keep_completed (default 1,000) every 5 s: a run
+# slower than that on a loaded host would trim the jobs the tests count.
+KEEP_ALL = 100_000
 
 
 def _fair_handler(q_counts, seen: dict):
@@ -39,7 +42,7 @@ def test_small_tenant_finishes_while_big_one_still_has_thousands_pending(redis_u
     assert q.counts()["pending"] == q.counts()["grouped"] == BIG + SMALL
     seen = {"small": 0}
     w = emqfast.Worker(q, _fair_handler(lambda: q.groups.counts("big")["pending"], seen),
-                       concurrency=4)
+                       concurrency=4, keep_completed=KEEP_ALL)
     w.run_until_idle(timeout_s=120)
     assert seen["small"] == SMALL
     assert seen["big_pending"] >= 3000, seen  # thousands of the big tenant still waiting
@@ -55,7 +58,8 @@ def test_fairness_under_the_aio_worker(redis_url, qname):
         sync_q = make_queue(redis_url, qname)  # read the lane from the handler (a thread-free call)
         seen = {"small": 0}
         handler = _fair_handler(lambda: sync_q.groups.counts("big")["pending"], seen)
-        await emq.Worker(q, handler, concurrency=4).run_until_idle(timeout_s=120)
+        await emq.Worker(q, handler, concurrency=4,
+                         keep_completed=KEEP_ALL).run_until_idle(timeout_s=120)
         return seen, await q.counts()
     seen, counts = asyncio.run(asyncio.wait_for(main(), 150))
     assert seen["small"] == SMALL
