@@ -12,6 +12,8 @@ import threading
 import time
 from typing import List, Tuple
 
+import pytest
+
 import emqfast
 import emqfast.aio as emq
 from emqfast.facade.backoff import Backoff
@@ -48,12 +50,38 @@ class RunLog:
 
 # --- item 1: due jobs do not wait behind a backlog ----------------------------------------
 
+# The delayed job is enqueued first: promoted, it keeps its arrival place at the head of
+# priority 0. Its delay must outlast enqueueing the backlog (else it is due before any job
+# runs and proves nothing); on a loaded host that can take longer than DELAY_MS, so the
+# set-up starts over with a longer delay (the drain still outlasts it several times).
+_DELAYS_MS = (DELAY_MS, 2 * DELAY_MS, 4 * DELAY_MS)
+
+
+def _delayed_then_backlog(q) -> Tuple[str, float]:
+    for delay_ms in _DELAYS_MS:
+        delayed = q.enqueue("late", delay_ms=delay_ms).id
+        due_at = time.monotonic() + delay_ms / 1000
+        q.enqueue_many(["x"] * BACKLOG)
+        if time.monotonic() < due_at - 0.2:
+            return delayed, due_at
+        q.obliterate()
+    pytest.fail("enqueueing the backlog outlasted every delay tried")
+
+
+async def _delayed_then_backlog_async(q) -> Tuple[str, float]:
+    for delay_ms in _DELAYS_MS:
+        delayed = (await q.enqueue("late", delay_ms=delay_ms)).id
+        due_at = time.monotonic() + delay_ms / 1000
+        await q.enqueue_many(["x"] * BACKLOG)
+        if time.monotonic() < due_at - 0.2:
+            return delayed, due_at
+        await q.obliterate()
+    pytest.fail("enqueueing the backlog outlasted every delay tried")
+
+
 def test_due_delayed_job_runs_long_before_the_backlog_drains(redis_url, qname):
     q = make_queue(redis_url, qname)
-    # enqueued first: promoted, it keeps its arrival place at the head of priority 0
-    delayed = q.enqueue("late", delay_ms=DELAY_MS).id
-    due_at = time.monotonic() + DELAY_MS / 1000
-    q.enqueue_many(["x"] * BACKLOG)
+    delayed, due_at = _delayed_then_backlog(q)
     log = RunLog()
 
     def handler(job):
@@ -96,9 +124,7 @@ def test_due_delayed_job_behind_a_backlog_aio_worker(redis_url, qname):
 
     async def main():
         q = emq.Queue(qname, emq.connect(redis_url))
-        delayed = (await q.enqueue("late", delay_ms=DELAY_MS)).id
-        due_at = time.monotonic() + DELAY_MS / 1000
-        await q.enqueue_many(["x"] * BACKLOG)
+        delayed, due_at = await _delayed_then_backlog_async(q)
 
         async def handler(job):
             log.note(job.id)
