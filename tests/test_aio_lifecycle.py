@@ -76,6 +76,17 @@ def test_handler_cancelled_error_is_a_failure_not_a_wedged_slot(redis_url, qname
     assert stats.failed == 3 and counts["active"] == 0
 
 
+def test_thread_worker_records_a_cancelled_error_as_a_failure_too(redis_url, qname):
+    """The same rule on the one worker core, driven by threads: a handler raising a
+    BaseException (CancelledError) fails its job and frees its slot."""
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url), attempts=1)
+    refs = [q.enqueue(i) for i in range(3)]
+    stats = emqfast.Worker(q, _plain_raises, concurrency=1,
+                           shutdown_timeout_s=2).run_until_idle(timeout_s=20)
+    assert [q.get(r.id).state for r in refs] == ["failed"] * 3
+    assert stats.failed == 3 and q.counts()["active"] == 0
+
+
 # --- item 2: main() returning: asyncio.run's teardown cancels everything ---------------------
 
 _TEARDOWN = """
@@ -307,6 +318,27 @@ def test_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname, caplog, m
         return stats
     with caplog.at_level(logging.WARNING, logger="emqfast"):
         stats = run(main())
+    assert stats.completed == 40 and stats.lease_lost == 0
+    assert not [r for r in caplog.records if "was lost" in r.getMessage()]
+
+
+def test_thread_worker_gives_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname,
+                                                                        caplog, monkeypatch):
+    original = emqfast.Worker._call
+
+    def slow_extend(self, call):  # an extend that lands after the job's ack
+        if call.script.name == "extend":
+            time.sleep(0.25)
+        return original(self, call)
+    monkeypatch.setattr(emqfast.Worker, "_call", slow_extend)
+
+    def handler(job):
+        time.sleep(0.2)  # a renewal falls due (lease 400 ms: a third used)
+
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+    q.enqueue_many(list(range(40)))
+    with caplog.at_level(logging.WARNING, logger="emqfast"):
+        stats = emqfast.Worker(q, handler, concurrency=20, lease_ms=400).run_until_idle(20)
     assert stats.completed == 40 and stats.lease_lost == 0
     assert not [r for r in caplog.records if "was lost" in r.getMessage()]
 
