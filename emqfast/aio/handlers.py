@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from emqfast.facade.job import Job
 from emqfast.worker import core
-from emqfast.worker.outcomes import Outcome, failure, job_group, success
+from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
 from emqfast.worker.stats import RunningJob
 
 log = logging.getLogger("emqfast.worker")
@@ -114,6 +114,7 @@ class JobTasks:
     async def _handle(self, job: Job) -> Any:
         """The handler's result: a coroutine awaited (its steps timed), a plain function
         run in the executor (and what it returns awaited when awaitable)."""
+        check_decodable(job)
         if self._is_coro:
             result = self.handler(job)
             if inspect.iscoroutine(result):

@@ -27,14 +27,21 @@ def encode(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Tuple[by
     return data, enc
 
 
-
 def decode(data: bytes | None, enc: bytes | str | None) -> Any:
-    """Inverse of :func:`encode`."""
+    """Inverse of :func:`encode`. A stored payload that is neither (an unknown ``enc`` tag,
+    JSON that does not parse: a hash edited or corrupted outside emqfast) is a
+    :class:`PayloadError`, never guessed at (and never unpickled)."""
     if data is None:
         return None
     if enc in (b"b", "b"):
         return data
-    return json.loads(data)
+    if enc not in (None, b"", "", b"j", "j"):
+        raise PayloadError(f"stored payload has an unknown encoding tag {enc!r} "
+                           "(emqfast writes 'b' for bytes or 'j' for JSON)")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PayloadError(f"stored payload is not valid JSON: {exc}") from None
 
 
 def encode_result(value: Any) -> bytes:

@@ -65,6 +65,9 @@ class Job:
     _progress: Optional[Callable[[Any], None]] = field(default=None, repr=False, compare=False)
     _progress_async: Optional[Callable[[Any], Awaitable[None]]] = field(default=None, repr=False,
                                                                         compare=False)
+    # set by the Workers when the stored payload cannot be decoded: the job fails with it
+    # (no retry) instead of its handler running, and the worker goes on with the others
+    _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes],

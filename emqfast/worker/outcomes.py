@@ -49,6 +49,13 @@ def success(job: Job, token: str, result: Any) -> Done:
     return Done(job, token, b"null" if result is None else codec.encode_result(result))
 
 
+def check_decodable(job: Job) -> None:
+    """Raise the :class:`PayloadError` of a job whose stored payload could not be decoded,
+    before its handler would run: it fails for good (retrying cannot help)."""
+    if job._undecodable is not None:
+        raise job._undecodable
+
+
 def failure(job: Job, token: str, exc: BaseException, tb: str) -> Failed:
     """A handler's exception as the outcome to write; Unrecoverable and bad payloads never retry."""
     may_retry = not isinstance(exc, (Unrecoverable, PayloadError))

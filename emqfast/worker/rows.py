@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from emqfast.core import codec
+from emqfast.core.errors import PayloadError
 from emqfast.facade import options
 from emqfast.facade.job import Job
 
@@ -40,8 +41,13 @@ class JobRows:
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times if times else (None, None)
         max_attempts, priority, backoff, extra = self._parse(opts)
-        return Job(id=job_id, queue=self.queue, state="active",
-                   payload=codec.decode(payload, enc), attempts=int(attempts),
+        undecodable = None
+        try:
+            payload = codec.decode(payload, enc)
+        except PayloadError as exc:  # one corrupt hash must not stop the worker
+            undecodable = exc
+        return Job(id=job_id, queue=self.queue, state="active", _undecodable=undecodable,
+                   payload=payload, attempts=int(attempts),
                    max_attempts=max_attempts, priority=priority, backoff=backoff,
                    created_ms=int(created) if created is not None else None,
                    run_at_ms=int(run_at) if run_at is not None else None,

@@ -32,8 +32,8 @@ from emqfast.core.validation import check_int
 from emqfast.worker import core, effects, signals
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import (Outcome, awaitable_result, failure, job_group,
-                                     refuse_async_handler, success)
+from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable, failure,
+                                     job_group, refuse_async_handler, success)
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import RunningJob, WorkerStats
@@ -271,6 +271,7 @@ class Worker(WorkerMachine):
     def _run_one(self, job: Job, token: str) -> Outcome:
         """Run the handler; the outcome the acker writes."""
         try:
+            check_decodable(job)
             result = self.handler(job)
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
             return failure(job, token, exc, traceback.format_exc())
