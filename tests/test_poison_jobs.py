@@ -14,7 +14,8 @@ import emqfast
 import emqfast.aio as emq
 from emqfast.errors import PayloadError
 
-CORRUPTIONS = {"bad-json": {"payload": b"{not json"}, "unknown-enc": {"enc": "p"}}
+CORRUPTIONS = {"bad-json": {"payload": b"{not json"}, "unknown-enc": {"enc": "p"},
+               "bad-options": {"opts": b'{"a": "three"'}}
 
 
 def _poison(r: redis.Redis, q, job_id: str, how: str) -> None:
@@ -66,5 +67,5 @@ def test_reading_a_poisoned_job_is_a_typed_error(r, qname, how):
     q = emqfast.Queue(qname, r)
     ref = q.enqueue({"n": 1})
     _poison(r, q, ref.id, how)
-    with pytest.raises(PayloadError, match="stored payload"):
+    with pytest.raises(PayloadError, match="stored"):
         q.get(ref.id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
+from emqfast.core.errors import PayloadError
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 
 DEFAULT_ATTEMPTS = 3
@@ -42,8 +43,12 @@ def encode(attempts: int, priority: int, backoff: Backoff,
 
 def decode(raw: Optional[bytes]) -> Options:
     """Inverse of :func:`encode`; ``None`` / empty (no field) means :data:`DEFAULT_OPTIONS`."""
-    opts: Mapping[str, Any] = json.loads(raw) if raw else DEFAULT_OPTIONS
-    # a stored blob without "a" reads as one run, as it always has
-    return Options(int(opts.get("a", 1)), int(opts.get("p", 0)),
-                   Backoff.from_json(opts["b"]) if opts.get("b") else None,
-                   {k: opts[k] for k in opts if k not in _KNOWN})
+    try:
+        opts: Mapping[str, Any] = json.loads(raw) if raw else DEFAULT_OPTIONS
+        # a stored blob without "a" reads as one run, as it always has
+        return Options(int(opts.get("a", 1)), int(opts.get("p", 0)),
+                       Backoff.from_json(opts["b"]) if opts.get("b") else None,
+                       {k: opts[k] for k in opts if k not in _KNOWN})
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        # edited or corrupted outside emqfast: typed, never guessed at
+        raise PayloadError(f"stored job options are malformed: {exc}") from None

@@ -40,12 +40,13 @@ class JobRows:
         the default options, never delayed; rows of older scripts end after ``created``)."""
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times if times else (None, None)
-        max_attempts, priority, backoff, extra = self._parse(opts)
         undecodable = None
         try:
+            max_attempts, priority, backoff, extra = self._parse(opts)
             payload = codec.decode(payload, enc)
         except PayloadError as exc:  # one corrupt hash must not stop the worker
             undecodable = exc
+            max_attempts, priority, backoff, extra = self._parse(None)
         return Job(id=job_id, queue=self.queue, state="active", _undecodable=undecodable,
                    payload=payload, attempts=int(attempts),
                    max_attempts=max_attempts, priority=priority, backoff=backoff,
