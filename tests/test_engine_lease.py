@@ -325,22 +325,22 @@ def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
     """A Worker's ack batch becomes complete.lua calls of at most COMPLETE_CHUNK jobs and ~1 MB of
     results (Redis drops a client whose single command outgrows its query buffer), with
     each failure in a call of its own; every outcome maps back to its own reply."""
-    from emqfast.worker import core
+    from emqfast.worker import acks, outcomes
     from emqfast.facade.job import Job
 
     def job(i: int) -> Job:
         return Job(id=f"JOB{i:024d}", queue=q.name, state="active", payload=None, attempts=1,
                    max_attempts=3, priority=0, backoff=None)
 
-    small = [core.success(job(i), f"w:{i}", i) for i in range(450)]
-    big = [core.success(job(1000 + i), f"w:{i}", "x" * 600_000) for i in range(4)]
-    failed = core.failure(job(2000), "w:f", RuntimeError("no"), "tb")
-    plan = core.AckPlan(q.keys, [*small[:100], failed, *small[100:], *big])
+    small = [outcomes.success(job(i), f"w:{i}", i) for i in range(450)]
+    big = [outcomes.success(job(1000 + i), f"w:{i}", "x" * 600_000) for i in range(4)]
+    failed = outcomes.failure(job(2000), "w:f", RuntimeError("no"), "tb")
+    plan = acks.AckPlan(q.keys, [*small[:100], failed, *small[100:], *big])
     per_call = [(len(c.keys) - 6, sum(len(a) for a in c.args[3::6])) for c in plan.calls
                 if c.script.name == "complete"]
-    c = core.COMPLETE_CHUNK  # full calls of small results, then the rest shares a call
+    c = acks.COMPLETE_CHUNK  # full calls of small results, then the rest shares a call
     assert [n for n, _ in per_call] == [c] * (450 // c) + [450 % c + 1, 1, 1, 1]  # with a big one
-    assert all(size <= core.COMPLETE_CHUNK_BYTES or n == 1 for n, size in per_call)
+    assert all(size <= acks.COMPLETE_CHUNK_BYTES or n == 1 for n, size in per_call)
     assert sum(c.script.name == "fail" for c in plan.calls) == 1
     assert plan.retrying.count(None) == 454 and plan.retrying[100] is True
     # replies map back in batch order: the failure's own, then each job's entry

@@ -28,7 +28,7 @@ import redis
 
 import emqfast
 import emqfast.aio
-from emqfast.worker import core
+from emqfast.worker import acks, core, outcomes, resend
 from emqfast.core.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
 
 from conftest import dump_queue, start_redis_server
@@ -118,7 +118,7 @@ def test_capped_group_claim_without_lex_rights_fails_before_popping(redis_url, q
         call = core.claim_call(admin.keys, 5, 30_000, "w", ["g"], "req-1")
         with pytest.raises(Exception) as err:  # noqa: B017 - typed below
             call.script(limited, call.keys, call.args)
-        assert isinstance(core.typed(err.value), PermissionDenied), err.value
+        assert isinstance(resend.typed(err.value), PermissionDenied), err.value
         # nothing was popped: the flat job still waits
         assert r.zscore(admin.keys.pending, flat.id) is not None
         assert r.hlen(admin.keys.leases) == 0
@@ -137,7 +137,7 @@ def test_a_resent_claim_returns_its_leases_and_pops_nothing_more(redis_url, qnam
     assert r.zcard(q.keys.pending) == 6 and r.hlen(q.keys.leases) == 4
     # a lease that ended since is not handed back
     _start(q, first[:1])
-    core_call = core.complete_call(q.keys, [("done", q.get(first[0][0]), first[0][1], b"1")])
+    core_call = acks.complete_call(q.keys, [outcomes.Done(q.get(first[0][0]), first[0][1], b"1")])
     core_call.script(q.redis, core_call.keys, core_call.args)
     assert _pairs(q, 4, request="req-7") == first[1:]
     # the next request claims anew
@@ -163,7 +163,7 @@ def test_a_resent_complete_reports_success_and_counts_once(redis_url, qname, r):
     pairs = _pairs(q, 1)
     _start(q, pairs)
     job = q.get(pairs[0][0])
-    call = core.complete_call(q.keys, [("done", job, pairs[0][1], b"1")])
+    call = acks.complete_call(q.keys, [outcomes.Done(job, pairs[0][1], b"1")])
     call.script(q.redis, call.keys, call.args)
     state = dump_queue(r, qname)
     reply = call.script(q.redis, call.keys, call.args)
@@ -179,8 +179,8 @@ def test_a_resent_fail_reports_success_and_counts_once(redis_url, qname, r, retr
     pairs = _pairs(q, 1)
     _start(q, pairs)
     job = q.get(pairs[0][0])
-    outcome = core.failure(job, pairs[0][1], ValueError("boom"), "tb")
-    call, retrying = core.fail_call(q.keys, outcome)
+    outcome = outcomes.failure(job, pairs[0][1], ValueError("boom"), "tb")
+    call, retrying = acks.fail_call(q.keys, outcome)
     assert retrying == retry
     first = call.script(q.redis, call.keys, call.args)
     state = dump_queue(r, qname)

@@ -14,7 +14,7 @@ from emqfast.core.ops import Call
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.backends.scripts import load
 from emqfast.facade.metrics import Observations
-from emqfast.worker.outcomes import Done, Failed, Outcome, as_done, job_group, retry_delay_ms
+from emqfast.worker.outcomes import Done, Failed, Outcome, job_group, retry_delay_ms
 
 _COMPLETE = load("complete")
 _FAIL = load("fail")
@@ -31,7 +31,6 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
     """complete.lua for many successful outcomes: one call, one reply entry per job. Each
     job's attempt, start and wait go along, as start.lua reported them, so the script
     need not read them back from every job hash."""
-    done = [as_done(o) for o in done]
     args: List[Any] = [KEYSPACE_VERSION]
     for o in done:
         args += (o.job.id, o.token, o.result, *run_record(o.job))

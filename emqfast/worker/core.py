@@ -21,13 +21,6 @@ from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.backends.scripts import load
 from emqfast.worker.rows import JobRows
 from emqfast.facade.job import Job
-# re-exported: callers and tests that knew them here (issue 13 split this module)
-from emqfast.worker.acks import (AckPlan, COMPLETE_CHUNK, COMPLETE_CHUNK_BYTES,  # noqa: F401
-    complete_call, fail_call, free_calls, metrics_call, run_record, run_times)
-from emqfast.worker.outcomes import (Done, Failed, Outcome, awaitable_result,  # noqa: F401
-    failure, forget_run, is_async_handler, job_group, log_context, refuse_async_handler,
-    retry_delay_ms, success, tally)
-from emqfast.worker.resend import Backoff, transient, transient_slots, typed  # noqa: F401
 
 log = logging.getLogger("emqfast.worker")
 

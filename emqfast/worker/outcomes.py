@@ -38,12 +38,6 @@ class Failed(NamedTuple):
 Outcome = Union[Done, Failed]
 
 
-def as_done(outcome: Any) -> Done:
-    """``outcome`` as a :class:`Done`; also takes the ``("done", job, token, result)``
-    tuple outcomes were before issue 13 (some tests still build those)."""
-    return outcome if isinstance(outcome, Done) else Done(*outcome[1:])
-
-
 def success(job: Job, token: str, result: Any) -> Done:
     """A handler's return value as the outcome to write (JSON result)."""
     return Done(job, token, b"null" if result is None else codec.encode_result(result))
