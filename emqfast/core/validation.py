@@ -6,12 +6,16 @@ is sent, so bad input never reaches Redis.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from emqfast.core.errors import InvalidInput, KindError, RangeError
 
 JOB_BRAND = "JOB"
 MAX_NAME_BYTES = 200
+# ASCII control characters (\x00..\x1f and DEL): in a name they break line-based output
+# (`emqfast stats`, logs) and are never meant.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -23,12 +27,25 @@ def check_int(value: Any, name: str, lo: int, hi: int) -> int:
     return value
 
 
+def check_printable_name(name: str, what: str) -> str:
+    """Refuse a whitespace-only ``name`` or one holding a control character (``\\n``,
+    ``\\t``, NUL, ...): such names print as nothing or break line-based output."""
+    if not name.strip():
+        raise InvalidInput(f"{what} name must not be whitespace only, got {name[:40]!r}")
+    if _CONTROL.search(name):
+        raise InvalidInput(f"{what} name must not contain control characters "
+                           f"(newline, tab, NUL, ...), got {name[:40]!r}")
+    return name
+
+
 def check_queue_name(name: str) -> str:
-    """Validate a queue name: non-empty text, no ``{``/``}`` (they would move the hash tag)."""
+    """Validate a queue name: non-empty text, no ``{``/``}`` (they would move the hash tag),
+    not whitespace only, no control characters."""
     if not isinstance(name, str) or not name:
         raise InvalidInput("queue name must be a non-empty str")
     if "{" in name or "}" in name:
         raise InvalidInput("queue name must not contain '{' or '}' (they would break the hash tag)")
+    check_printable_name(name, "queue")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise InvalidInput(f"queue name longer than {MAX_NAME_BYTES} bytes")
     try:
@@ -54,7 +71,8 @@ def check_job_id(job_id: str) -> str:
 
 
 def check_schedule_name(name: str) -> str:
-    """Validate a schedule name: non-empty text, no ``{``/``}``, at most 200 UTF-8 bytes.
+    """Validate a schedule name: non-empty text, no ``{``/``}``, not whitespace only, no
+    control characters, at most 200 UTF-8 bytes.
 
     The name is both the registry member and the suffix of its record key
     (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name.
@@ -63,6 +81,7 @@ def check_schedule_name(name: str) -> str:
         raise InvalidInput("schedule name must be a non-empty str")
     if "{" in name or "}" in name:
         raise InvalidInput("schedule name must not contain '{' or '}' (they would break the hash tag)")
+    check_printable_name(name, "schedule")
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:
@@ -73,13 +92,15 @@ def check_schedule_name(name: str) -> str:
 
 
 def check_group_name(name: str) -> str:
-    """Validate a group (lane) name: non-empty text, no ``{``/``}`` and no NUL, at most
+    """Validate a group (lane) name: non-empty text, no ``{``/``}``, not whitespace only,
+    no control characters (so no NUL), at most
     200 UTF-8 bytes. It is the suffix of the lane key ``emq:{q}:g:<group>:pending``, and
     claim.lua files active grouped jobs under ``<group>\\0<job id>`` (so no NUL inside)."""
     if not isinstance(name, str) or not name:
         raise InvalidInput("group name must be a non-empty str")
     if "{" in name or "}" in name or "\0" in name:
         raise InvalidInput("group name must not contain '{', '}' or NUL")
+    check_printable_name(name, "group")
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:

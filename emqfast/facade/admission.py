@@ -13,6 +13,7 @@ from emqfast.core.errors import InvalidInput, NotReplicated
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Call, Columns, Slot
 from emqfast.core.scores import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
+from emqfast.core.times import Delay, RunAt, delay_ms as check_delay, run_at_ms as check_run_at
 from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import options
@@ -37,14 +38,15 @@ class When(NamedTuple):
     value: int    # 0 for b"now"
 
 
-def when(delay_ms: Optional[int], run_at_ms: Optional[int]) -> When:
-    """Validate ``delay_ms`` / ``run_at_ms`` (at most one of them)."""
+def when(delay_ms: Optional[Delay], run_at_ms: Optional[RunAt]) -> When:
+    """Validate ``delay_ms`` (ms or timedelta) / ``run_at_ms`` (epoch ms or aware
+    datetime; seconds-looking ints refused), at most one of them."""
     if delay_ms is not None and run_at_ms is not None:
         raise InvalidInput("give delay_ms or run_at_ms, not both")
     if run_at_ms is not None:
-        return When(b"at", check_int(run_at_ms, "run_at_ms", 0, MAX_RUN_AT_MS))
+        return When(b"at", check_run_at(run_at_ms, "run_at_ms", MAX_RUN_AT_MS))
     if delay_ms is not None:
-        return When(b"in", check_int(delay_ms, "delay_ms", 0, MAX_OFFSET_MS))
+        return When(b"in", check_delay(delay_ms, "delay_ms", 0, MAX_OFFSET_MS))
     return When(b"now", 0)
 
 

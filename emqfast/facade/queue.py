@@ -16,6 +16,7 @@ from emqfast.core import codec, ids
 from emqfast.core.errors import InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, operation
+from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.facade import admission, options
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
@@ -95,7 +96,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
                                      default_backoff=self.default_backoff)
 
     def _shared(self, priority: int, attempts: Optional[int], backoff: Optional[Backoff],
-                delay_ms: Optional[int], run_at_ms: Optional[int],
+                delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
                 group: Optional[str]) -> Shared:
         """Validate and encode what every job of one enqueue call shares."""
         opts = self._options(priority, attempts, backoff, group)
@@ -108,9 +109,12 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
     @operation
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
-                delay_ms: Optional[int] = None, run_at_ms: Optional[int] = None,
+                delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
                 group: Optional[str] = None) -> JobRef:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
+
+        ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
+        ``datetime``) makes it scheduled; see :meth:`enqueue_at` for what is refused.
 
         Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
         enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
@@ -130,19 +134,26 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         admission.check_replicated([ref], acked, self._wait)
         return ref
 
-    def enqueue_at(self, payload: Any, run_at_ms: int, **opts: Any) -> JobRef:
-        """Add a job that becomes pending at ``run_at_ms`` (epoch ms, compared with the server clock)."""
+    def enqueue_at(self, payload: Any, run_at_ms: RunAt, **opts: Any) -> JobRef:
+        """Add a job that becomes pending at ``run_at_ms`` (compared with the server clock):
+        epoch ms, or an aware ``datetime`` (truncated to the ms).
+
+        A naive datetime is refused (:class:`~emqfast.errors.InvalidInput`: attach a zone),
+        and so is an int in ``[1e9, 1e11)`` (:class:`~emqfast.errors.RangeError`): as ms
+        that is 1970-1973, as seconds 2001-5138, so it is epoch seconds passed by mistake
+        (``int(time.time())``). Smaller ints (0, ...) are the distant past: due at once."""
         return self.enqueue(payload, run_at_ms=run_at_ms, **opts)
 
-    def enqueue_in(self, payload: Any, delay_ms: int, **opts: Any) -> JobRef:
-        """Add a job that becomes pending ``delay_ms`` from now, measured on the Redis server clock."""
+    def enqueue_in(self, payload: Any, delay_ms: Delay, **opts: Any) -> JobRef:
+        """Add a job that becomes pending ``delay_ms`` (ms or a ``timedelta``) from now,
+        measured on the Redis server clock."""
         return self.enqueue(payload, delay_ms=delay_ms, **opts)
 
     @operation
     def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
                      priority: int = 0, attempts: Optional[int] = None,
-                     backoff: Optional[Backoff] = None, delay_ms: Optional[int] = None,
-                     run_at_ms: Optional[int] = None,
+                     backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
+                     run_at_ms: Optional[RunAt] = None,
                      group: Optional[str] = None) -> List[JobRef]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 

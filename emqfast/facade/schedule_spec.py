@@ -12,6 +12,7 @@ from emqfast.core.cadence import Cadence, Cron, Interval
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.scores import MAX_OFFSET_MS, MAX_RUN_AT_MS
+from emqfast.core.times import Delay, RunAt, delay_ms as check_delay, run_at_ms as check_run_at
 from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import options
@@ -171,18 +172,19 @@ JobOptions = Callable[[int, Optional[int], Optional[Backoff]], bytes]
 
 def prepare(k: QueueKeys, name: str, max_payload_bytes: int, job_options: JobOptions, *,
             cron: Optional[str] = None, tz: Optional[str] = None,
-            every_ms: Optional[int] = None, start_at_ms: Optional[int] = None,
+            every_ms: Optional[Delay] = None, start_at_ms: Optional[RunAt] = None,
             payload: Any = None, missed: str = "skip",
             catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT, priority: int = 0,
             attempts: Optional[int] = None, backoff: Optional[Backoff] = None) -> UpsertSpec:
     """Validate one upsert completely (nothing is sent) and encode its record;
     ``job_options(priority, attempts, backoff)`` encodes the minted jobs' options (the
-    queue's, with its defaults)."""
+    queue's, with its defaults). ``every_ms`` may be a timedelta and ``start_at_ms`` an
+    aware datetime (both become ms ints here)."""
     check_schedule_name(name)
     if (cron is None) == (every_ms is None):
         raise InvalidInput("give exactly one of cron= or every_ms=")
     if start_at_ms is not None:
-        check_int(start_at_ms, "start_at_ms", 0, MAX_RUN_AT_MS)
+        start_at_ms = check_run_at(start_at_ms, "start_at_ms", MAX_RUN_AT_MS)
     cron_cadence: Optional[Cron] = None
     if cron is not None:
         cron_cadence = Cron(cron, "UTC" if tz is None else tz)  # validates both
@@ -190,7 +192,7 @@ def prepare(k: QueueKeys, name: str, max_payload_bytes: int, job_options: JobOpt
     else:
         if tz is not None:
             raise InvalidInput("tz applies to cron schedules only")
-        check_int(every_ms, "every_ms", 1, MAX_OFFSET_MS)
+        every_ms = check_delay(every_ms, "every_ms", 1, MAX_OFFSET_MS)
         kind, cron_text, tz_text, every_text = "every", "", "", str(every_ms)
     if missed not in MISSED_POLICIES:
         raise InvalidInput(f"missed must be one of {MISSED_POLICIES}, not {missed!r}")

@@ -42,6 +42,7 @@ from emqfast.backends.scripts import load
 from emqfast.core.batching import batches
 from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.backoff import Backoff
@@ -78,14 +79,16 @@ class Schedules:
     # --- registration --------------------------------------------------------------
     @operation
     def upsert(self, name: str, *, cron: Optional[str] = None, tz: Optional[str] = None,
-               every_ms: Optional[int] = None, start_at_ms: Optional[int] = None,
+               every_ms: Optional[Delay] = None, start_at_ms: Optional[RunAt] = None,
                payload: Any = None, missed: str = "skip",
                catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT, priority: int = 0,
                attempts: Optional[int] = None, backoff: Optional[Backoff] = None) -> Schedule:
         """Create or update schedule ``name``; returns it as stored.
 
         Give exactly one cadence: ``cron`` (a cron expression, evaluated in ``tz``,
-        an IANA zone, default UTC) or ``every_ms`` (a fixed gap, start to start).
+        an IANA zone, default UTC) or ``every_ms`` (a fixed gap, start to start; ms or
+        a ``timedelta``). ``start_at_ms`` is epoch ms or an aware ``datetime`` (a naive
+        one, or an int that looks like epoch seconds, is refused as in ``enqueue_at``).
         Interval slots are ``start_at_ms + k * every_ms``; without ``start_at_ms``
         they are anchored at registration and the first run is one gap later.
         A cron's first run is its first slot at or after ``start_at_ms`` (default:
