@@ -10,7 +10,8 @@ from typing import Any, Optional
 import redis
 import redis.asyncio as aredis
 
-from emqfast.server.connection import open_client, target_url
+from emqfast.server.connection import (bytes_settings, cannot_copy, decodes, open_client,
+                                       target_url)
 from emqfast.core.errors import InvalidInput
 
 
@@ -37,8 +38,25 @@ def resolve(conn: Any) -> "aredis.Redis":
     if conn is None or isinstance(conn, str):
         return connect(conn)
     if isinstance(conn, (aredis.Redis, aredis.RedisCluster)):
-        return conn
+        return bytes_mode(conn)
     raise InvalidInput(f"expected a redis.asyncio client or URL, not {type(conn).__name__}")
+
+
+def bytes_mode(client: Any) -> Any:
+    """``client`` itself when it returns bytes, else a bytes-mode ``redis.asyncio.Redis``
+    with its settings (a decoding cluster or subclass: :class:`InvalidInput`, nothing sent).
+    emqfast talks bytes: payloads may be bytes, and its replies are parsed as bytes."""
+    if not decodes(client):
+        return client
+    if type(client) is not aredis.Redis:
+        raise cannot_copy(client, f"a {type(client).__name__} is not copied by emqfast.aio")
+    pool = client.connection_pool
+    if type(pool) not in (aredis.ConnectionPool, aredis.BlockingConnectionPool):
+        raise cannot_copy(client, f"its connection pool is a {type(pool).__name__}")
+    extra = {"timeout": pool.timeout} if hasattr(pool, "timeout") else {}
+    return aredis.Redis.from_pool(type(pool)(
+        connection_class=pool.connection_class, max_connections=pool.max_connections,
+        **extra, **bytes_settings(pool.connection_kwargs)))
 
 
 class LoopClients:

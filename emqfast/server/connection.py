@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -109,9 +109,89 @@ def open_client(url: str, single: Any, cluster: Any, **kwargs: Any) -> Any:
 
 
 def resolve(conn: Any) -> "redis.Redis":
-    """A client from whatever the caller gave a Queue: None, a URL, or a client."""
+    """A client from whatever the caller gave a Queue: None, a URL, or a client.
+
+    A client built with ``decode_responses=True`` (most apps' client) is taken as it is:
+    emqfast talks bytes (payloads may be bytes), so it gets a bytes-mode twin of it with
+    the same connection settings (:func:`bytes_mode`); the caller's client is untouched."""
     if conn is None or isinstance(conn, str):
         return connect(conn)
     if isinstance(conn, (redis.Redis, redis.RedisCluster)):
-        return conn
+        return bytes_mode(conn)
     raise InvalidInput(f"expected a redis client or URL, not {type(conn).__name__}")
+
+
+# Pool-made state, not settings: a new pool builds its own (copying them would tie the
+# twin to the original pool's handlers and registries).
+_POOL_STATE = frozenset({"maint_notifications_pool_handler", "himport_registry",
+                         "orig_host_address", "orig_socket_timeout",
+                         "orig_socket_connect_timeout"})
+
+
+def decodes(client: Any) -> bool:
+    """True when ``client`` turns replies into ``str`` (``decode_responses=True``)."""
+    get = getattr(client, "get_encoder", None)
+    encoder = get() if callable(get) else getattr(client, "encoder", None)
+    return bool(getattr(encoder, "decode_responses", False))
+
+
+def cannot_copy(client: Any, why: str) -> InvalidInput:
+    """The typed refusal for a decoding client emqfast cannot rebuild in bytes mode."""
+    return InvalidInput(
+        f"this {type(client).__name__} has decode_responses=True and emqfast cannot make a "
+        f"bytes-mode copy of it ({why}); pass a client built with decode_responses=False "
+        "(or a URL) to emqfast")
+
+
+def bytes_settings(connection_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """A pool's connection settings with ``decode_responses=False`` (pool-made state left
+    out): host/port or unix path, auth, db, TLS, protocol, client name, timeouts, retry."""
+    kw = {k: v for k, v in connection_kwargs.items() if k not in _POOL_STATE}
+    kw["decode_responses"] = False
+    return kw
+
+
+def copy_pool(pool: Any, kinds: Tuple[type, ...], client: Any) -> Any:
+    """A new pool of ``pool``'s class (one of ``kinds``) and settings, in bytes mode."""
+    if type(pool) not in kinds:
+        raise cannot_copy(client, f"its connection pool is a {type(pool).__name__}")
+    extra = {"timeout": pool.timeout} if hasattr(pool, "timeout") else {}
+    return type(pool)(connection_class=pool.connection_class,
+                      max_connections=pool.max_connections, **extra,
+                      **bytes_settings(pool.connection_kwargs))
+
+
+def bytes_mode(client: Any) -> Any:
+    """``client`` itself when it returns bytes, else a bytes-mode twin with its settings
+    (:class:`InvalidInput` for one that cannot be copied faithfully: nothing is sent)."""
+    if not decodes(client):
+        return client
+    if isinstance(client, redis.RedisCluster):
+        return _bytes_cluster(client)
+    if type(client) is not redis.Redis:
+        raise cannot_copy(client, "a subclass of redis.Redis")
+    pool = copy_pool(client.connection_pool,
+                     (redis.ConnectionPool, redis.BlockingConnectionPool), client)
+    return redis.Redis.from_pool(pool)
+
+
+def _bytes_cluster(client: Any) -> "redis.RedisCluster":
+    """A bytes-mode RedisCluster with ``client``'s startup nodes and settings."""
+    from redis.cluster import ClusterNode
+
+    nodes = client.nodes_manager
+    if type(client) is not redis.RedisCluster or getattr(nodes, "_cache", None) is not None:
+        raise cannot_copy(client, "a subclass or a client-side cache")
+    kw = bytes_settings(nodes.connection_kwargs)
+    kw.pop("redis_connect_func", None)  # bound to the original client
+    if getattr(client, "user_on_connect_func", None) is not None:
+        kw["redis_connect_func"] = client.user_on_connect_func
+    if client.read_from_replicas and client.load_balancing_strategy is None:
+        kw["read_from_replicas"] = True  # (deprecated by redis-py: passed only when set)
+    startup = [ClusterNode(n.host, n.port) for n in nodes.startup_nodes.values()]
+    return redis.RedisCluster(
+        startup_nodes=startup, retry=client.retry,
+        require_full_coverage=getattr(nodes, "_require_full_coverage", True),
+        dynamic_startup_nodes=getattr(nodes, "_dynamic_startup_nodes", True),
+        address_remap=nodes.address_remap, reinitialize_steps=client.reinitialize_steps,
+        load_balancing_strategy=client.load_balancing_strategy, **kw)
