@@ -11,7 +11,8 @@
 -- KEYS[6] metrics hash    emq:{q}:metrics
 -- KEYS[7..] job hashes    emq:{q}:job:<id>, one per ARGV group of six, same order
 -- ARGV[1] keyspace version of the caller
--- ARGV[2..] groups of six: job id, lease token from claim.lua, result (JSON text), then
+-- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
+--          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
 --          the run as start.lua reported it to the Worker: attempt, started ms (server
 --          clock), wait ms (due -> started); '' for all three: read them from the job hash
 -- Returns: one entry per job, in order: {wait ms, run ms} of the run (due -> started and

@@ -45,10 +45,50 @@ def decode(data: bytes | None, enc: bytes | str | None) -> Any:
 
 
 def encode_result(value: Any) -> bytes:
-    """A handler's return value as JSON text (bytes results are refused: use a payload)."""
+    """A value as JSON text (a job's progress; handler results go through
+    :func:`encode_handler_result`, which also takes bytes)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise PayloadError("result is a non-finite float")
     try:
         return _dumps(value).encode("utf-8")
     except (TypeError, ValueError, RecursionError, UnicodeEncodeError) as exc:
         raise PayloadError(f"result is not JSON-serialisable: {exc}") from None
+
+
+# A handler's bytes result is stored as this marker then the bytes. 0xFF never occurs in
+# UTF-8, so no JSON text (what every other result is, and every result written before)
+# starts with it: complete.lua stores the field as given and needs no second field.
+BYTES_RESULT = b"\xffb"
+
+
+def encode_handler_result(value: Any) -> bytes:
+    """A handler's return value as stored: bytes behind :data:`BYTES_RESULT`, else JSON.
+
+    Anything else is a :class:`PayloadError` that says what happened and what to return
+    (the handler has already run: its side effects stay, the job fails for good)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return BYTES_RESULT + bytes(value)
+    try:
+        return encode_result(value)
+    except PayloadError as exc:
+        raise PayloadError(
+            f"the handler returned a {type(value).__name__}, which is not JSON-serialisable "
+            f"({exc}); the handler already ran, so its side effects happened, but the job is "
+            "failed (not retried) because its result cannot be stored. Return JSON data "
+            "(e.g. a list instead of a set, dt.isoformat() instead of a datetime) or bytes."
+        ) from None
+
+
+def decode_result(data: bytes | None) -> Any:
+    """Inverse of :func:`encode_handler_result` (bytes or JSON); a stored result that is
+    neither is a :class:`PayloadError`, never guessed at."""
+    if data is None:
+        return None
+    if data[:1] == BYTES_RESULT[:1]:
+        if data[:len(BYTES_RESULT)] == BYTES_RESULT:
+            return data[len(BYTES_RESULT):]
+        raise PayloadError(f"stored result has an unknown encoding marker {data[:2]!r}")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PayloadError(f"stored result is not valid JSON: {exc}") from None

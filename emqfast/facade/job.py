@@ -79,7 +79,6 @@ class Job:
         parked on the delayed set is ``scheduled`` (its run-at unpacked from the score)
         and any other job without a state is ``pending``."""
         opts = options.decode(h.get(b"opts"))
-        result = h.get(b"result")
         progress = h.get(b"progress")
         state = _text(h.get(b"state"))
         run_at = _int(h.get(b"run_at"))
@@ -94,7 +93,7 @@ class Job:
             priority=opts.priority, backoff=opts.backoff,
             created_ms=_int(h.get(b"created")), run_at_ms=run_at,
             started_ms=_int(h.get(b"started")), finished_ms=_int(h.get(b"finished")),
-            result=json.loads(result) if result is not None else None,
+            result=codec.decode_result(h.get(b"result")),
             error=_text(h.get(b"error")), traceback=_text(h.get(b"traceback")),
             stalls=int(h.get(b"stalls", 0)),
             extra=opts.extra,

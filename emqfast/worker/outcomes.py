@@ -18,7 +18,8 @@ log = logging.getLogger("emqfast.worker")
 
 
 class Done(NamedTuple):
-    """A handler returned: its result (JSON bytes) is written by complete.lua."""
+    """A handler returned: its stored result (codec.encode_handler_result) is written by
+    complete.lua."""
 
     job: Job
     token: str  # the lease token the job runs under
@@ -39,8 +40,8 @@ Outcome = Union[Done, Failed]
 
 
 def success(job: Job, token: str, result: Any) -> Done:
-    """A handler's return value as the outcome to write (JSON result)."""
-    return Done(job, token, b"null" if result is None else codec.encode_result(result))
+    """A handler's return value as the outcome to write (bytes or JSON result)."""
+    return Done(job, token, b"null" if result is None else codec.encode_handler_result(result))
 
 
 def check_decodable(job: Job) -> None:
