@@ -16,6 +16,7 @@ import emqfast.aio as emq
 from emqfast import Queue, Worker
 from emqfast.core import codec
 from emqfast.core.errors import PayloadError
+from emqfast.tools.render import job_detail_table, job_dict
 
 BLOB = bytes(range(256))  # every byte value, not UTF-8; starts with 0x00
 RESULTS = [BLOB, b"", b"\xffb\xff", b'{"a": 1}', bytearray(b"ba"), {"k": [1, "x"]}, "text",
@@ -96,3 +97,16 @@ def test_aio_worker_stores_bytes_and_refuses_a_datetime(redis_url, qname):
         assert failed.state == "failed" and "isoformat()" in failed.error
         await q.aclose()
     _run(main())
+
+
+def test_cli_shows_a_bytes_result(redis_url, qname):
+    """``emqfast jobs QUEUE ID [--json]`` renders a bytes result like a bytes payload."""
+    import json
+
+    q = Queue(qname, emqfast.connect(redis_url))
+    ref = q.enqueue(b"in\xff")
+    Worker(q, lambda job: b"out\xff").run_until_idle(30)
+    job = q.get(ref.id)
+    shown = json.loads(json.dumps(job_dict(job)))
+    assert shown["result"] == {"bytes": "out\\xff"} and shown["payload"] == {"bytes": "in\\xff"}
+    assert job_detail_table(job, 0).row_count > 0

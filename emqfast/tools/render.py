@@ -104,17 +104,22 @@ def jobs_table(jobs: Iterable[Job], now_ms: int, title: str) -> Table:
     return table
 
 
+def _json_able(value: Any) -> Any:
+    """bytes (a payload or a result) as ``{"bytes": text with escapes}``, else as is."""
+    if isinstance(value, bytes):
+        return {"bytes": value.decode("utf-8", "backslashreplace")}
+    return value
+
+
 def job_dict(job: Job) -> Dict[str, Any]:
-    """A job as plain JSON-able data (bytes payloads shown as text with escapes)."""
-    payload = job.payload
-    if isinstance(payload, bytes):
-        payload = {"bytes": payload.decode("utf-8", "backslashreplace")}
+    """A job as plain JSON-able data (bytes payloads and results shown as text with escapes)."""
+    payload = _json_able(job.payload)
     return {"id": job.id, "queue": job.queue, "state": job.state, "payload": payload,
             "attempts": job.attempts, "max_attempts": job.max_attempts,
             "priority": job.priority, "backoff": repr(job.backoff) if job.backoff else None,
             "created_ms": job.created_ms, "run_at_ms": job.run_at_ms,
             "started_ms": job.started_ms, "finished_ms": job.finished_ms,
-            "result": job.result, "error": job.error, "traceback": job.traceback,
+            "result": _json_able(job.result), "error": job.error, "traceback": job.traceback,
             "stalls": job.stalls}
 
 
