@@ -183,23 +183,24 @@ def prepare(k: QueueKeys, name: str, max_payload_bytes: int, job_options: JobOpt
     check_schedule_name(name)
     if (cron is None) == (every_ms is None):
         raise InvalidInput("give exactly one of cron= or every_ms=")
-    if start_at_ms is not None:
-        start_at_ms = check_run_at(start_at_ms, "start_at_ms", MAX_RUN_AT_MS)
+    start: Optional[int] = None if start_at_ms is None else \
+        check_run_at(start_at_ms, "start_at_ms", MAX_RUN_AT_MS)
     cron_cadence: Optional[Cron] = None
+    every: Optional[int] = None
     if cron is not None:
         cron_cadence = Cron(cron, "UTC" if tz is None else tz)  # validates both
         kind, cron_text, tz_text, every_text = "cron", cron_cadence.expr, cron_cadence.tz, ""
     else:
         if tz is not None:
             raise InvalidInput("tz applies to cron schedules only")
-        every_ms = check_delay(every_ms, "every_ms", 1, MAX_OFFSET_MS)
-        kind, cron_text, tz_text, every_text = "every", "", "", str(every_ms)
+        every = check_delay(every_ms, "every_ms", 1, MAX_OFFSET_MS)
+        kind, cron_text, tz_text, every_text = "every", "", "", str(every)
     if missed not in MISSED_POLICIES:
         raise InvalidInput(f"missed must be one of {MISSED_POLICIES}, not {missed!r}")
     check_int(catch_up_limit, "catch_up_limit", 1, MAX_CATCH_UP_LIMIT)
     data, enc = codec.encode(payload, max_payload_bytes)
     opts = job_options(priority, attempts, backoff)
-    start_text = "-" if start_at_ms is None else str(start_at_ms)
+    start_text = "-" if start is None else str(start)
     # Equal signature = same timing: a boot re-registering it keeps the schedule as is.
     sig = "|".join((kind, cron_text, tz_text, every_text, start_text))
     fields = ["name", name, "kind", kind, "cron", cron_text, "tz", tz_text,
@@ -207,7 +208,7 @@ def prepare(k: QueueKeys, name: str, max_payload_bytes: int, job_options: JobOpt
               "limit", str(catch_up_limit), "payload", data, "enc", enc, "opts", opts,
               "prio", str(priority)]
     return UpsertSpec(name, [k.repeat, k.schedule(name), k.meta, k.marker, k.counter], sig,
-                      fields, cron_cadence, every_ms, start_at_ms)
+                      fields, cron_cadence, every, start)
 
 
 def _num(v: Any) -> Optional[int]:
