@@ -69,6 +69,14 @@ def test_decoding_sync_client_runs_jobs_in_bytes_mode(redis_url, qname, protocol
     q.redis.close()
 
 
+def test_queues_sharing_a_decoding_client_share_one_twin(redis_url, qname):
+    user = redis.Redis(port=_port(redis_url), decode_responses=True)
+    first, second = Queue(qname, user), Queue(qname + "-2", user)
+    assert first.redis is second.redis and first.redis is not user
+    user.close()
+    first.redis.close()
+
+
 def test_bytes_client_is_used_as_given(redis_url, qname):
     user = redis.Redis.from_url(redis_url)
     assert Queue(qname, user).redis is user

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import redis
@@ -166,6 +168,18 @@ def bytes_mode(client: Any) -> Any:
     (:class:`InvalidInput` for one that cannot be copied faithfully: nothing is sent)."""
     if not decodes(client):
         return client
+    with _twins_lock:  # one twin per client: Queues sharing a client share its pool
+        twin = _twins.get(client)
+        if twin is None:
+            twin = _twins[client] = _bytes_twin(client)
+        return twin
+
+
+_twins: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_twins_lock = threading.Lock()
+
+
+def _bytes_twin(client: Any) -> Any:
     if isinstance(client, redis.RedisCluster):
         return _bytes_cluster(client)
     if type(client) is not redis.Redis:
