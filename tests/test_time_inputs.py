@@ -182,3 +182,23 @@ def test_aio_facade_takes_and_refuses_the_same(redis_url, r, qname):
         finally:
             await q.aclose()
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_discovery_skips_a_queue_whose_name_is_no_longer_valid(r, qname):
+    """A queue named under older, looser rules (a blank name) must not break `emqfast
+    stats` or the metrics exporter for every other queue."""
+    from emqfast.core.keys import queue_meta_glob, queue_names_of
+    from emqfast.tools.cli_queues import discover_queues
+
+    good = emqfast.Queue(qname, r)
+    good.enqueue("x")
+    stale = "emq:{ }:meta"
+    r.hset(stale, "version", emqfast.KEYSPACE_VERSION)
+    try:
+        assert qname in discover_queues(r) and " " not in discover_queues(r)
+        assert " " not in queue_names_of(r.scan_iter(match=queue_meta_glob()))
+        names = emqfast.metrics.Collector(r)._names()
+        assert qname in names and " " not in names
+    finally:
+        r.delete(stale)
+        good.obliterate()

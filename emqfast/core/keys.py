@@ -6,9 +6,13 @@ are co-located. Scripts never build keys; they receive them all in KEYS.
 """
 from __future__ import annotations
 
-from typing import Iterable, List
+import logging
+from typing import Any, Iterable, List
 
+from emqfast.core.errors import InvalidInput
 from emqfast.core.validation import check_queue_name
+
+log = logging.getLogger("emqfast")
 
 
 class QueueKeys:
@@ -92,3 +96,17 @@ def queue_of_key(key: str) -> str:
     """The queue name inside an ``emq:{queue}:...`` key."""
     start = key.index("{") + 1
     return key[start:key.index("}", start)]
+
+
+def queue_names_of(meta_keys: Iterable[Any]) -> List[str]:
+    """The sorted queue names of ``emq:{queue}:meta`` keys found by a SCAN. A queue whose
+    name today's rules refuse (blank, control characters: written by an older version) is
+    left out, so discovery (``emqfast stats``, the metrics exporter) still lists the rest."""
+    names = set()
+    for key in meta_keys:
+        name = queue_of_key(key.decode("utf-8", "replace") if isinstance(key, bytes) else key)
+        try:
+            names.add(check_queue_name(name))
+        except InvalidInput:
+            log.warning("emqfast: skipping queue %r: its name is no longer valid", name)
+    return sorted(names)

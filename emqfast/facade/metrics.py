@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from emqfast.core.keys import QueueKeys
+from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
 from emqfast.core.ops import Batch, Cmd, Op
 from emqfast.backends.drive import run
 
@@ -137,11 +137,7 @@ class Collector:
     def _names(self) -> List[str]:
         if self.queues is not None:
             return self.queues
-        from emqfast.core.keys import queue_meta_glob, queue_of_key
-
-        found = {queue_of_key(k.decode() if isinstance(k, bytes) else k)
-                 for k in self.redis.scan_iter(match=queue_meta_glob(), count=1000)}
-        return sorted(found)
+        return queue_names_of(self.redis.scan_iter(match=queue_meta_glob(), count=1000))
 
     def snapshots(self) -> List[QueueMetrics]:
         """The current metrics of every exported queue."""

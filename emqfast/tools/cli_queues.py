@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from emqfast.core.keys import queue_meta_glob, queue_of_key
+from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import State, console, current_state, url_option
 from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative
@@ -19,9 +19,7 @@ from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative
 
 def discover_queues(conn: redis.Redis) -> List[str]:
     """Names of every queue that has been written to (each has a meta hash)."""
-    names = {queue_of_key(k.decode("utf-8", "replace"))
-             for k in conn.scan_iter(match=queue_meta_glob(), count=1000)}
-    return sorted(names)
+    return queue_names_of(conn.scan_iter(match=queue_meta_glob(), count=1000))
 
 
 def queue_row(q: Queue) -> Dict[str, Any]:
