@@ -202,3 +202,16 @@ def test_discovery_skips_a_queue_whose_name_is_no_longer_valid(r, qname):
     finally:
         r.delete(stale)
         good.obliterate()
+
+
+def test_rate_windows_and_trim_ages_take_a_timedelta(r, qname):
+    q = Queue(qname, r)
+    q.set_rate_limit(10, timedelta(seconds=2))
+    assert q.rate_limit() == (10, 2000)
+    q.groups.set_rate_limit("tenant", 5, timedelta(milliseconds=1500))
+    assert q.groups.rate_limit("tenant") == (5, 1500)
+    q.enqueue("x")
+    assert q.trim(max_age_ms=timedelta(hours=1)) == 0  # accepted: nothing that old
+    with pytest.raises(InvalidInput):
+        q.set_rate_limit(10, 2.5)  # still ms ints or timedeltas only
+    q.obliterate()

@@ -9,6 +9,7 @@ from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, operation
 from emqfast.core.scores import MAX_OFFSET_MS
 from emqfast.core.validation import check_int, check_job_id
+from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import events as events_mod, lanes
 
@@ -72,11 +73,12 @@ class QueueControl:
                    [KEYSPACE_VERSION, "events", maxlen])
 
     @operation
-    def set_rate_limit(self, max_jobs: int, window_ms: int) -> None:
+    def set_rate_limit(self, max_jobs: int, window_ms: Delay) -> None:
         """Let workers start at most ``max_jobs`` jobs of this queue in any ``window_ms``
-        (a sliding window on the Redis server clock, enforced in claim.lua)."""
+        (ms or a ``timedelta``; a sliding window on the Redis server clock, enforced in
+        claim.lua)."""
         check_int(max_jobs, "max_jobs", 1, 1 << 31)
-        check_int(window_ms, "window_ms", 1, MAX_OFFSET_MS)
+        window_ms = delay_ms(window_ms, "window_ms", 1, MAX_OFFSET_MS)
         yield Call(_CONFIGURE, [self.keys.meta, self.keys.marker],
                    [KEYSPACE_VERSION, "rate_max", max_jobs, "rate_window", window_ms])
 

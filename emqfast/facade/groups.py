@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.ops import Batch, Call, Cmd, Op, operation
 from emqfast.backends.scripts import load
+from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
 
 if TYPE_CHECKING:
@@ -60,13 +61,13 @@ class Groups:
         return int(got) if got is not None else None
 
     @operation
-    def set_rate_limit(self, group: str, max_jobs: int, window_ms: int) -> None:
+    def set_rate_limit(self, group: str, max_jobs: int, window_ms: Delay) -> None:
         """Let workers start at most ``max_jobs`` jobs of ``group`` in any ``window_ms``
-        (a sliding window on the Redis server clock, enforced in claim.lua; while the
+        (ms or a ``timedelta``; a sliding window on the Redis server clock, enforced in claim.lua; while the
         group's window is full its lane is skipped and other groups are served)."""
         check_group_name(group)
         check_int(max_jobs, "max_jobs", 1, MAX_CONCURRENCY)
-        check_int(window_ms, "window_ms", 1, MAX_WINDOW_MS)
+        window_ms = delay_ms(window_ms, "window_ms", 1, MAX_WINDOW_MS)
         k = self.keys
         yield Call(_RATE, [k.grate, k.meta, k.marker, k.groups],
                    [KEYSPACE_VERSION, group, max_jobs, window_ms])

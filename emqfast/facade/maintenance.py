@@ -11,6 +11,7 @@ from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, Scan, operation
 from emqfast.core.scores import MAX_RUN_AT_MS
 from emqfast.core.validation import check_int
+from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
 from emqfast.facade.due import delayed_due, expired_leases, parse_due
@@ -100,7 +101,7 @@ class QueueMaintenance:
 
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
-             max_age_ms: Optional[int] = None, limit: int = TRIM_LIMIT) -> int:
+             max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT) -> int:
         """Retention: delete the oldest finished jobs beyond the counts (and older than
         ``max_age_ms``, server clock); returns how many were deleted.
 
@@ -111,8 +112,8 @@ class QueueMaintenance:
         # validate everything first: a bad keep_failed must not leave completed trimmed
         check_int(keep_completed, "keep_completed", 0, 1 << 40)
         check_int(keep_failed, "keep_failed", 0, 1 << 40)
-        if max_age_ms is not None:
-            check_int(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
+        if max_age_ms is not None:  # ms or a timedelta
+            max_age_ms = delay_ms(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
         check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
         age = -1 if max_age_ms is None else max_age_ms
         removed = 0
