@@ -247,10 +247,10 @@ def test_server_status_stop_wipe_on_the_embedded_redis(tmp_path):
         assert out.returncode == 0 and "stopped" in out.stdout
         assert re.search(r"running\s*│\s*False", emq("server", "status", env=env).stdout)
         assert state.exists()
-        out = emq("server", "wipe", env=env)
+        out = emq("server", "wipe", "--yes", env=env)
         assert out.returncode == 0 and not state.exists()
     finally:
-        emq("server", "wipe", env=env)
+        emq("server", "wipe", "--yes", env=env)
 
 
 def test_python_m_and_help():
@@ -402,3 +402,25 @@ def test_worker_refuses_an_evicting_server_unless_told_to_allow_it(qname, tmp_pa
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_server_start_is_idempotent_and_wipe_asks_unless_yes(tmp_path):
+    state = tmp_path / "state"
+    env = cli_env(EMQ_STATE_DIR=str(state))
+    try:
+        out = emq("server", "start", env=env)
+        assert out.returncode == 0 and "started: unix://" in out.stdout, out.stdout + out.stderr
+        url = out.stdout.split("started: ", 1)[1].strip()
+        again = emq("server", "start", env=env)
+        assert again.returncode == 0 and f"already running: {url}" in again.stdout, again.stdout
+        assert redis.Redis.from_url(url).ping()
+
+        refused = emq("server", "wipe", env=env)  # no terminal here: refuse, say --yes
+        assert refused.returncode == 1 and "pass --yes" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert state.exists() and redis.Redis.from_url(url).ping()
+
+        out = emq("server", "wipe", "--yes", env=env)
+        assert out.returncode == 0 and "wiped" in out.stdout and not state.exists()
+    finally:
+        emq("server", "wipe", "--yes", env=env)

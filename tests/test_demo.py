@@ -52,7 +52,7 @@ def test_demo_plays_every_part_on_the_embedded_redis_and_exits_0(tmp_path):
         stats = _emq(env, "stats", demo.QUEUE)  # the CLI sees what the demo left behind
         assert stats.returncode == 0 and demo.QUEUE in stats.stdout
     finally:
-        wiped = _emq(env, "server", "wipe")
+        wiped = _emq(env, "server", "wipe", "--yes")
     assert wiped.returncode == 0, wiped.stderr
     assert not (tmp_path / "state").exists()
 

@@ -8,7 +8,7 @@
     emqfast worker MODULE:FUNCTION --queue Q   run a worker for an importable handler
     emqfast bench [ARGS...]                    the benchmark suite
     emqfast metrics [QUEUE...] [--serve PORT]  Prometheus text metrics (printed or served)
-    emqfast server status|stop|wipe            the embedded Redis
+    emqfast server start|status|stop|wipe      the embedded Redis (wipe asks: --yes)
 
 Redis: ``--url`` (before or after the command), else ``EMQ_REDIS_URL``, else the
 embedded server. A password in the URL is never printed: URLs are shown through
@@ -35,14 +35,14 @@ from emqfast.tools.cli_queues import (discover_queues, metrics, queue_row,  # no
                                       schedule_rows, schedules, schedules_table, stats)
 from emqfast.tools.cli_state import (URL_ENV, State, console, err_console,  # noqa: F401
                                      scrub, url_option, verbose_option)
-from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_status,  # noqa: F401
-                                      server_stop, server_wipe)
+from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_start,  # noqa: F401
+                                      server_status, server_stop, server_wipe)
 from emqfast.tools.cli_worker import import_handler, worker  # noqa: F401
 
 __all__ = ["URL_ENV", "State", "bench", "cancel", "cli", "console", "demo", "discover_queues",
            "err_console", "error_line", "import_handler", "jobs", "load_bench", "load_jobs",
            "main", "metrics", "queue_row", "retry", "schedule_rows", "schedules",
-           "schedules_table", "scrub", "server", "server_status", "server_stop", "server_wipe",
+           "schedules_table", "scrub", "server", "server_start", "server_status", "server_stop", "server_wipe",
            "stats", "url_option", "verbose_option", "worker"]
 
 

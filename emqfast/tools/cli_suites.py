@@ -1,5 +1,5 @@
 """``emqfast demo``, ``emqfast bench`` and ``emqfast server``: the Portal LMS scenario, the
-benchmark suite, and the embedded Redis's status, stop and wipe."""
+benchmark suite, and the embedded Redis's start, status, stop and wipe."""
 from __future__ import annotations
 
 import importlib
@@ -87,9 +87,30 @@ def server_stop() -> None:
     console.print("stopped" if embedded.stop() else "not running")
 
 
+@server.command("start")
+def server_start() -> None:
+    """Start the embedded server unless it runs already; print its URL."""
+    was_running = embedded.is_running()
+    where = embedded.ensure_running()
+    console.print(f"{'already running' if was_running else 'started'}: {where}",
+                  highlight=False)
+
+
 @server.command("wipe")
-def server_wipe() -> None:
-    """Stop the embedded server and delete its data."""
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def server_wipe(yes: bool) -> None:
+    """Stop the embedded server and delete its data (asks first unless --yes)."""
     directory = embedded.state_dir()
+    if not yes:
+        _confirm_wipe(directory)
     embedded.wipe()
-    console.print(f"wiped {directory}")
+    console.print(f"wiped {directory}", highlight=False)
+
+
+def _confirm_wipe(directory: Path) -> None:
+    """Ask on a terminal; without one, refuse (a script must say --yes)."""
+    if not sys.stdin.isatty():
+        err_console.print(f"[red]refusing to wipe {directory}[/red]: no terminal to "
+                          "confirm on; pass --yes", highlight=False)
+        sys.exit(1)
+    click.confirm(f"Delete every queue and job in {directory}?", abort=True)
