@@ -28,7 +28,7 @@ class Lifecycle:
             try:
                 await self._drive(self._renew_due())
             except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                log.warning("emqfast aio worker %s: cannot extend leases (%s)", self.name,
+                log.warning("aio worker %s: cannot extend leases (%s)", self.name,
                             typed(exc))
 
     def _check_stall(self, late_s: float) -> None:
@@ -36,7 +36,7 @@ class Lifecycle:
         may cost leases, unless a handler step already reported it by its job's name."""
         if late_s < self.stall_warn_s or time.monotonic() - self._last_stall < late_s + 1.0:
             return
-        log.warning("emqfast aio worker %s: lease renewal ran %.2fs late: something blocked "
+        log.warning("aio worker %s: lease renewal ran %.2fs late: something blocked "
                     "the event loop (running jobs: %s); leases may lapse and jobs run twice. "
                     "Run CPU-bound or blocking work in a thread or a process.", self.name,
                     late_s, ", ".join(sorted(self._running)[:10]) or "none")
@@ -134,7 +134,7 @@ class Lifecycle:
             except Exception:  # noqa: BLE001 - logged below; the reaper re-runs them
                 pass
         if self._outcomes or self._releases:
-            log.warning("emqfast aio worker %s: could not write %d outcomes / release %d jobs "
+            log.warning("aio worker %s: could not write %d outcomes / release %d jobs "
                         "before stopping; the reaper will hand them back", self.name,
                         len(self._outcomes), len(self._releases))
         self._outcomes, self._releases, self._pending_acks = [], [], 0

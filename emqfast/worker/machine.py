@@ -42,7 +42,7 @@ log = logging.getLogger("emqfast.worker")
 class WorkerMachine(LeaseKeeping, Acking):
     """State and logic shared by :class:`emqfast.Worker` and :class:`emqfast.aio.Worker`."""
 
-    _label = "emqfast worker"  # how log lines name this kind of worker
+    _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
 
     def _setup(self, queue: Any, handler: Callable[..., Any], *, concurrency: int,
                lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,

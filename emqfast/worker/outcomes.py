@@ -109,14 +109,14 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
         ctx = log_context(job)
         if isinstance(reply, LeaseLost):
             stats.lease_lost += 1
-            log.warning("emqfast: job %s (queue %s, attempt %d) finished after its lease was "
+            log.warning("job %s (queue %s, attempt %d) finished after its lease was "
                         "lost; outcome discarded", job.id, job.queue, job.attempts, extra=ctx)
         elif isinstance(reply, Exception):
-            log.error("emqfast: writing outcome of %s (queue %s) failed: %s", job.id, job.queue,
+            log.error("writing outcome of %s (queue %s) failed: %s", job.id, job.queue,
                       reply, extra=ctx)
         elif retry is None:
             stats.completed += 1
-            log.debug("emqfast: job %s completed (queue %s, attempt %d)", job.id, job.queue,
+            log.debug("job %s completed (queue %s, attempt %d)", job.id, job.queue,
                       job.attempts, extra=ctx)
         else:
             _count_failure(stats, outcome, retry, ctx)
@@ -127,11 +127,18 @@ def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: dict) -> None:
         stats.retried += 1
     else:
         stats.failed += 1
-    job = outcome.job
-    # the exception's type and message only: payloads and tracebacks stay in Redis
-    log.info("emqfast: job %s %s (queue %s, attempt %d): %s: %s", job.id,
-             "will retry" if retry else "failed", job.queue, job.attempts,
-             type(outcome.exc).__name__, outcome.exc, extra=ctx)
+    log_failure(outcome.job, outcome.exc, retry, ctx)
+
+
+def log_failure(job: Job, exc: BaseException, retry: bool, ctx: Optional[dict] = None) -> None:
+    """One rule for both drivers: a failure that will be retried is routine (INFO); a
+    final one (no attempt left, Unrecoverable, a bad payload) loses the job's work and is
+    a WARNING, so a plain script with no logging set up still shows it on stderr. Only
+    the exception's type and message: payloads and tracebacks stay in Redis."""
+    level = logging.INFO if retry else logging.WARNING
+    log.log(level, "job %s %s (queue %s, attempt %d of %d): %s: %s", job.id,
+            "will retry" if retry else "failed", job.queue, job.attempts, job.max_attempts,
+            type(exc).__name__, exc, extra=log_context(job) if ctx is None else ctx)
 
 
 def forget_run(running: Dict[str, Any], outcome: Outcome) -> None:
