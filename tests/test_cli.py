@@ -119,6 +119,7 @@ def test_retry_and_cancel(redis_url, populated, qname, r):
 
     again = emq("--url", redis_url, "retry", qname, failed_id)
     assert again.returncode == 1 and "JobStateError" in again.stderr
+    assert "it is pending" in again.stderr  # names the state it is in
 
     scheduled = q.job_ids("scheduled")[0]
     out = emq("--url", redis_url, "cancel", qname, scheduled)
@@ -126,6 +127,7 @@ def test_retry_and_cancel(redis_url, populated, qname, r):
     assert q.get(scheduled) is None and q.counts()["scheduled"] == 0
     again = emq("--url", redis_url, "cancel", qname, scheduled)
     assert again.returncode == 1 and "cannot cancel" in again.stderr
+    assert "no such job" in again.stderr  # says which case it was
 
     before = dump_queue(r, qname)
     bad = emq("--url", redis_url, "cancel", qname, "not-a-job-id")
@@ -424,3 +426,68 @@ def test_server_start_is_idempotent_and_wipe_asks_unless_yes(tmp_path):
         assert out.returncode == 0 and "wiped" in out.stdout and not state.exists()
     finally:
         emq("server", "wipe", "--yes", env=env)
+
+
+def test_enqueue_one_job_from_json(redis_url, qname, r):
+    q = Queue(qname, r)
+    out = emq("--url", redis_url, "enqueue", qname, '{"to": "ada", "n": [1, 2]}')
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+    job = q.get(job_id)
+    assert job.state == "pending" and job.payload == {"to": "ada", "n": [1, 2]}
+
+    out = emq("--url", redis_url, "enqueue", qname, "7", "--delay-ms", "3600000",
+              "--priority", "3", "--job-id", "JOBcli-1")
+    assert out.returncode == 0 and out.stdout.strip() == "JOBcli-1", out.stderr
+    job = q.get("JOBcli-1")
+    assert job.state == "scheduled" and job.payload == 7 and job.priority == 3
+
+    dup = emq("--url", redis_url, "enqueue", qname, "8", "--job-id", "JOBcli-1")
+    assert dup.returncode == 0 and "already exists" in dup.stderr
+    assert q.get("JOBcli-1").payload == 7
+
+    before = dump_queue(r, qname)
+    bad = emq("--url", redis_url, "enqueue", qname, "{to: ada}")
+    assert bad.returncode == 1 and "invalid JSON payload" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and not bad.stdout
+    bad = emq("--url", redis_url, "enqueue", qname, "1", "--job-id", "order-42")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+    assert dump_queue(r, qname) == before
+
+
+def test_retry_all_retries_every_failed_job_and_counts(redis_url, qname, r):
+    q = Queue(qname, r)
+    q.enqueue_many([{"n": i, "fail": True} for i in range(7)], attempts=1)
+    q.enqueue({"n": 99})
+    Worker(q, fail_flagged, concurrency=2).run_until_idle(timeout_s=30)
+    assert q.counts()["failed"] == 7 and q.counts()["completed"] == 1
+
+    from emqfast.tools.cli_jobs import retry_every
+    assert retry_every(q, "failed", batch=3) == (7, 0)  # several bounded batches
+    assert q.counts()["pending"] == 7 and q.counts()["failed"] == 0
+    Worker(q, fail_flagged, concurrency=2).run_until_idle(timeout_s=30)
+
+    out = emq("--url", redis_url, "retry", qname, "--all", "--state", "failed")
+    assert out.returncode == 0 and "retried 7 failed jobs" in out.stdout, out.stdout + out.stderr
+    assert q.counts()["pending"] == 7 and q.counts()["completed"] == 1
+    out = emq("--url", redis_url, "retry", qname, "--all")
+    assert out.returncode == 0 and "retried 0 failed jobs" in out.stdout
+
+    both = emq("--url", redis_url, "retry", qname)
+    assert both.returncode == 2 and "JOB_ID or --all" in both.stderr
+
+
+def test_cancel_says_running_or_finished(redis_url, qname, r):
+    q = Queue(qname, r)
+    done = q.enqueue({"n": 1})
+    Worker(q, fail_flagged).run_until_idle(timeout_s=30)
+    out = emq("--url", redis_url, "cancel", qname, done.id)
+    assert out.returncode == 1 and "already finished (completed)" in out.stderr, out.stderr
+
+    from engine_util import claim
+    running = q.enqueue({"n": 2})
+    held = claim(q, "w", lease_ms=60_000)  # as a worker does: active, not finished
+    assert [job_id for job_id, _token in held] == [running.id]
+    assert q.get(running.id).state == "active"
+    out = emq("--url", redis_url, "cancel", qname, running.id)
+    assert out.returncode == 1 and "it is running" in out.stderr, out.stderr

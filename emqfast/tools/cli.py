@@ -3,7 +3,8 @@
     emqfast demo                               the Portal LMS scenario, on the embedded Redis
     emqfast stats [QUEUE] [--watch]            counts per state, next due job, schedules
     emqfast jobs QUEUE [JOB_ID] [--state S]    list or inspect jobs
-    emqfast retry QUEUE JOB_ID | cancel QUEUE JOB_ID
+    emqfast enqueue QUEUE JSON [--delay-ms N]  add one job, print its id
+    emqfast retry QUEUE JOB_ID|--all | cancel QUEUE JOB_ID
     emqfast schedules QUEUE                    schedules with next runs in their time zone
     emqfast worker MODULE:FUNCTION --queue Q   run a worker for an importable handler
     emqfast bench [ARGS...]                    the benchmark suite
@@ -16,7 +17,7 @@ embedded server. A password in the URL is never printed: URLs are shown through
 
 This module is the click group and the console-script entry :func:`main`; the commands
 live beside it by concern: ``cli_queues`` (stats, schedules, metrics), ``cli_jobs``
-(jobs, retry, cancel), ``cli_worker`` (worker), ``cli_suites`` (demo, bench, server),
+(jobs, enqueue, retry, cancel), ``cli_worker`` (worker), ``cli_suites`` (demo, bench, server),
 and what they share (consoles, URL, connection, ``scrub``) in ``cli_state``.
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ import click
 from rich.markup import escape
 
 from emqfast.core.version import __version__
-from emqfast.tools.cli_jobs import cancel, jobs, load_jobs, retry  # noqa: F401 - names kept here
+from emqfast.tools.cli_jobs import (cancel, enqueue, jobs, load_jobs, retry,  # noqa: F401
+                                    retry_every)
 from emqfast.tools.cli_queues import (discover_queues, metrics, queue_row,  # noqa: F401
                                       schedule_rows, schedules, schedules_table, stats)
 from emqfast.tools.cli_state import (URL_ENV, State, console, err_console,  # noqa: F401
@@ -40,8 +42,8 @@ from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_st
 from emqfast.tools.cli_worker import import_handler, worker  # noqa: F401
 
 __all__ = ["URL_ENV", "State", "bench", "cancel", "cli", "console", "demo", "discover_queues",
-           "err_console", "error_line", "import_handler", "jobs", "load_bench", "load_jobs",
-           "main", "metrics", "queue_row", "retry", "schedule_rows", "schedules",
+           "enqueue", "err_console", "error_line", "import_handler", "jobs", "load_bench", "load_jobs",
+           "main", "metrics", "queue_row", "retry", "retry_every", "schedule_rows", "schedules",
            "schedules_table", "scrub", "server", "server_start", "server_status", "server_stop", "server_wipe",
            "stats", "url_option", "verbose_option", "worker"]
 
@@ -60,7 +62,7 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
     state.url = state.url or url
 
 
-for _command in (demo, stats, jobs, retry, cancel, schedules, worker, bench, metrics, server):
+for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics, server):
     cli.add_command(_command)  # the commands live beside this module, by concern
 
 

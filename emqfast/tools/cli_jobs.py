@@ -1,11 +1,13 @@
-"""``emqfast jobs``, ``emqfast retry`` and ``emqfast cancel``: one queue's jobs."""
+"""``emqfast jobs``, ``emqfast enqueue``, ``emqfast retry`` and ``emqfast cancel``: one
+queue's jobs."""
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Any, List, NoReturn, Optional, Tuple
 
 import click
 
+from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import console, current_state, err_console, url_option
@@ -60,14 +62,94 @@ def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: 
         console.print("[dim]no jobs[/dim]")
 
 
+RETRY_BATCH = 500  # ids read per round trip by ``retry --all``
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """One red line on stderr, then exit with ``code``."""
+    err_console.print(message, highlight=False)
+    sys.exit(code)
+
+
 @click.command()
 @url_option
 @click.argument("queue")
-@click.argument("job_id")
-def retry(queue: str, job_id: str) -> None:
-    """Send failed JOB_ID back to pending with a fresh set of attempts."""
-    current_state().queue(queue).retry(job_id)
+@click.argument("payload", metavar="JSON")
+@click.option("--delay-ms", type=click.IntRange(0), default=None, metavar="N",
+              help="Run it N milliseconds from now (scheduled until then).")
+@click.option("--priority", type=click.IntRange(0), default=0, show_default=True, metavar="P",
+              help="Lower runs first.")
+@click.option("--job-id", default=None, metavar="ID",
+              help="Its id (must start with JOB); an existing id writes nothing.")
+def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
+            job_id: Optional[str]) -> None:
+    """Add one job to QUEUE with the JSON payload; print its id."""
+    import json
+
+    try:
+        data: Any = json.loads(payload)
+    except ValueError as exc:
+        _fail(f"[red]invalid JSON payload[/red]: {exc}")
+    ref = current_state().queue(queue).enqueue(data, job_id=job_id, priority=priority,
+                                               delay_ms=delay_ms)
+    click.echo(ref.id)
+    if ref.status == "duplicate":
+        err_console.print(f"{ref.id} already exists in {queue}: nothing written",
+                          highlight=False)
+
+
+@click.command()
+@url_option
+@click.argument("queue")
+@click.argument("job_id", required=False)
+@click.option("--all", "every", is_flag=True, help="Retry every job in --state.")
+@click.option("--state", default="failed", show_default=True, type=click.Choice(["failed"]),
+              help="With --all: the state whose jobs are retried.")
+def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
+    """Send failed JOB_ID (or, with --all, every failed job) back to pending with a
+    fresh set of attempts."""
+    if bool(job_id) == every:
+        _fail("[red]retry needs a JOB_ID or --all[/red] (not both)", code=2)
+    q = current_state().queue(queue)
+    if every:
+        retried, skipped = retry_every(q, state)
+        note = f"; {skipped} skipped (changed meanwhile)" if skipped else ""
+        console.print(f"[green]retried {retried}[/green] {state} jobs in {queue}{note}",
+                      highlight=False)
+        return
+    try:
+        q.retry(job_id)
+    except JobStateError:
+        raise JobStateError(f"cannot retry {job_id}: it is {_state_of(q, job_id)}, "
+                            "and only failed jobs can be retried") from None
     console.print(f"[green]retrying[/green] {job_id} (pending again in {queue})")
+
+
+def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tuple[int, int]:
+    """Retry the jobs in ``state`` a batch of ids at a time; ``(retried, skipped)``.
+
+    Bounded by the count at the start, so jobs failing meanwhile do not keep it going;
+    a job that changed state meanwhile is skipped (and stays in the set, hence the
+    offset)."""
+    budget = q.counts()[state]
+    retried = skipped = 0
+    while retried + skipped < budget:
+        ids = q.job_ids(state, skipped, skipped + min(batch, budget - retried - skipped) - 1)
+        if not ids:
+            break
+        for one in ids:
+            try:
+                q.retry(one)
+                retried += 1
+            except (JobStateError, JobNotFound):
+                skipped += 1
+    return retried, skipped
+
+
+def _state_of(q: Queue, job_id: str) -> str:
+    """``job_id``'s state in words, for messages."""
+    job = q.get(job_id)
+    return "unknown (no such job)" if job is None else job.state
 
 
 @click.command()
@@ -76,8 +158,19 @@ def retry(queue: str, job_id: str) -> None:
 @click.argument("job_id")
 def cancel(queue: str, job_id: str) -> None:
     """Remove JOB_ID if it has not started (scheduled or pending)."""
-    if current_state().queue(queue).cancel(job_id):
+    q = current_state().queue(queue)
+    if q.cancel(job_id):
         console.print(f"[green]cancelled[/green] {job_id}")
         return
-    err_console.print(f"[red]cannot cancel {job_id}[/red]: unknown, running or already finished")
-    sys.exit(1)
+    _fail(f"[red]cannot cancel {job_id}[/red]: {_why_not_cancelled(q, job_id)}")
+
+
+def _why_not_cancelled(q: Queue, job_id: str) -> str:
+    job = q.get(job_id)
+    if job is None:
+        return f"no such job in {q.name}"
+    if job.state == "active":
+        return "it is running"
+    if job.state in ("completed", "failed"):
+        return f"it already finished ({job.state})"
+    return f"it is {job.state} (changed meanwhile; try again)"
