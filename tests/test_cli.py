@@ -258,8 +258,8 @@ def test_server_status_stop_wipe_on_the_embedded_redis(tmp_path):
 def test_python_m_and_help():
     out = emq("--help")
     assert out.returncode == 0
-    for command in ("demo", "stats", "jobs", "retry", "cancel", "schedules", "worker", "bench",
-                    "server"):
+    for command in ("demo", "stats", "jobs", "enqueue", "retry", "cancel", "schedules", "worker",
+                    "bench", "server"):
         assert re.search(rf"^\s+{command}\s", out.stdout, re.M), command
 
 
@@ -451,7 +451,8 @@ def test_enqueue_one_job_from_json(redis_url, qname, r):
     assert bad.returncode == 1 and "invalid JSON payload" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not bad.stdout
     bad = emq("--url", redis_url, "enqueue", qname, "1", "--job-id", "order-42")
-    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ")
+    assert "Traceback" not in bad.stderr
     assert dump_queue(r, qname) == before
 
 
@@ -491,3 +492,16 @@ def test_cancel_says_running_or_finished(redis_url, qname, r):
     assert q.get(running.id).state == "active"
     out = emq("--url", redis_url, "cancel", qname, running.id)
     assert out.returncode == 1 and "it is running" in out.stderr, out.stderr
+
+
+def test_schedules_remove_says_whether_it_existed(redis_url, qname, r):
+    q = Queue(qname, r)
+    q.schedules.upsert("digest", every_ms=60_000, payload={"kind": "digest"})
+    q.schedules.upsert("reminder", every_ms=3_600_000, payload={"kind": "reminder"})
+    out = emq("--url", redis_url, "schedules", qname, "remove", "digest")
+    assert out.returncode == 0 and "removed schedule digest" in out.stdout, out.stderr
+    assert [s.name for s in q.schedules.list()] == ["reminder"]
+    again = emq("--url", redis_url, "schedules", qname, "remove", "digest")
+    assert again.returncode == 0 and "no schedule digest" in again.stdout, again.stderr
+    listed = emq("--url", redis_url, "schedules", qname)  # listing is unchanged
+    assert listed.returncode == 0 and "reminder" in listed.stdout and "digest" not in listed.stdout

@@ -5,7 +5,7 @@
     emqfast jobs QUEUE [JOB_ID] [--state S]    list or inspect jobs
     emqfast enqueue QUEUE JSON [--delay-ms N]  add one job, print its id
     emqfast retry QUEUE JOB_ID|--all | cancel QUEUE JOB_ID
-    emqfast schedules QUEUE                    schedules with next runs in their time zone
+    emqfast schedules QUEUE [remove NAME]      schedules with next runs in their time zone
     emqfast worker MODULE:FUNCTION --queue Q   run a worker for an importable handler
     emqfast bench [ARGS...]                    the benchmark suite
     emqfast metrics [QUEUE...] [--serve PORT]  Prometheus text metrics (printed or served)
@@ -34,18 +34,20 @@ from emqfast.core.version import __version__
 from emqfast.tools.cli_jobs import (cancel, enqueue, jobs, load_jobs, retry,  # noqa: F401
                                     retry_every)
 from emqfast.tools.cli_queues import (discover_queues, metrics, queue_row,  # noqa: F401
-                                      schedule_rows, schedules, schedules_table, stats)
+                                      schedule_rows, schedules, schedules_remove,
+                                      schedules_table, stats)
 from emqfast.tools.cli_state import (URL_ENV, State, console, err_console,  # noqa: F401
                                      scrub, url_option, verbose_option)
 from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_start,  # noqa: F401
                                       server_status, server_stop, server_wipe)
 from emqfast.tools.cli_worker import import_handler, worker  # noqa: F401
 
-__all__ = ["URL_ENV", "State", "bench", "cancel", "cli", "console", "demo", "discover_queues",
-           "enqueue", "err_console", "error_line", "import_handler", "jobs", "load_bench", "load_jobs",
-           "main", "metrics", "queue_row", "retry", "retry_every", "schedule_rows", "schedules",
-           "schedules_table", "scrub", "server", "server_start", "server_status", "server_stop", "server_wipe",
-           "stats", "url_option", "verbose_option", "worker"]
+__all__ = ["State", "URL_ENV", "bench", "cancel", "cli", "console", "demo",
+           "discover_queues", "enqueue", "err_console", "error_line", "import_handler",
+           "jobs", "load_bench", "load_jobs", "main", "metrics", "queue_row", "retry",
+           "retry_every", "schedule_rows", "schedules", "schedules_remove",
+           "schedules_table", "scrub", "server", "server_start", "server_status",
+           "server_stop", "server_wipe", "stats", "url_option", "verbose_option", "worker"]
 
 
 # --- the group -----------------------------------------------------------------------
@@ -62,7 +64,8 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
     state.url = state.url or url
 
 
-for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics, server):
+for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics,
+                 server):
     cli.add_command(_command)  # the commands live beside this module, by concern
 
 

@@ -1,4 +1,5 @@
-"""``emqfast stats``, ``emqfast schedules`` and ``emqfast metrics``: what the queues hold."""
+"""``emqfast stats``, ``emqfast schedules [remove]`` and ``emqfast metrics``: what the
+queues hold."""
 from __future__ import annotations
 
 import threading
@@ -96,16 +97,33 @@ def schedules_table(q: Queue, now_ms: int) -> Table:
     return table
 
 
-@click.command()
+@click.group(invoke_without_command=True, subcommand_metavar="[remove NAME]")
 @url_option
 @click.argument("queue")
-def schedules(queue: str) -> None:
-    """List the schedules of QUEUE with their next run in the schedule's time zone."""
+@click.pass_context
+def schedules(ctx: click.Context, queue: str) -> None:
+    """List the schedules of QUEUE with their next run in the schedule's time zone;
+    'schedules QUEUE remove NAME' deletes one."""
+    if ctx.invoked_subcommand is not None:
+        return  # the subcommand reads QUEUE from this context
     q = current_state().queue(queue)
     table = schedules_table(q, q.server_time_ms())
     console.print(table)
     if not table.row_count:
         console.print("[dim]no schedules[/dim]")
+
+
+@schedules.command("remove")
+@url_option
+@click.argument("name")
+@click.pass_context
+def schedules_remove(ctx: click.Context, name: str) -> None:
+    """Delete schedule NAME (jobs it already made stay)."""
+    queue = ctx.parent.params["queue"] if ctx.parent else ""
+    if current_state().queue(queue).schedules.remove(name):
+        console.print(f"[green]removed[/green] schedule {name} of {queue}", highlight=False)
+    else:
+        console.print(f"no schedule {name} in {queue}: nothing removed", highlight=False)
 
 
 @click.command()
