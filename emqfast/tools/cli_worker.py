@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import shutil
 import sys
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import click
 
@@ -97,8 +98,7 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     from emqfast.backends import select as live_backend  # callable: the live backend name
     from emqfast.worker.threaded import Worker
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
     state = current_state()
     fn = import_handler(handler, verbose=state.verbose)
     q = state.queue(queue_name)
@@ -112,6 +112,38 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
                       f"released {stats_.released}")
+
+
+class FailureLines(logging.Formatter):
+    """Log lines for a terminal: a job's failure (records carrying ``error``) is one short
+    line, ``12:03:04 retry JOB… attempt 1/3: KeyError: 'to'`` (``FAILED`` when no attempt
+    is left), cut to the terminal's width when stderr is one; other records keep
+    the time, level, logger and message."""
+
+    def __init__(self, width: Optional[int] = None) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        self.width = width
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = getattr(record, "error", None)
+        if error is None:
+            return super().format(record)
+        line = (f"{self.formatTime(record, self.datefmt)} "
+                f"{'FAILED' if getattr(record, 'final', False) else 'retry '} "
+                f"{getattr(record, 'job_id', '?')} attempt {getattr(record, 'attempt', '?')}/"
+                f"{getattr(record, 'max_attempts', '?')}: {error}")
+        line = " ".join(line.splitlines())  # a multi-line message stays one line
+        if self.width and len(line) > self.width:
+            line = line[:self.width - 1] + "…"
+        return line
+
+
+def _log_to_stderr() -> None:
+    """INFO and up to stderr, a failed job as one line (cut to fit a terminal)."""
+    width = shutil.get_terminal_size((80, 24)).columns if sys.stderr.isatty() else None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(FailureLines(width))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def _preflight(q: Queue) -> None:

@@ -135,10 +135,13 @@ def log_failure(job: Job, exc: BaseException, retry: bool, ctx: Optional[dict] =
     final one (no attempt left, Unrecoverable, a bad payload) loses the job's work and is
     a WARNING, so a plain script with no logging set up still shows it on stderr. Only
     the exception's type and message: payloads and tracebacks stay in Redis."""
-    level = logging.INFO if retry else logging.WARNING
-    log.log(level, "job %s %s (queue %s, attempt %d of %d): %s: %s", job.id,
+    error = f"{type(exc).__name__}: {exc}"
+    extra = dict(log_context(job) if ctx is None else ctx, error=error, final=not retry,
+                 max_attempts=job.max_attempts)  # what `emqfast worker` prints per failure
+    log.log(logging.INFO if retry else logging.WARNING,
+            "job %s %s (queue %s, attempt %d of %d): %s", job.id,
             "will retry" if retry else "failed", job.queue, job.attempts, job.max_attempts,
-            type(exc).__name__, exc, extra=log_context(job) if ctx is None else ctx)
+            error, extra=extra)
 
 
 def forget_run(running: Dict[str, Any], outcome: Outcome) -> None:
