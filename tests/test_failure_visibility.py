@@ -1,13 +1,18 @@
-"""`emqfast worker` shows every failed job by default, one line each (issue 16 item 1)."""
+"""Failures are visible by default (issue 16 item 1): a retried failure logs at INFO, a
+final one at WARNING (shown by a plain script), the same in both drivers; `emqfast worker`
+prints one line per failed job."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from emqfast import Queue
+import emqfast
+import emqfast.aio as emq
+from emqfast import Queue, Unrecoverable
 from emqfast.tools.cli_worker import FailureLines
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,3 +64,55 @@ def test_a_failure_line_fits_the_terminal_and_stays_one_line():
     assert "FAILED JOB0VcU3vfB4jZv4SQZyW80000 attempt 2/2: RuntimeError: x" in line
     full = FailureLines(width=None).format(_record(long_error, final=False))
     assert "retry " in full and full.endswith("second line")  # a log file keeps it all
+
+
+def _failure_records(caplog, job_id: str) -> list:
+    return [(r.levelno, r.getMessage()) for r in caplog.records
+            if getattr(r, "job_id", None) == job_id and getattr(r, "error", None)]
+
+
+def _check_levels(caplog, retried: str, final: str, unrecoverable: str) -> None:
+    first, last = _failure_records(caplog, retried)
+    assert first[0] == logging.INFO and "will retry" in first[1], first
+    assert last[0] == logging.WARNING and "attempt 2 of 2" in last[1], last
+    assert "RuntimeError: broke" in last[1] and not last[1].startswith("emqfast:")
+    for job_id in (final, unrecoverable):
+        [(level, message)] = _failure_records(caplog, job_id)
+        assert level == logging.WARNING and f"job {job_id} failed" in message, message
+
+
+def _enqueue_three(q):
+    return (q.enqueue({"n": 1}, attempts=2), q.enqueue({"n": 2}, attempts=1),
+            q.enqueue({"stop": True}, attempts=5))
+
+
+def _handler(job):
+    if job.payload.get("stop"):
+        raise Unrecoverable("no point retrying")
+    raise RuntimeError("broke")
+
+
+def test_sync_worker_logs_retries_at_info_and_final_failures_at_warning(redis_url, qname,
+                                                                         caplog):
+    q = Queue(qname, redis_url)
+    refs = _enqueue_three(q)
+    with caplog.at_level(logging.INFO, logger="emqfast"):
+        emqfast.Worker(q, _handler).run_until_idle(timeout_s=30, wait_scheduled=True)
+    _check_levels(caplog, *(r.id for r in refs))
+
+
+def test_aio_worker_logs_failures_by_the_same_rule(redis_url, qname, caplog):
+    async def main():
+        q = emq.Queue(qname, emq.connect(redis_url))
+        refs = [await q.enqueue({"n": 1}, attempts=2), await q.enqueue({"n": 2}, attempts=1),
+                await q.enqueue({"stop": True}, attempts=5)]
+
+        async def handler(job):
+            _handler(job)
+
+        await emq.Worker(q, handler).run_until_idle(timeout_s=30, wait_scheduled=True)
+        return refs
+
+    with caplog.at_level(logging.INFO, logger="emqfast"):
+        refs = asyncio.run(main())
+    _check_levels(caplog, *(r.id for r in refs))
