@@ -478,6 +478,16 @@ def test_retry_all_retries_every_failed_job_and_counts(redis_url, qname, r):
     assert both.returncode == 2 and "JOB_ID or --all" in both.stderr
 
 
+def test_retry_all_steps_over_a_failed_id_whose_job_is_gone(r, qname):
+    from emqfast.tools.cli_jobs import retry_every
+    q = Queue(qname, r)
+    q.enqueue_many([{"n": i, "fail": True} for i in range(4)], attempts=1)
+    Worker(q, fail_flagged).run_until_idle(timeout_s=30)
+    r.zadd(q.keys.failed, {"JOBghost": 2**50})  # listed first (newest), its hash gone
+    assert retry_every(q, "failed", batch=2) == (4, 1)
+    assert q.job_ids("failed") == ["JOBghost"] and q.counts()["pending"] == 4
+
+
 def test_cancel_says_running_or_finished(redis_url, qname, r):
     q = Queue(qname, r)
     done = q.enqueue({"n": 1})

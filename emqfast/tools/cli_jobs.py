@@ -128,21 +128,25 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
 def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tuple[int, int]:
     """Retry the jobs in ``state`` a batch of ids at a time; ``(retried, skipped)``.
 
-    Bounded by the count at the start, so jobs failing meanwhile do not keep it going;
-    a job that changed state meanwhile is skipped (and stays in the set, hence the
-    offset)."""
+    Bounded by the count at the start, so jobs failing meanwhile do not keep it going.
+    A job another client moved meanwhile is skipped; one whose data is gone stays in the
+    set, so the next read starts after those (``stuck``)."""
     budget = q.counts()[state]
-    retried = skipped = 0
+    retried = skipped = stuck = 0
     while retried + skipped < budget:
-        ids = q.job_ids(state, skipped, skipped + min(batch, budget - retried - skipped) - 1)
+        room = min(batch, budget - retried - skipped)
+        ids = q.job_ids(state, stuck, stuck + room - 1)
         if not ids:
             break
         for one in ids:
             try:
                 q.retry(one)
                 retried += 1
-            except (JobStateError, JobNotFound):
+            except JobStateError:  # no longer failed: it left the set
                 skipped += 1
+            except JobNotFound:  # listed but its data is gone: it stays in the set
+                skipped += 1
+                stuck += 1
     return retried, skipped
 
 
