@@ -515,3 +515,22 @@ def test_schedules_remove_says_whether_it_existed(redis_url, qname, r):
     assert again.returncode == 0 and "no schedule digest" in again.stdout, again.stderr
     listed = emq("--url", redis_url, "schedules", qname)  # listing is unchanged
     assert listed.returncode == 0 and "reminder" in listed.stdout and "digest" not in listed.stdout
+
+
+def test_server_wipe_on_a_terminal_asks_and_no_keeps_the_data(tmp_path):
+    import pty
+
+    state = tmp_path / "state"
+    env = cli_env(EMQ_STATE_DIR=str(state))
+    try:
+        assert emq("server", "start", env=env).returncode == 0
+        leader, follower = pty.openpty()
+        with os.fdopen(leader, "wb", buffering=0) as keyboard:
+            keyboard.write(b"n\n")  # answered before the question: the tty buffers it
+            out = subprocess.run([sys.executable, "-m", "emqfast", "server", "wipe"], env=env,
+                                 stdin=follower, capture_output=True, text=True, timeout=60)
+        os.close(follower)
+        assert "Delete every queue and job in" in out.stdout, out.stdout + out.stderr
+        assert out.returncode == 1 and state.exists()
+    finally:
+        emq("server", "wipe", "--yes", env=env)
