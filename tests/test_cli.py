@@ -417,7 +417,7 @@ def test_server_start_is_idempotent_and_wipe_asks_unless_yes(tmp_path):
         assert again.returncode == 0 and f"already running: {url}" in again.stdout, again.stdout
         assert redis.Redis.from_url(url).ping()
 
-        refused = emq("server", "wipe", env=env)  # no terminal here: refuse, say --yes
+        refused = emq("server", "wipe", env=dict(env, COLUMNS="80"))  # no tty: say --yes
         assert refused.returncode == 1 and "pass --yes" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
         assert state.exists() and redis.Redis.from_url(url).ping()
@@ -447,7 +447,7 @@ def test_enqueue_one_job_from_json(redis_url, qname, r):
     assert q.get("JOBcli-1").payload == 7
 
     before = dump_queue(r, qname)
-    bad = emq("--url", redis_url, "enqueue", qname, "{to: ada}")
+    bad = emq("--url", redis_url, "enqueue", qname, "{to: ada}", env=cli_env(COLUMNS="80"))
     assert bad.returncode == 1 and "invalid JSON payload" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not bad.stdout
     bad = emq("--url", redis_url, "enqueue", qname, "1", "--job-id", "order-42")

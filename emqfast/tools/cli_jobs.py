@@ -66,8 +66,8 @@ RETRY_BATCH = 500  # ids read per round trip by ``retry --all``
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    """One red line on stderr, then exit with ``code``."""
-    err_console.print(message, highlight=False)
+    """One red line on stderr (never wrapped by us: one line in logs), then exit."""
+    err_console.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -111,6 +111,6 @@ def _confirm_wipe(directory: Path) -> None:
     """Ask on a terminal; without one, refuse (a script must say --yes)."""
     if not sys.stdin.isatty():
         err_console.print(f"[red]refusing to wipe {directory}[/red]: no terminal to "
-                          "confirm on; pass --yes", highlight=False)
+                          "confirm on; pass --yes", highlight=False, soft_wrap=True)
         sys.exit(1)
     click.confirm(f"Delete every queue and job in {directory}?", abort=True)
