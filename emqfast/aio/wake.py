@@ -73,7 +73,7 @@ class MarkerWaiter:
             await self._conn.send_command("CLIENT", "ID")
             self._client_id = int(await self._conn.read_response())
         except redis.ResponseError as exc:  # ACLs refuse CLIENT ID
-            log.info("emqfast: CLIENT ID refused (%s); wake-ups follow Redis' hz tick", exc)
+            log.info("CLIENT ID refused (%s); wake-ups follow Redis' hz tick", exc)
             self._precise = False
             await self._drop()
             return None
@@ -83,7 +83,7 @@ class MarkerWaiter:
         try:
             await self._client.execute_command("CLIENT", "UNBLOCK", self._client_id, "TIMEOUT")
         except redis.ResponseError as exc:  # e.g. NOPERM: this wait ends on the server's timeout
-            log.info("emqfast: CLIENT UNBLOCK refused (%s); wake-ups follow Redis' hz tick", exc)
+            log.info("CLIENT UNBLOCK refused (%s); wake-ups follow Redis' hz tick", exc)
             self._precise = False
 
     async def _drop(self) -> None:

@@ -76,7 +76,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
     (executor) handler may call ``job.extend_lease(ms)`` as in sync code.
     """
 
-    _label = "emqfast aio worker"
+    _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
 
     def __init__(self, queue: Queue, handler: Callable[[Job], Any], *, concurrency: int = 8,
@@ -168,7 +168,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
             pass
 
     def _on_signal(self, signum: int) -> None:
-        log.info("emqfast aio worker %s: signal %d, shutting down gracefully", self.name, signum)
+        log.info("aio worker %s: signal %d, shutting down gracefully", self.name, signum)
         self.stop()
 
     async def _serve(self, until_idle: bool, deadline: Optional[float],

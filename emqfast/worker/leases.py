@@ -79,7 +79,7 @@ class LeaseKeeping:
                     r.extended_at = now
                 elif self._running.get(r.job.id) is r and not r.acking:
                     r.lost = True
-                    log.warning("emqfast: lease on running job %s was lost", r.job.id)
+                    log.warning("lease on running job %s was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""
@@ -124,7 +124,7 @@ class LeaseKeeping:
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):
-                    log.warning("emqfast: could not release %s (%s); the reaper will", job_id,
+                    log.warning("could not release %s (%s); the reaper will", job_id,
                                 reply)
                 running = self._running.get(job_id)
                 if running is not None and running.token == token:

@@ -137,7 +137,7 @@ def pipeline_until(calls: Sequence[Any], until: float, what: str) -> Logic:
             return (yield Pipeline(calls))
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc) or time.monotonic() + backoff.next_s > until:
-                log.warning("emqfast: could not %s (%s); the reaper will", what, exc)
+                log.warning("could not %s (%s); the reaper will", what, exc)
                 return [exc] * len(calls)
             yield Sleep(backoff())
 

@@ -17,7 +17,7 @@ def install(stop: Callable[[], None], name: str) -> Callable[[], None]:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum: int, frame: Any) -> None:
-        log.info("emqfast worker %s: signal %d, shutting down gracefully", name, signum)
+        log.info("worker %s: signal %d, shutting down gracefully", name, signum)
         stop()
 
     for s in previous:

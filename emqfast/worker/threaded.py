@@ -376,7 +376,7 @@ class Worker(WorkerMachine):
                     break  # only jobs whose lease is gone: nothing of ours to write
                 if not warned and time.monotonic() >= end and self._running:
                     warned = True
-                    log.warning("emqfast worker %s: %d handler(s) still running after "
+                    log.warning("worker %s: %d handler(s) still running after "
                                 "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
                                 "still finish): keeping their leases until they return",
                                 self.name, len(self._running), self.shutdown_timeout_s,
@@ -387,5 +387,5 @@ class Worker(WorkerMachine):
                 try:  # transient faults: logged, the next beat tries again
                     self._drive(self._renew_on_beat(time.monotonic()))
                 except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
-                    log.error("emqfast worker %s: cannot extend leases while stopping (%s)",
+                    log.error("worker %s: cannot extend leases while stopping (%s)",
                               self.name, exc)

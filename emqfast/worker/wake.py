@@ -97,7 +97,7 @@ class MarkerWaiter:
 
     def _refused(self, command: str, exc: Exception) -> None:
         """Fall back to the server's own (coarse) timeouts for good."""
-        log.info("emqfast: %s refused (%s); wake-ups follow Redis' hz tick", command, exc)
+        log.info("%s refused (%s); wake-ups follow Redis' hz tick", command, exc)
         self._precise = False
         self._drop()
 
@@ -106,7 +106,7 @@ class MarkerWaiter:
         try:
             self._client.execute_command("CLIENT", "UNBLOCK", self._client_id, "TIMEOUT")
         except redis.ResponseError as exc:  # e.g. NOPERM: this wait ends on the server's timeout
-            log.info("emqfast: CLIENT UNBLOCK refused (%s); wake-ups follow Redis' hz tick", exc)
+            log.info("CLIENT UNBLOCK refused (%s); wake-ups follow Redis' hz tick", exc)
             self._precise = False  # the connection is dropped after this wait's reply
 
     def _drop(self) -> None:
