@@ -38,21 +38,29 @@ def check_printable_name(name: str, what: str) -> str:
     return name
 
 
-def check_queue_name(name: str) -> str:
-    """Validate a queue name: non-empty text, no ``{``/``}`` (they would move the hash tag),
-    not whitespace only, no control characters."""
+def _check_key_name(name: Any, what: str, no_nul: bool = False) -> str:
+    """The rules every name that becomes part of a key obeys: non-empty text, no ``{``/``}``
+    (they would move the hash tag), not whitespace only, no control characters, valid
+    unicode, at most :data:`MAX_NAME_BYTES` UTF-8 bytes."""
     if not isinstance(name, str) or not name:
-        raise InvalidInput("queue name must be a non-empty str")
-    if "{" in name or "}" in name:
-        raise InvalidInput("queue name must not contain '{' or '}' (they would break the hash tag)")
-    check_printable_name(name, "queue")
+        raise InvalidInput(f"{what} name must be a non-empty str")
+    if "{" in name or "}" in name or (no_nul and "\0" in name):
+        forbidden = "'{', '}' or NUL" if no_nul else "'{' or '}'"
+        raise InvalidInput(f"{what} name must not contain {forbidden} (they would break the "
+                           "hash tag)")
+    check_printable_name(name, what)
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise InvalidInput(f"queue name longer than {MAX_NAME_BYTES} bytes")
+        raise InvalidInput(f"{what} name longer than {MAX_NAME_BYTES} bytes")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput("queue name must be valid unicode text") from None
+        raise InvalidInput(f"{what} name must be valid unicode text") from None
     return name
+
+
+def check_queue_name(name: str) -> str:
+    """Validate a queue name (the hash tag of every key of the queue)."""
+    return _check_key_name(name, "queue")
 
 
 def check_job_id(job_id: str) -> str:
@@ -71,40 +79,13 @@ def check_job_id(job_id: str) -> str:
 
 
 def check_schedule_name(name: str) -> str:
-    """Validate a schedule name: non-empty text, no ``{``/``}``, not whitespace only, no
-    control characters, at most 200 UTF-8 bytes.
-
-    The name is both the registry member and the suffix of its record key
-    (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name.
-    """
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("schedule name must be a non-empty str")
-    if "{" in name or "}" in name:
-        raise InvalidInput("schedule name must not contain '{' or '}' (they would break the hash tag)")
-    check_printable_name(name, "schedule")
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInput("schedule name must be valid unicode text") from None
-    if size > MAX_NAME_BYTES:
-        raise InvalidInput(f"schedule name longer than {MAX_NAME_BYTES} bytes")
-    return name
+    """Validate a schedule name. It is both the registry member and the suffix of its
+    record key (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name."""
+    return _check_key_name(name, "schedule")
 
 
 def check_group_name(name: str) -> str:
-    """Validate a group (lane) name: non-empty text, no ``{``/``}``, not whitespace only,
-    no control characters (so no NUL), at most
-    200 UTF-8 bytes. It is the suffix of the lane key ``emq:{q}:g:<group>:pending``, and
-    claim.lua files active grouped jobs under ``<group>\\0<job id>`` (so no NUL inside)."""
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("group name must be a non-empty str")
-    if "{" in name or "}" in name or "\0" in name:
-        raise InvalidInput("group name must not contain '{', '}' or NUL")
-    check_printable_name(name, "group")
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInput("group name must be valid unicode text") from None
-    if size > MAX_NAME_BYTES:
-        raise InvalidInput(f"group name longer than {MAX_NAME_BYTES} bytes")
-    return name
+    """Validate a group (lane) name: the suffix of the lane key
+    ``emq:{q}:g:<group>:pending``; claim.lua files active grouped jobs under
+    ``<group>\\0<job id>``, so no NUL inside (named in the error)."""
+    return _check_key_name(name, "group", no_nul=True)
