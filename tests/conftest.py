@@ -24,8 +24,11 @@ def _free_port() -> int:
 
 
 def start_redis_server(extra_args=(), port=None, workdir=None):
-    """Start ``redis-server`` on a free loopback port; return (proc, port, workdir)."""
-    exe = shutil.which("redis-server")
+    """Start ``redis-server`` on a free loopback port; return (proc, port, workdir).
+
+    ``EMQ_REDIS_SERVER`` names another server binary (Redis 6.2, valkey-server: the server
+    matrix, scripts/servermatrix.sh); by default the one on PATH."""
+    exe = os.environ.get("EMQ_REDIS_SERVER") or shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server not on PATH: run `make test`, which installs it")
     port = port or _free_port()
