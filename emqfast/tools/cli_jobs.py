@@ -11,7 +11,8 @@ from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import console, current_state, err_console, url_option
-from emqfast.tools.render import fmt_ms, job_detail_table, job_dict, jobs_table
+from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
+                                  job_dict, jobs_table)
 
 
 def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
@@ -33,22 +34,26 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
               help="Only jobs in this state (repeatable). Default: every state.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1),
               help="At most this many jobs per state.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output (always every field, uncut).")
+@click.option("--full", is_flag=True,
+              help="With JOB_ID: print the whole payload, result and traceback after the "
+                   "table (the table shows the first 2,000 characters of each).")
+def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: bool,
+         full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
     import json
 
     q = current_state().queue(queue)
     now = q.server_time_ms()
     if job_id:
-        job = q.get(job_id)
-        if job is None:
-            err_console.print(f"[red]no job {job_id} in {queue}[/red]")
-            sys.exit(1)
+        job = _job_or_exit(q, job_id)
         if as_json:
             click.echo(json.dumps(job_dict(job), ensure_ascii=False))
-        else:
-            console.print(job_detail_table(job, now))
+            return
+        console.print(job_detail_table(job, now, q.redis.hstrlen(q.keys.job(job_id), "payload")))
+        if full:
+            _dump_long_fields(job)
         return
     found: List[Job] = []
     for st in states or STATES:
@@ -60,6 +65,29 @@ def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: 
     console.print(jobs_table(found, now, title=f"{queue}: {which} (server clock {fmt_ms(now)})"))
     if not found:
         console.print("[dim]no jobs[/dim]")
+
+
+def _job_or_exit(q: Queue, job_id: str) -> Job:
+    """The job, or one line saying it is not there (exit 1)."""
+    try:
+        job = q.get(job_id)
+    except JobNotFound:
+        job = None
+    if job is None:
+        _fail(f"[red]no job {job_id} in {q.name}[/red] (never enqueued, or trimmed)")
+    return job
+
+
+def _dump_long_fields(job: Job) -> None:
+    """``--full``: the long fields whole, as plain text (not through rich: a 20 MB value
+    takes rich minutes to lay out), each after a header line with its size."""
+    data = job_dict(job)
+    for name in LONG_FIELDS:
+        if data[name] is None:
+            continue
+        text = field_text(data[name])
+        click.echo(f"--- {name} ({len(text):,} characters) ---")
+        click.echo(text)
 
 
 RETRY_BATCH = 500  # ids read per round trip by ``retry --all``

@@ -123,8 +123,41 @@ def job_dict(job: Job) -> Dict[str, Any]:
             "stalls": job.stalls}
 
 
-def job_detail_table(job: Job, now_ms: int) -> Table:
-    """Every field of one job, one per row."""
+PREVIEW_CHARS = 2000  # the most of a payload/result/traceback ``jobs QUEUE JOB`` shows
+LONG_FIELDS = ("payload", "result", "error", "traceback")
+
+
+def fmt_size(n: int) -> str:
+    """A byte count for people: ``850 B``, ``12.3 KB``, ``20.0 MB`` (1 KB = 1024 B)."""
+    if n < 1024:
+        return f"{n} B"
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MB"
+    return f"{n / (1 << 30):.1f} GB"
+
+
+def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out and how to see
+    it (a 20 MB payload rendered whole took minutes of CPU in rich)."""
+    if len(text) <= limit:
+        return text
+    return (f"{text[:limit]}… [{len(text) - limit:,} more characters; "
+            f"--full prints everything]")
+
+
+def field_text(value: Any) -> str:
+    """One field of :func:`job_dict` as the text the detail table shows (uncut)."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return "-" if value is None else str(value)
+
+
+def job_detail_table(job: Job, now_ms: int, payload_bytes: Optional[int] = None) -> Table:
+    """Every field of one job, one per row; long ones (payload, result, error, traceback)
+    as a preview of :data:`PREVIEW_CHARS` characters. ``payload_bytes``: the stored
+    payload's size, shown on its own row."""
     table = Table(title=f"job {job.id}", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
@@ -134,9 +167,11 @@ def job_detail_table(job: Job, now_ms: int) -> Table:
             value = f"{fmt_ms(value)} ({fmt_relative(value, now_ms)})" if value else "-"
         elif name == "state":
             value = state_text(value)
-        elif isinstance(value, (dict, list)):
-            value = json.dumps(value, ensure_ascii=False)
-        elif value is None:
-            value = "-"
+        else:
+            value = field_text(value)
+            if name in LONG_FIELDS:
+                value = preview(value)
         table.add_row(name.replace("_ms", ""), value if isinstance(value, Text) else str(value))
+        if name == "payload" and payload_bytes is not None:
+            table.add_row("payload size", f"{fmt_size(payload_bytes)} ({payload_bytes:,} bytes)")
     return table
