@@ -23,18 +23,20 @@ import os
 import socket
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from itertools import islice
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from emqfast.core.errors import EvictionRisk
 from emqfast.core.validation import check_int
 from emqfast.worker import core
 from emqfast.worker.acking import Acking
 from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
+from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import LeaseKeeping
 from emqfast.worker.outcomes import job_group
 from emqfast.worker.resend import Backoff, typed, until_done, wait_out
 from emqfast.worker.rows import JobRows
-from emqfast.worker.stats import RunningJob, WorkerStats
+from emqfast.worker.stats import HeldLease, RunningJob, WorkerStats
 
 log = logging.getLogger("emqfast.worker")
 
@@ -84,11 +86,13 @@ class WorkerMachine(LeaseKeeping, Acking):
         # popped since); None = nothing known, pump on the beat only
         self._next_schedule_ms: Optional[float] = None
         self._waiter: Any = None  # the driver's MarkerWaiter, made on the first wait
-        # a claim sent whose reply was not read yet, and claimed pairs no handler has got:
-        # what the shutdown hands back when a call was cut short (see _settle)
+        # a claim sent whose reply was not read yet, and jobs claimed but not started
+        # (prefetched: start.lua runs only when a handler slot is free, so a paused queue
+        # starts none of them): what a pause or the shutdown hands back (see _settle)
         self._claiming: Any = None
-        self._unstarted: List[Tuple[str, str]] = []
-        self.beat_hooks: List[Callable[[], Any]] = []
+        self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
+        self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
+        self.beat_hooks: List[Callable[[], Any]] = [Heartbeat(self)]  # the Workers page
 
     # --- state ----------------------------------------------------------------------------
     def _should_stop(self) -> bool:
@@ -102,7 +106,7 @@ class WorkerMachine(LeaseKeeping, Acking):
 
     def _idle(self) -> bool:
         with self._guard:
-            return not self._running and self._pending_acks == 0
+            return not self._running and self._pending_acks == 0 and not self._held
 
     def _server_now_ms(self) -> float:
         return time.monotonic() * 1000 + self._server_offset_ms
@@ -142,27 +146,30 @@ class WorkerMachine(LeaseKeeping, Acking):
             # woken at a delayed job's run-at: promote before claiming (saves a round trip)
             self._due_hint = None
             yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})
-        free = yield WaitForRoom(self.beat_s)
-        if free <= 0:
+        slots, room = yield WaitForRoom(self.beat_s)
+        if slots and self._held:  # a handler slot is free: start a job we hold
+            yield from self._start_held(slots)
+            return False
+        if room <= 0:
             return False
         # Idleness must be judged from before the claim: an outcome written after
         # it (a retry re-parked on the delayed set) is not in this claim's reply.
         idle_before_claim = self._idle()
-        reply = yield from self._claim(min(free, self.batch_size))
+        reply = yield from self._claim(min(room, self.batch_size))
         if reply is None:
             return False
         now, status, next_due, pairs = core.parse_claim(reply)
-        self._claiming, self._unstarted = None, list(pairs)
+        served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
+        self._hold(pairs, served)
         if status == core.CLAIM_PAUSED:
             yield from self._release_held()
-        served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
         self._server_offset_ms = now - time.monotonic() * 1000
         # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
         # for an empty claim (one bounded promote; the next claim can take it)
         promoted = core.due_now(status, next_due, now) and \
             (yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})) > 0
         if pairs:
-            yield from self._start(pairs, served)
+            yield from self._start_held(slots)
             return False
         if promoted:
             return False
@@ -221,20 +228,24 @@ class WorkerMachine(LeaseKeeping, Acking):
 
     # --- pause --------------------------------------------------------------------------
     def _check_paused(self) -> Logic:
-        """On the beat, while jobs wait for a handler: a claim loop whose slots are all
+        """On the beat, while jobs wait for a handler slot: a claim loop whose slots are all
         busy does not claim, so it asks whether the queue was paused meanwhile."""
-        if self._take_held(peek=True) and (yield Invoke(self.queue.is_paused)):
+        if (self._held or self._take_held(peek=True)) and (yield Invoke(self.queue.is_paused)):
             yield from self._release_held()
 
     def _release_held(self) -> Logic:
-        """The queue is paused: jobs claimed and started but not yet begun by a handler go
-        back (release.lua) instead of running; running handlers finish."""
-        held = self._take_held()
-        if held:
-            log.info("%s: queue %s paused; releasing %d jobs not begun", self._who,
-                     self.queue.name, len(held))
-            until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
-            yield from self._releasing(held, until)
+        """The queue is paused: the jobs we hold go back instead of waiting for a slot.
+        Held jobs were never started (start.lua, which a pause fences, runs only into a
+        free slot), so none begins after pause() returned; the few started in the instant
+        before it and not yet picked up by a handler are released too. Running handlers
+        finish."""
+        if not self._held and not self._take_held(peek=True):
+            return
+        log.info("%s: queue %s paused; handing back %d held jobs", self._who,
+                 self.queue.name, len(self._held))
+        until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+        yield from self._settle(until)
+        yield from self._releasing(self._take_held(), until)
 
     # --- shutdown -----------------------------------------------------------------------
     def _settle(self, until: float) -> Logic:
@@ -248,17 +259,22 @@ class WorkerMachine(LeaseKeeping, Acking):
             if held:
                 yield from self._releasing(held, until)
         except Exception as exc:  # noqa: BLE001 - their leases expire; the reaper re-runs them
-            log.warning("%s: could not hand back claimed jobs while stopping (%s); the reaper "
-                        "will", self._who, typed(exc))
+            log.warning("%s: could not hand back claimed jobs (%s); the reaper will",
+                        self._who, typed(exc))
 
     def _unclaimed(self, give_up: Callable[[], bool]) -> Logic:
-        """``(id, token, group)`` of the jobs a cut-short claim or start left with us."""
+        """``(id, token, group)`` of the jobs claimed by us and not handed to a handler: held
+        ones and those of a cut-short claim or start. Each is started first (a paused queue's
+        start parks it on the delayed set instead: no longer ours) to learn its group."""
         claim, self._claiming = self._claiming, None
         if claim is not None:
             reply = yield from until_done(claim, "claim", self._who, give_up)
             if reply is not None:
-                self._unstarted += core.parse_claim(reply)[3]
-        pairs, self._unstarted = self._unstarted, []
+                self._hold(core.parse_claim(reply)[3], [])
+        with self._guard:
+            pairs = [(h.job_id, h.token) for h in self._held.values()]
+            self._held.clear()
+            self._held_groups.clear()
         held: List[Tuple[str, str, Optional[str]]] = []
         for at in range(0, len(pairs), core.START_CHUNK):
             chunk = pairs[at:at + core.START_CHUNK]
@@ -270,12 +286,31 @@ class WorkerMachine(LeaseKeeping, Acking):
         return held
 
     # --- starting jobs ------------------------------------------------------------------
-    def _start(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
-        """Start claimed jobs in calls of at most ``START_CHUNK`` (bounded work per call)."""
-        for at in range(0, len(pairs), core.START_CHUNK):
-            chunk = pairs[at:at + core.START_CHUNK]
-            yield from self._start_chunk(chunk, groups)
-            del self._unstarted[:len(chunk)]  # handed out (or no longer ours)
+    def _hold(self, pairs: Sequence[Tuple[str, str]], served: Sequence[str]) -> None:
+        """Claimed jobs join those held until a handler slot frees (their leases renewed on
+        the beat like running ones)."""
+        now = time.monotonic()
+        with self._guard:
+            self._claiming = None
+            for job_id, token in pairs:
+                self._held[job_id] = HeldLease(job_id, token, now)
+            if pairs:
+                self._held_groups.update(served)
+
+    def _start_held(self, slots: int) -> Logic:
+        """Start up to ``slots`` held jobs, oldest first (a handler slot is free for each, so
+        each begins at once), in calls of at most ``START_CHUNK`` (bounded work per call)."""
+        while slots > 0 and self._held:
+            with self._guard:
+                chunk = list(islice(self._held.values(), min(slots, core.START_CHUNK)))
+                groups = sorted(self._held_groups)
+            yield from self._start_chunk([(h.job_id, h.token) for h in chunk], groups)
+            with self._guard:  # handed out (or no longer ours)
+                for h in chunk:
+                    self._held.pop(h.job_id, None)
+                if not self._held:
+                    self._held_groups.clear()
+            slots -= len(chunk)
 
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
         start = core.start_call(self._keys, pairs, groups)
