@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages emqfast needs when they are missing:
-# redis-server (tests, demo, embedded default) and libhiredis-dev (the C core).
+# redis-server (tests, demo, embedded default), libhiredis-dev (the C core),
+# chromium + chromium-driver (the dashboard's browser tests).
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
 
@@ -10,6 +11,9 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS test makes its own CA
 [ -f /usr/include/hiredis/hiredis.h ] || need+=(libhiredis-dev)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# the dashboard's browser tests (selenium drives Debian's chromium headless)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 sudo=""
