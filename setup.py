@@ -1,8 +1,11 @@
 """Build hook for the optional C core (csrc/, via cffi); metadata is in pyproject.toml.
 
-The core needs a C compiler and libhiredis. Without them emqfast still installs
-and runs on its pure-Python backend. Set EMQFAST_REQUIRE_C=1 (CI does) to make
-any C build problem fatal instead.
+The core needs a C compiler (hiredis is compiled in from csrc/vendor/hiredis) and,
+for TLS (rediss://) on the C path, OpenSSL's headers (libssl-dev / openssl-devel);
+without OpenSSL it is built without TLS, and TLS connections use redis-py. Without
+a compiler emqfast still installs and runs on its pure-Python backend. The build
+says which it made. Set EMQFAST_REQUIRE_C=1 (CI does) to make any C build problem,
+a missing OpenSSL included, fatal instead; EMQFAST_TLS=0 builds without TLS.
 """
 import os
 import shutil
@@ -20,39 +23,44 @@ def say(message: str) -> None:
     print(f"emqfast: {message}", file=sys.stderr)
 
 
-def missing_for_c() -> str:
-    """What this machine lacks to build the C core ('' when nothing)."""
+TLS_PROBE = ("OpenSSL's headers and libraries (apt install libssl-dev, "
+             "dnf install openssl-devel, brew install openssl)",
+             "#include <openssl/ssl.h>\nint main(void) { SSL_CTX_free(0); return 0; }\n",
+             ["ssl", "crypto"])
+
+
+def _probe(compiler, tmp: str, code: str, libraries) -> bool:
+    """Whether ``code`` compiles (and links against ``libraries`` unless None)."""
+    src = os.path.join(tmp, "probe.c")
+    with open(src, "w") as fh:
+        fh.write(code)
+    try:
+        objects = compiler.compile([src], output_dir=tmp)
+        if libraries is not None:
+            compiler.link_executable(objects, os.path.join(tmp, "probe"), libraries=libraries)
+    except Exception:  # CompileError, LinkError, no compiler at all...
+        return False
+    return True
+
+
+def missing_for_c() -> "tuple[str, str]":
+    """What this machine lacks to build the C core, then to build it with TLS
+    ('' when nothing)."""
     try:
         import cffi  # noqa: F401
     except ImportError:
-        return "the cffi package"
+        return "the cffi package", ""
     from distutils.ccompiler import new_compiler
     from distutils.sysconfig import customize_compiler
 
     compiler = new_compiler()
     customize_compiler(compiler)  # honours CC, CFLAGS, LDFLAGS like the real build
     tmp = tempfile.mkdtemp(prefix="emqfast-probe-")
-    probes = [
-        ("a working C compiler", "int main(void) { return 0; }\n", False),
-        ("the libhiredis headers (hiredis/hiredis.h: apt install libhiredis-dev, "
-         "dnf install hiredis-devel, brew install hiredis)",
-         "#include <hiredis/hiredis.h>\nint main(void) { return 0; }\n", False),
-        ("the libhiredis library (-lhiredis)",
-         "#include <hiredis/hiredis.h>\nint main(void) { redisFree(0); return 0; }\n", True),
-    ]
     try:
-        for what, code, link in probes:
-            src = os.path.join(tmp, "probe.c")
-            with open(src, "w") as fh:
-                fh.write(code)
-            try:
-                objects = compiler.compile([src], output_dir=tmp)
-                if link:
-                    compiler.link_executable(objects, os.path.join(tmp, "probe"),
-                                             libraries=["hiredis"])
-            except Exception:  # CompileError, LinkError, no compiler at all...
-                return what
-        return ""
+        if not _probe(compiler, tmp, "int main(void) { return 0; }\n", None):
+            return "a working C compiler", ""
+        what, code, libraries = TLS_PROBE
+        return "", ("" if _probe(compiler, tmp, code, libraries) else what)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -103,13 +111,28 @@ class OptionalBuildExt(build_ext):
         say(f"building the C core failed ({type(exc).__name__}: {exc}); {FALLBACK}")
 
 
-options = {"cmdclass": {"build_ext": OptionalBuildExt}}
-lacking = missing_for_c()
-if not lacking:
+def configure() -> dict:
+    """setup() options: the C core when it can be built (with TLS when OpenSSL is
+    there), saying which on stderr; none (the pure-Python backend) otherwise."""
+    options = {"cmdclass": {"build_ext": OptionalBuildExt}}
+    lacking, lacking_tls = missing_for_c()
+    if os.environ.get("EMQFAST_TLS") == "0":
+        lacking_tls = "nothing: EMQFAST_TLS=0 asked for a build without TLS"
+    if lacking:
+        if REQUIRE_C:
+            sys.exit(f"emqfast: EMQFAST_REQUIRE_C=1 but the C core cannot be built: "
+                     f"missing {lacking}")
+        say(f"C core not built: missing {lacking}; {FALLBACK}")
+        return options
+    if lacking_tls and REQUIRE_C and os.environ.get("EMQFAST_TLS") != "0":
+        sys.exit(f"emqfast: EMQFAST_REQUIRE_C=1 but the C core cannot speak TLS: "
+                 f"missing {lacking_tls}")
+    os.environ["EMQFAST_TLS"] = "0" if lacking_tls else "1"  # read by csrc/build_ffi.py
+    say("building the C core (hiredis compiled in) "
+        + (f"WITHOUT TLS (missing {lacking_tls}): rediss:// will use redis-py"
+           if lacking_tls else "with TLS (OpenSSL)"))
     options["cffi_modules"] = ["csrc/build_ffi.py:ffibuilder"]
-elif REQUIRE_C:
-    sys.exit(f"emqfast: EMQFAST_REQUIRE_C=1 but the C core cannot be built: missing {lacking}")
-else:
-    say(f"C core not built: missing {lacking}; {FALLBACK}")
+    return options
 
-setup(**options)
+
+setup(**configure())
