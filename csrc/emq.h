@@ -90,6 +90,16 @@ int emq_conn_open_unix(emq_conn *c, const char *path,
 int emq_conn_auth(emq_conn *c, const char *user, size_t userlen,
                   const char *password, size_t passwordlen);
 int emq_conn_select(emq_conn *c, int64_t db);
+/* TLS (rediss://): 1 when this build has it (hiredis ssl.c + OpenSSL), else 0 and
+ * emq_conn_open_tls fails. Like open_tcp, then a TLS handshake within connect_timeout.
+ * Files may be NULL (no CA files: the system's defaults); key_file NULL: in cert_file.
+ * verify 0: no certificate check, else the chain must verify and, with
+ * check_hostname, name `host` (a DNS name or IP literal; also sent as SNI). */
+int emq_tls_built(void);
+int emq_conn_open_tls(emq_conn *c, const char *host, int port,
+                      double connect_timeout, double io_timeout,
+                      const char *ca_file, const char *ca_path, const char *cert_file,
+                      const char *key_file, int verify, int check_hostname);
 /* 1 when open and idle: no error, no unread bytes, peer has not hung up. */
 int emq_conn_usable(emq_conn *c);
 void emq_conn_close(emq_conn *c);
@@ -163,7 +173,12 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
 struct emq_conn {
     redisContext *ctx; /* NULL while closed */
     char err[256];     /* last error, NUL-terminated, never holds credentials */
+    void *tls;         /* the SSL of a TLS connection (freed with ctx), else NULL */
 };
+
+/* One write of up to len bytes, through TLS when the connection has it; like
+ * send(2): bytes written, or -1 with errno (EAGAIN: none fit, with dontwait). */
+ssize_t emq_conn_send(emq_conn *c, const char *buf, size_t len, int dontwait);
 
 /* Record "<what>: <cause>" from the context (or errno) and close it. */
 void emq_conn_fail(emq_conn *c, const char *what, int saved_errno);

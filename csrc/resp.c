@@ -200,8 +200,7 @@ int emq_batch_begin(emq_conn *c, emq_replies *out, size_t n)
 
 int emq_batch_send(emq_conn *c, emq_wbuf *w, int dontwait, size_t *sent)
 {
-    int flags = MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0);
-    ssize_t n = send(c->ctx->fd, w->p + w->off, w->len - w->off, flags);
+    ssize_t n = emq_conn_send(c, w->p + w->off, w->len - w->off, dontwait);
     if (n < 0) {
         int full = dontwait && (errno == EAGAIN || errno == EWOULDBLOCK);
         return errno == EINTR || full ? 0 : -1;
