@@ -19,7 +19,7 @@ from emqfast.backends import transport
 from emqfast.backends.batcher import run_calls
 from emqfast.backends.scripts import map_error, send, send_async
 from emqfast.core import errors
-from emqfast.core.ops import Batch, Call, Cmd, Columns, Op, Request, Scan, Watched, expand_columns
+from emqfast.core.ops import Batch, Call, Cmd, Columns, Op, Request, Scan, Watched, column_calls
 
 __all__ = ["BatcherSource", "run", "run_async", "typed", "typed_failure"]
 
@@ -170,8 +170,8 @@ async def _perform_async(client: Any, req: Request) -> Any:
     if isinstance(req, Columns):
         # The C Batcher is a blocking socket: under asyncio a bulk goes through
         # redis.asyncio pipelines, the same calls the Batcher would frame.
-        calls = [(req.script, row[:req.numkeys], row[req.numkeys:])
-                 for row in expand_columns(req.slots, req.columns)]
+        calls = [(req.script, keys, args)
+                 for keys, args in column_calls(req.numkeys, req.slots, req.columns)]
         return await send_async(client, calls, req.wait)
     if isinstance(req, Scan):
         return [k async for k in client.scan_iter(match=req.match, count=req.count)]

@@ -33,7 +33,7 @@ from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, 
 from emqfast.core.lua import Script
 
 __all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Op", "Request",
-           "operation", "expand_columns", "as_bytes"]
+           "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
 
 
 class Call(NamedTuple):
@@ -86,13 +86,19 @@ class Slot(NamedTuple):
 
     prefix: Any
     column: Optional[int] = None
+    each: int = 0  # > 0: repeated for each of the call's rows, calls of ``each`` rows
 
 
 @dataclass(frozen=True)
 class Columns:
     """A bulk of one script framed as columns (see ``Batcher.evalsha_columns``): call
     ``i``'s arguments are ``slots`` (its first ``numkeys`` are KEYS, the rest ARGV), each
-    filled from ``columns`` as :class:`Slot` says. Replies in order, errors in their slot."""
+    filled from ``columns`` as :class:`Slot` says. Replies in order, errors in their slot.
+
+    Many rows per call (issue 12, enqueue_many.lua): when slots have ``each = r``, every
+    call carries ``r`` consecutive rows (the last one the rest) and each run of such
+    slots is repeated once per row of the call (a key slot adds one key per row); a
+    slot with ``each = 0`` appears once (a column there takes the call's first row)."""
 
     script: Script
     numkeys: int
@@ -138,13 +144,60 @@ def operation(fn: Callable[..., Op]) -> Callable[..., Any]:
     return public
 
 
-def expand_columns(slots: Sequence[Tuple[Any, Optional[int]]],
+def expand_columns(slots: Sequence[Tuple[Any, ...]],
                    columns: Sequence[Sequence[Any]]) -> List[List[bytes]]:
     """The per-call argument lists a :class:`Columns` request stands for."""
+    if rows_per_call(slots) > 1:
+        return [keys + args for keys, args in column_calls(0, slots, columns)]
     n = len(columns[0]) if columns else 0
-    prefixes = [as_bytes(prefix) for prefix, _ in slots]
-    return [[p if k is None else p + as_bytes(columns[k][i]) for p, (_, k) in zip(prefixes, slots)]
+    prefixes = [as_bytes(slot[0]) for slot in slots]
+    picks = [slot[1] for slot in slots]
+    return [[p if k is None else p + as_bytes(columns[k][i]) for p, k in zip(prefixes, picks)]
             for i in range(n)]
+
+
+def rows_per_call(slots: Sequence[Tuple[Any, ...]]) -> int:
+    """Rows each call of a :class:`Columns` bulk carries: its slots' ``each``, else 1."""
+    return max((slot[2] for slot in slots if len(slot) > 2 and slot[2]), default=1)
+
+
+def column_calls(numkeys: int, slots: Sequence[Tuple[Any, ...]],
+                 columns: Sequence[Sequence[Any]]) -> List[Tuple[List[bytes], List[bytes]]]:
+    """The (KEYS, ARGV) of every call a :class:`Columns` bulk stands for (``numkeys``
+    counts its key slots)."""
+    rows = rows_per_call(slots)
+    if rows == 1:
+        return [(call[:numkeys], call[numkeys:]) for call in expand_columns(slots, columns)]
+    n = len(columns[0]) if columns else 0
+    out = []
+    for lo in range(0, n, rows):
+        hi = min(lo + rows, n)
+        keys = _call_values(slots[:numkeys], columns, lo, hi)
+        out.append((keys, _call_values(slots[numkeys:], columns, lo, hi)))
+    return out
+
+
+def _call_values(slots: Sequence[Tuple[Any, ...]], columns: Sequence[Sequence[Any]],
+                 lo: int, hi: int) -> List[bytes]:
+    """One call's values of ``slots`` for rows ``[lo, hi)``: runs of repeated slots row
+    by row, the others once (a column there gives row ``lo``'s value)."""
+    def value(slot: Tuple[Any, ...], row: int) -> bytes:
+        prefix = as_bytes(slot[0])
+        return prefix if slot[1] is None else prefix + as_bytes(columns[slot[1]][row])
+
+    out: List[bytes] = []
+    s = 0
+    while s < len(slots):
+        if len(slots[s]) < 3 or not slots[s][2]:
+            out.append(value(slots[s], lo))
+            s += 1
+            continue
+        e = s
+        while e < len(slots) and len(slots[e]) > 2 and slots[e][2]:
+            e += 1
+        out += [value(slot, row) for row in range(lo, hi) for slot in slots[s:e]]
+        s = e
+    return out
 
 
 def as_bytes(value: Any) -> bytes:
