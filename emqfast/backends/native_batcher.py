@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from emqfast.backends import transport
+from emqfast.backends import native_tls, transport
 from emqfast.backends._emqcore import ffi, lib
 from emqfast.backends.native_codec import (SIZE_T, column_bytes, conn_failure, cut_again,
                                            decode_replies, encode, pack_args)
@@ -38,7 +38,8 @@ class Batcher:
     def __init__(self, *, host: str = "127.0.0.1", port: int = 6379, path: Optional[str] = None,
                  username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
                  socket_timeout: Optional[float] = None,
-                 socket_connect_timeout: Optional[float] = None) -> None:
+                 socket_connect_timeout: Optional[float] = None,
+                 tls: Optional[native_tls.TlsSettings] = None) -> None:
         if path is None and not (isinstance(port, int) and 0 < port < 65536):
             raise InvalidInput(f"port must be an int in [1, 65535], not {port!r}")
         if not isinstance(db, int) or db < 0:
@@ -47,6 +48,7 @@ class Batcher:
         self._port = port
         self._path = os.fsencode(path) if path is not None else None
         self._where = f"unix:{path}" if path is not None else f"{host}:{port}"
+        self._tls = tls if path is None else None  # TLS over TCP only, as in redis-py
         self._username = encode(username) if username else None
         self._password = encode(password) if password else None
         self._secret = self._password.decode("utf-8", "replace") if self._password else None
@@ -66,7 +68,8 @@ class Batcher:
         """A Batcher on the same server, credentials and db as a redis-py ``client``.
 
         Raises :class:`BackendUnavailable` for what hiredis here cannot speak:
-        TLS, cluster and sentinel-managed clients (the caller uses redis-py then).
+        cluster and sentinel-managed clients, and TLS settings it cannot honour
+        (:mod:`~emqfast.backends.native_tls`); the caller uses redis-py then.
         A Batcher is a connection: :func:`emqfast.backend.batcher_for` shares one
         per (process, thread, connection parameters) instead of making one per call.
         """
@@ -86,9 +89,8 @@ class Batcher:
         if isinstance(pool, SentinelConnectionPool):
             raise BackendUnavailable("the C batcher does not follow Sentinel failovers")
         conn_cls = getattr(pool, "connection_class", redis.Connection)
-        if issubclass(conn_cls, redis.SSLConnection):
-            raise BackendUnavailable("the C batcher does not speak TLS")
         kw = pool.connection_kwargs
+        tls = native_tls.settings_from(kw) if issubclass(conn_cls, redis.SSLConnection) else None
         username, password = kw.get("username"), kw.get("password")
         provider = kw.get("credential_provider")
         if provider is not None:
@@ -99,7 +101,7 @@ class Batcher:
                     path=kw.get("path") if unix else None, username=username,
                     password=password, db=int(kw.get("db") or 0),
                     socket_timeout=kw.get("socket_timeout"),
-                    socket_connect_timeout=kw.get("socket_connect_timeout"))
+                    socket_connect_timeout=kw.get("socket_connect_timeout"), tls=tls)
 
     # -- public --------------------------------------------------------------
     def evalsha_many(self, sha: str, script: bytes, numkeys: int,
@@ -142,7 +144,9 @@ class Batcher:
 
         Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when
         ``slots[s][1]`` is a column index, by ``columns[slots[s][1]][i]``: the
-        constant arguments of a bulk enqueue travel once, not once per job.
+        constant arguments of a bulk enqueue travel once, not once per job. Slots with
+        ``each`` (a third value, :class:`~emqfast.core.ops.Slot`) put that many rows in
+        each call (enqueue_many.lua): one reply per call then.
         Same replies, NOSCRIPT, failure and ``wait`` handling as :meth:`evalsha_many`.
         """
         ncalls = len(columns[0]) if columns else 0
@@ -153,17 +157,20 @@ class Batcher:
         return self._waited(self._columns_calls(sha, script, numkeys, slots, columns), wait)
 
     def _columns_calls(self, sha: str, script: bytes, numkeys: int,
-                       slots: Sequence[Tuple[Any, Optional[int]]],
+                       slots: Sequence[Tuple[Any, ...]],
                        columns: Sequence[Sequence[Any]]) -> List[Any]:
         sha_b = sha.encode("ascii") if isinstance(sha, str) else bytes(sha)
-        consts = [encode(value) for value, _ in slots]
-        picks = [-1 if col is None else col for _, col in slots]
+        consts = [encode(slot[0]) for slot in slots]
+        picks = [-1 if slot[1] is None else slot[1] for slot in slots]
         if any(not -1 <= k < len(columns) for k in picks):
             raise InvalidInput("a slot names a column that does not exist")
+        each = [slot[2] if len(slot) > 2 and slot[2] else 0 for slot in slots]
+        rows = max(each, default=0) or 1  # rows per call (Slot.each)
         cols = [column_bytes(col) for col in columns]
         slot_lens = array(SIZE_T, map(len, consts))
-        slot_col = array("q", picks)
-        replies, all_int = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, cols)
+        slot_col, slot_each = array("q", picks), array("q", each)
+        frame = (sha_b, numkeys, rows, consts, slot_lens, slot_col, slot_each)
+        replies, all_int = self._columns(frame, cols)
         if all_int:
             return replies
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -173,27 +180,32 @@ class Batcher:
                 for i in missing:
                     replies[i] = loaded
                 return replies
-            sub = [[col[i] for i in missing] for col in cols]
+            # the rows of the calls that met NOSCRIPT (whole calls: the grouping holds)
+            picked = [r for i in missing for r in range(i * rows, min((i + 1) * rows,
+                                                                      len(cols[0])))]
+            sub = [[col[r] for r in picked] for col in cols]
             try:
-                again, _ = self._columns(sha_b, numkeys, consts, slot_lens, slot_col, sub)
+                again, _ = self._columns(frame, sub)
             except ConnectionFailed as cut:
                 raise cut_again(cut, replies, missing) from cut
             for i, reply in zip(missing, again):
                 replies[i] = reply
         return replies
 
-    def _columns(self, sha_b: bytes, numkeys: int, consts: List[bytes], slot_lens: array,
-                 slot_col: array, cols: List[List[bytes]]) -> Tuple[List[Any], bool]:
+    def _columns(self, frame: Tuple[Any, ...], cols: List[List[bytes]]) -> Tuple[List[Any], bool]:
+        sha_b, numkeys, rows, consts, slot_lens, slot_col, slot_each = frame
         slot_data = b"".join(consts)
         col_data = b"".join(chain.from_iterable(cols))
         col_lens = array(SIZE_T, map(len, chain.from_iterable(cols)))
         c_slot_lens = ffi.from_buffer("size_t[]", slot_lens)
         c_slot_col = ffi.from_buffer("int64_t[]", slot_col)
+        c_slot_each = ffi.from_buffer("int64_t[]", slot_each)
         c_col_lens = ffi.from_buffer("size_t[]", col_lens)
-        ncalls = len(cols[0])
-        return self._run(ncalls, lambda conn: lib.emq_evalsha_columns(
-            conn, sha_b, len(sha_b), numkeys, ncalls, len(consts), slot_data, c_slot_lens,
-            c_slot_col, len(cols), col_data, c_col_lens, self._replies))
+        nrows = len(cols[0])
+        return self._run(-(-nrows // rows), lambda conn: lib.emq_evalsha_rows(
+            conn, sha_b, len(sha_b), numkeys, nrows, rows, len(consts), slot_data,
+            c_slot_lens, c_slot_col, c_slot_each, len(cols), col_data, c_col_lens,
+            self._replies))
 
     def close(self) -> None:
         """Close the connection and free reply buffers (a later call reconnects)."""
@@ -317,6 +329,9 @@ class Batcher:
         lib.emq_conn_close(conn)
         if self._path is not None:
             rc = lib.emq_conn_open_unix(conn, self._path, self._connect_timeout, self._io_timeout)
+        elif self._tls is not None:
+            rc = native_tls.open_tls(conn, self._host, self._port, self._connect_timeout,
+                                     self._io_timeout, self._tls)
         else:
             rc = lib.emq_conn_open_tcp(conn, self._host, self._port, self._connect_timeout,
                                        self._io_timeout)

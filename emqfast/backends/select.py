@@ -204,7 +204,7 @@ def _check_needs_no_password(client: Any, key: Tuple) -> None:
 
 def batcher_for(client):
     """A pipelining Batcher for ``client``: the hiredis one under the C backend, when the
-    connection is one it can speak (TCP or unix socket, no TLS, no cluster), else redis-py's.
+    connection is one it can speak (TCP, TLS or unix socket; no cluster), else redis-py's.
 
     The C one is a :class:`SharedBatcher`: every caller with the same server,
     credentials and db shares one connection per thread.
