@@ -335,19 +335,18 @@ def test_tls_enqueue_and_worker_through_redis_py(tls_server, qname, backend, cap
     backend_mod._refusals_logged.clear()
     conn = emqfast.connect(tls_server)
     assert issubclass(conn.connection_pool.connection_class, redis.SSLConnection)
-    if backend == "c":  # hiredis here speaks plain TCP only: the C Batcher must say so
-        with pytest.raises(emqfast.BackendUnavailable):
-            backend_mod._native.Batcher.from_redis(conn)
+    if backend == "c":  # issue 17: the C Batcher speaks TLS too (more in tests/test_tls_c.py)
+        backend_mod._native.Batcher.from_redis(conn).close()
     q = Queue(qname, conn)
     one = q.enqueue({"n": 0})
-    many = q.enqueue_many([{"n": i} for i in range(1, 201)])  # falls back to redis-py
+    many = q.enqueue_many([{"n": i} for i in range(1, 201)])  # under C: hiredis over TLS
     assert [q.get(ref.id).payload for ref in many[:3]] == [{"n": 1}, {"n": 2}, {"n": 3}]
     seen = []
     stats = Worker(q, lambda job: seen.append(job.payload["n"]) or "ok").run_until_idle(30)
     assert stats.completed == 201 and sorted(seen) == list(range(201))
     assert q.get(one.id).result == "ok"
     refusals = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
-    assert len(refusals) == (1 if backend == "c" else 0)
+    assert len(refusals) == 0  # nothing falls back to redis-py, C or not
     # a plain-text client cannot talk to the TLS-only server: the traffic really is TLS
     plain = redis.Redis(port=conn.connection_pool.connection_kwargs["port"], socket_timeout=0.5)
     with pytest.raises(redis.RedisError):
