@@ -1,0 +1,195 @@
+"""The dashboard's actions (POST + CSRF token) and the login form.
+
+Every action is a :class:`emqfast.Queue` method (retry, cancel, pause/resume, promote,
+trim, obliterate) or ``queue.schedules.remove``: the dashboard never writes a key itself.
+An action refused by the job's state (retry of a job that is not failed, cancel of a
+running one) changes nothing and comes back as the typed error's message; read-only
+mode refuses every action with 403. Each answers with a redirect (post/redirect/get)
+and a flash message."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Tuple
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from emqfast.core.errors import InvalidInput, JobNotFound, JobStateError
+from emqfast.core.redaction import redact
+from emqfast.core.validation import check_job_id, check_schedule_name
+from emqfast.facade.queue import Queue
+from emqfast.tools.cli_jobs import retry_every
+from emqfast.web.app import AUTH_COOKIE, Dashboard, Problem, cookie_path, flash, link
+from emqfast.web.pages import STATE_NAMES, known_queue
+
+MAX_SELECTED = 500  # ids one bulk action takes
+Outcome = Tuple[str, str]  # (flash kind, message)
+
+
+def _writable(dash: Dashboard) -> None:
+    if dash.read_only:
+        raise Problem(403, "this dashboard is read-only: actions are turned off")
+
+
+def _typed(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {redact(str(exc))}"
+
+
+def _int_field(form: Any, name: str, default: int) -> int:
+    raw = str(form.get(name, "") or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or len(raw) > 12:
+        raise InvalidInput(f"{name} must be a whole number")
+    return int(raw)
+
+
+def _cancel(q: Queue, job_id: str) -> Outcome:
+    if q.cancel(job_id):
+        return "ok", f"cancelled {job_id} (deleted)"
+    job = q.get(job_id)
+    state = "unknown" if job is None else job.state
+    err = JobStateError(f"job {job_id} is {state}: only a scheduled or pending job can be "
+                        "cancelled")
+    return "error", _typed(err)
+
+
+def _retry(q: Queue, job_id: str) -> Outcome:
+    q.retry(job_id)
+    return "ok", f"{job_id} is pending again"
+
+
+JOB_ACTIONS: Dict[str, Callable[[Queue, str], Outcome]] = {"retry": _retry, "cancel": _cancel}
+
+
+def job_action(dash: Dashboard, request: Request, form: Any) -> Response:
+    """Retry or cancel one job; back to its page (or the queue's, once it is gone)."""
+    _writable(dash)
+    name = known_queue(dash, form.get("q"))
+    job_id = check_job_id(str(form.get("id", "")))
+    action = JOB_ACTIONS.get(str(form.get("action", "")))
+    if action is None:
+        raise Problem(400, "unknown job action")
+    kind, text = _try(action, Queue(name, dash.client), job_id)
+    gone = kind == "ok" and form.get("action") == "cancel"
+    target = link(request, "queue", q=name) if gone else link(request, "job", q=name, id=job_id)
+    return flash(RedirectResponse(target, 303), request, kind, text)
+
+
+def _bulk(q: Queue, form: Any, action: str) -> Outcome:
+    ids: List[str] = [check_job_id(str(i)) for i in form.getlist("ids")][:MAX_SELECTED]
+    if not ids:
+        return "error", "no job selected"
+    done, refused = 0, []
+    for job_id in ids:
+        kind, text = _try(JOB_ACTIONS[action], q, job_id)
+        if kind == "ok":
+            done += 1
+        else:
+            refused.append(text)
+    verb = "retried" if action == "retry" else "cancelled"
+    if refused:
+        return "error", f"{verb} {done} of {len(ids)}; refused: " + "; ".join(refused[:3])
+    return "ok", f"{verb} {done} job(s)"
+
+
+def _try(act: Callable[[Queue, str], Outcome], q: Queue, job_id: str) -> Outcome:
+    """``act`` on one job; a refusal by the job's state (nothing written) as a message."""
+    try:
+        return act(q, job_id)
+    except (JobStateError, JobNotFound) as exc:
+        return "error", _typed(exc)
+
+
+def _queue_outcome(q: Queue, action: str, form: Any) -> Outcome:
+    if action == "pause":
+        q.pause()
+        return "ok", f"paused {q.name}: workers claim nothing until it is resumed"
+    if action == "resume":
+        q.resume()
+        return "ok", f"resumed {q.name}"
+    if action == "promote":
+        return "ok", f"promoted {q.promote(limit=100_000)} due job(s)"
+    if action == "retry_all":
+        retried, skipped = retry_every(q)
+        return "ok", f"retried {retried} failed job(s)" + (f", skipped {skipped}" if skipped else "")
+    if action == "trim":
+        removed = q.trim(keep_completed=_int_field(form, "keep_completed", 1000),
+                         keep_failed=_int_field(form, "keep_failed", 10_000))
+        return "ok", f"trimmed {removed} finished job(s)"
+    if action in ("retry_selected", "cancel_selected"):
+        return _bulk(q, form, action.split("_")[0])
+    raise Problem(400, "unknown queue action")
+
+
+def queue_action(dash: Dashboard, request: Request, form: Any) -> Response:
+    """A queue-wide or bulk action; back to the queue page (the overview once deleted)."""
+    _writable(dash)
+    name = known_queue(dash, form.get("q"))
+    action = str(form.get("action", ""))
+    state = str(form.get("state", ""))
+    back = link(request, "queue", q=name, state=state if state in STATE_NAMES else None)
+    q = Queue(name, dash.client)
+    row = str(form.get("row", ""))
+    if row:  # a per-row button of the job list: "retry:<id>" or "cancel:<id>"
+        verb, _, job_id = row.partition(":")
+        if verb not in JOB_ACTIONS:
+            raise Problem(400, "unknown job action")
+        kind, text = _try(JOB_ACTIONS[verb], q, check_job_id(job_id))
+        return flash(RedirectResponse(back, 303), request, kind, text)
+    if action == "delete":
+        if form.get("confirm") != name:
+            return flash(RedirectResponse(back, 303), request, "error",
+                         "type the queue's name to delete it")
+        removed = q.obliterate()
+        dash.discovery.names(fresh=True)
+        return flash(RedirectResponse(link(request, "overview"), 303), request, "ok",
+                     f"deleted queue {name} ({removed} keys)")
+    try:
+        kind, text = _queue_outcome(q, action, form)
+    except (JobStateError, JobNotFound) as exc:
+        kind, text = "error", _typed(exc)
+    return flash(RedirectResponse(back, 303), request, kind, text)
+
+
+def schedule_remove(dash: Dashboard, request: Request, form: Any) -> Response:
+    _writable(dash)
+    name = known_queue(dash, form.get("q"))
+    schedule = check_schedule_name(str(form.get("name", "")))
+    removed = Queue(name, dash.client).schedules.remove(schedule)
+    text = f"removed schedule {schedule} of {name}" if removed else f"no schedule {schedule}"
+    return flash(RedirectResponse(link(request, "schedules"), 303), request,
+                 "ok" if removed else "error", text)
+
+
+# --- login ----------------------------------------------------------------------------
+def login_page(dash: Dashboard, request: Request) -> Response:
+    if not dash.guard.enabled:
+        return RedirectResponse(link(request, "overview"), 303)
+    return dash.render(request, "login.html")
+
+
+def login(dash: Dashboard, request: Request, form: Any) -> Response:
+    if not dash.guard.enabled:
+        return RedirectResponse(link(request, "overview"), 303)
+    if not dash.guard.check_token(str(form.get("token", ""))):
+        return dash.render(request, "login.html", status=401, failed=True)
+    response = RedirectResponse(link(request, "overview"), 303)
+    response.set_cookie(AUTH_COOKIE, dash.guard.login_cookie(), path=cookie_path(request),
+                        httponly=True, samesite="strict")
+    return response
+
+
+def logout(dash: Dashboard, request: Request, form: Any) -> Response:
+    response = RedirectResponse(link(request, "login"), 303)
+    response.delete_cookie(AUTH_COOKIE, path=cookie_path(request))
+    return response
+
+
+ROUTES = [
+    ("/job/action", "job_action", "POST", job_action, False),
+    ("/queue/action", "queue_action", "POST", queue_action, False),
+    ("/schedules/remove", "schedule_remove", "POST", schedule_remove, False),
+    ("/login", "login", "GET", login_page, True),
+    ("/login", "login_post", "POST", login, True),
+    ("/logout", "logout", "POST", logout, False),
+]

@@ -1,0 +1,179 @@
+"""The dashboard's ASGI app: :func:`create_app` and what every request goes through
+(auth, CSRF cookie, error pages, security headers, flash messages, links that work
+under any mount prefix)."""
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Dict, Optional, Sequence
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from emqfast.core.errors import EmqError, InvalidInput
+from emqfast.core.redaction import redact
+from emqfast.server.connection import resolve
+from emqfast.web import format as fmt
+from emqfast.web.reads import Discovery
+from emqfast.web.security import (AUTH_COOKIE, CSRF_COOKIE, HEADERS, Guard, csrf_ok,
+                                  new_csrf)
+from emqfast.web.throughput import Throughput
+
+HERE = Path(__file__).resolve().parent
+FLASH_COOKIE = "emq_flash"
+
+
+class Problem(Exception):
+    """An HTTP error page: ``status`` and a message for people."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Dashboard:
+    """One app's state: the Redis client, queue discovery, samples, auth and templates."""
+
+    def __init__(self, conn: Any, queues: Optional[Sequence[str]], read_only: bool,
+                 auth: Optional[str]):
+        self.client = resolve(conn)
+        self.discovery = Discovery(self.client, queues)
+        self.throughput = Throughput()
+        self.guard = Guard(auth)
+        self.read_only = bool(read_only)
+        self.env = Environment(loader=FileSystemLoader(str(HERE / "templates")),
+                               autoescape=select_autoescape(default=True, default_for_string=True),
+                               trim_blocks=True, lstrip_blocks=True)
+        self.env.globals.update(when=fmt.when, duration=fmt.duration)
+        self.where = describe(self.client)
+
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> HTMLResponse:
+        """A page from ``template``; every value is escaped by Jinja2's autoescape."""
+        context.update(request=request, read_only=self.read_only, where=self.where,
+                       csrf=csrf_of(request), auth=self.guard.enabled,
+                       link=functools.partial(link, request), flash=take_flash(request),
+                       asset=functools.partial(asset, request))
+        html = self.env.get_template(template).render(**context)
+        response = HTMLResponse(html, status_code=status)
+        if context["flash"]:
+            response.delete_cookie(FLASH_COOKIE, path=cookie_path(request))
+        return response
+
+    def error_page(self, request: Request, status: int, message: str) -> Response:
+        if wants_json(request):
+            return JSONResponse({"error": message}, status_code=status)
+        return self.render(request, "error.html", status=status, status_code=status,
+                           message=message)
+
+
+def describe(client: Any) -> str:
+    """Where the dashboard reads, without any password: ``host:port/db`` or a socket."""
+    kwargs: Dict[str, Any] = getattr(getattr(client, "connection_pool", None),
+                                     "connection_kwargs", {}) or {}
+    if kwargs.get("path"):
+        where = f"unix:{kwargs['path']}"
+    elif kwargs.get("host"):
+        where = f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    else:
+        where = type(client).__name__
+    db = kwargs.get("db")
+    return redact(where + (f"/{db}" if db else ""))
+
+
+def cookie_path(request: Request) -> str:
+    return request.scope.get("root_path", "") or "/"
+
+
+def link(request: Request, name: str, **params: Any) -> str:
+    """A root-relative URL of route ``name`` (works under any mount prefix)."""
+    path = request.scope.get("root_path", "") + str(request.app.url_path_for(name))
+    query = {k: v for k, v in params.items() if v is not None and v != ""}
+    return path + ("?" + urlencode(query) if query else "")
+
+
+def asset(request: Request, name: str) -> str:
+    """The root-relative URL of a static file of the dashboard."""
+    return request.scope.get("root_path", "") + str(request.app.url_path_for(
+        "static", path="/" + name))
+
+
+def csrf_of(request: Request) -> str:
+    token = request.cookies.get(CSRF_COOKIE)
+    if not token:  # the response sets this new one as the cookie
+        token = getattr(request.state, "new_csrf", None) or new_csrf()
+        request.state.new_csrf = token
+    return token
+
+
+def wants_json(request: Request) -> bool:
+    return request.url.path.rstrip("/").split("/")[-2:-1] == ["api"]
+
+
+def flash(response: Response, request: Request, kind: str, text: str) -> Response:
+    """Show ``text`` (``ok`` or ``error``) on the next page rendered."""
+    raw = json.dumps({"kind": kind, "text": text[:600]}).encode()
+    response.set_cookie(FLASH_COOKIE, base64.urlsafe_b64encode(raw).decode(),
+                        path=cookie_path(request), httponly=True, samesite="strict")
+    return response
+
+
+def take_flash(request: Request) -> Optional[Dict[str, str]]:
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    try:
+        got = json.loads(base64.urlsafe_b64decode(raw.encode()))
+        return {"kind": "error" if got.get("kind") == "error" else "ok",
+                "text": str(got.get("text", ""))[:600]}
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _finish(request: Request, response: Response) -> Response:
+    for name, value in HEADERS.items():
+        response.headers.setdefault(name, value)
+    fresh = getattr(request.state, "new_csrf", None)
+    if fresh and not request.cookies.get(CSRF_COOKIE):
+        response.set_cookie(CSRF_COOKIE, fresh, path=cookie_path(request), httponly=True,
+                            samesite="strict")
+    return response
+
+
+Handler = Callable[..., Response]
+
+
+def endpoint(fn: Handler, post: bool = False, public: bool = False
+             ) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a sync page handler ``fn(dash, request[, form])``: auth, CSRF on POST, the
+    typed errors as error pages, headers. Redis is read in a worker thread."""
+    async def handle(request: Request) -> Response:
+        dash: Dashboard = request.app.state.dashboard
+        try:
+            if not public and not dash.guard.allows(request.headers, request.cookies):
+                if wants_json(request) or post:
+                    raise Problem(401, "log in first (auth token needed)")
+                return _finish(request, RedirectResponse(link(request, "login"), 303))
+            args: tuple = ()
+            if post:
+                form = await request.form()
+                if not dash.guard.by_header(request.headers) and \
+                        not csrf_ok(request.cookies, form):
+                    raise Problem(403, "the form's CSRF token is missing or stale: reload "
+                                       "the page and try again")
+                args = (form,)
+            response = await run_in_threadpool(fn, dash, request, *args)
+        except Problem as p:
+            response = dash.error_page(request, p.status, p.message)
+        except InvalidInput as exc:
+            response = dash.error_page(request, 400, f"{type(exc).__name__}: {redact(str(exc))}")
+        except EmqError as exc:
+            response = dash.error_page(request, 502, f"{type(exc).__name__}: {redact(str(exc))}")
+        return _finish(request, response)
+    return handle

@@ -1,0 +1,110 @@
+"""How values read from Redis are shown: times, durations, payload previews and the
+small SVG charts. Every function returns plain text or numbers; the templates escape it
+(Jinja2 autoescape), so nothing here builds markup."""
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from typing import Any, List, Optional, Sequence, Tuple
+
+PREVIEW_BYTES = 64 * 1024  # the most of a payload, result or traceback a page shows
+
+
+def when(ms: Optional[int]) -> str:
+    """Epoch ms as UTC text (``2026-11-30 19:30:42.123``), or an em dash."""
+    if ms is None:
+        return "—"
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def duration(ms: Optional[float]) -> str:
+    """A short duration: ``850 ms``, ``12.5 s``, ``3 min``, ``2.1 h``, ``4.0 d``."""
+    if ms is None:
+        return "—"
+    ms = float(ms)
+    sign = "-" if ms < 0 else ""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{sign}{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{sign}{ms / 1000:.1f} s"
+    if ms < 3_600_000:
+        return f"{sign}{ms / 60_000:.0f} min"
+    if ms < 86_400_000:
+        return f"{sign}{ms / 3_600_000:.1f} h"
+    return f"{sign}{ms / 86_400_000:.1f} d"
+
+
+def escaped_bytes(data: bytes) -> str:
+    """Bytes as printable text: ASCII as is, everything else ``\\xNN`` (and ``\\n`` etc.)."""
+    out = []
+    for b in data:
+        if b == 0x5C:
+            out.append("\\\\")
+        elif b in (0x0A, 0x09):
+            out.append({0x0A: "\\n\n", 0x09: "\\t"}[b])
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\x{b:02x}")
+    return "".join(out)
+
+
+def preview(value: Any) -> Tuple[str, str, int, bool]:
+    """``(kind, text, full size in bytes, cut)`` of a payload or result: pretty JSON, or
+    bytes as an escaped preview; at most :data:`PREVIEW_BYTES` of it is shown."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return "bytes", escaped_bytes(data[:PREVIEW_BYTES]), len(data), len(data) > PREVIEW_BYTES
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    size = len(text.encode("utf-8"))
+    if size > PREVIEW_BYTES:
+        text = text.encode("utf-8")[:PREVIEW_BYTES].decode("utf-8", "ignore")
+    return "json", text, size, size > PREVIEW_BYTES
+
+
+def cut(text: Optional[str], limit: int = PREVIEW_BYTES) -> Tuple[str, bool]:
+    """``text`` cut to ``limit`` characters, and whether it was cut."""
+    if text is None:
+        return "", False
+    return (text[:limit], True) if len(text) > limit else (text, False)
+
+
+def download(value: Any) -> Tuple[bytes, str]:
+    """The whole payload as a file: ``(body, media type)``."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), "application/octet-stream"
+    return json.dumps(value, ensure_ascii=False).encode("utf-8"), "application/json"
+
+
+def sparkline(values: Sequence[float], width: int = 300, height: int = 60) -> str:
+    """SVG path data (``M x y L ...``) of ``values`` scaled into a width x height box
+    (y grows downwards; the top is the largest value)."""
+    if not values:
+        return ""
+    top = max(max(values), 1e-9)
+    step = width / max(len(values) - 1, 1)
+    points = [(i * step, height - (v / top) * (height - 2) - 1) for i, v in enumerate(values)]
+    return "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y in points)
+
+
+def histogram_bars(buckets: Sequence[Tuple[float, int]], width: int = 300,
+                   height: int = 80) -> List[dict]:
+    """Bars of a cumulative histogram (``(bound ms, count)`` pairs): one per bucket with its
+    own count, as SVG rect geometry plus a label."""
+    counts, previous = [], 0
+    for bound, total in buckets:
+        counts.append((bound, total - previous))
+        previous = total
+    top = max([n for _, n in counts] + [1])
+    slot = width / max(len(counts), 1)
+    bars = []
+    for i, (bound, n) in enumerate(counts):
+        h = 0 if n == 0 else max(1.0, (n / top) * (height - 14))
+        label = "∞" if math.isinf(bound) else duration(bound)
+        bars.append({"x": round(i * slot + 1, 1), "w": round(max(slot - 2, 1), 1),
+                     "y": round(height - 12 - h, 1), "h": round(h, 1), "n": n,
+                     "label": f"≤ {label}: {n}"})
+    return bars

@@ -1,0 +1,185 @@
+"""The dashboard's pages (GET) and the JSON its script polls for live updates.
+
+Handlers are plain functions ``(dash, request) -> Response`` run in a worker thread by
+:func:`emqfast.web.app.endpoint`; each validates its query (bad names and ids: 400),
+answers an unknown queue or job with a 404 page, and renders a template."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from emqfast.core.validation import check_job_id, check_queue_name
+from emqfast.facade.leaderboard import Leaderboard
+from emqfast.facade.queue import Queue
+from emqfast.web import format as fmt, reads
+from emqfast.web.app import Dashboard, Problem, link
+
+STATE_NAMES = reads.STATES
+
+
+def known_queue(dash: Dashboard, name: Any) -> str:
+    """``name`` if it is a valid queue name (else 400) of a queue shown here (else 404)."""
+    if name is None:
+        raise Problem(400, "which queue? (the q parameter is missing)")
+    check_queue_name(str(name))
+    if not dash.discovery.exists(str(name)):
+        raise Problem(404, f"no queue {name!r} here")
+    return str(name)
+
+
+def queue_param(dash: Dashboard, request: Request) -> str:
+    """The ``q`` query parameter, checked by :func:`known_queue`."""
+    return known_queue(dash, request.query_params.get("q"))
+
+
+def job_param(request: Request) -> str:
+    job_id = request.query_params.get("id")
+    if job_id is None:
+        raise Problem(400, "which job? (the id parameter is missing)")
+    return check_job_id(job_id)
+
+
+def _int_param(request: Request, name: str, default: int, top: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) > top:
+        raise Problem(400, f"{name} must be a whole number 0..{top}")
+    return int(raw)
+
+
+# --- overview -------------------------------------------------------------------------
+def _overview_data(dash: Dashboard) -> Dict[str, Any]:
+    rows = reads.overview(dash.client, dash.discovery.names())
+    dash.throughput.record((r.name, r.completed_total, r.failed_total)
+                           for r in rows if r.error is None)
+    done, failed = dash.throughput.series()
+    return {"rows": rows, "rates": {r.name: dash.throughput.per_minute(r.name) for r in rows},
+            "chart": {"done": fmt.sparkline(done), "failed": fmt.sparkline(failed),
+                      "peak": max(done + failed + [0.0]), "points": len(done)}}
+
+
+def overview(dash: Dashboard, request: Request) -> Response:
+    data = _overview_data(dash)
+    return dash.render(request, "overview.html", states=STATE_NAMES, **data)
+
+
+def _rate_text(rate: Optional[tuple]) -> List[str]:
+    if rate is None:
+        return ["—", "—"]
+    return [f"{rate[0]:.1f}", f"{rate[1]:.1f}"]
+
+
+def api_overview(dash: Dashboard, request: Request) -> Response:
+    data = _overview_data(dash)
+    rows = [{"name": r.name, "counts": r.counts, "paused": r.paused, "error": r.error,
+             "rate_limit": f"{r.rate[0]} / {fmt.duration(r.rate[1])}" if r.rate else "—",
+             "per_min": _rate_text(data["rates"][r.name])} for r in data["rows"]]
+    return JSONResponse({"rows": rows, "chart": data["chart"]})
+
+
+# --- one queue --------------------------------------------------------------------------
+def queue(dash: Dashboard, request: Request) -> Response:
+    name = queue_param(dash, request)
+    state = request.query_params.get("state", "pending")
+    if state not in STATE_NAMES:
+        raise Problem(400, f"state must be one of {', '.join(STATE_NAMES)}")
+    start = _int_param(request, "start", 0, 1 << 40)
+    wanted = request.query_params.get("id", "").strip()
+    if wanted:
+        check_job_id(wanted)
+        if Queue(name, dash.client).get(wanted) is None:
+            raise Problem(404, f"no job {wanted!r} in queue {name!r}")
+        return RedirectResponse(link(request, "job", q=name, id=wanted), 303)
+    page = reads.queue_page(dash.client, name, state, start)
+    hists = {h: fmt.histogram_bars(getattr(page.metrics, h).buckets) for h in ("wait", "run")}
+    return dash.render(request, "queue.html", page=page, states=STATE_NAMES, hists=hists,
+                       page_size=reads.PAGE_SIZE)
+
+
+def api_queue(dash: Dashboard, request: Request) -> Response:
+    name = queue_param(dash, request)
+    q = Queue(name, dash.client)
+    return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
+
+
+# --- one job ------------------------------------------------------------------------------
+def _job_or_404(dash: Dashboard, request: Request) -> reads.JobPage:
+    name = queue_param(dash, request)
+    job_id = job_param(request)
+    page = reads.job_page(dash.client, name, job_id)
+    if page is None:
+        raise Problem(404, f"no job {job_id!r} in queue {name!r} (unknown, cancelled or "
+                           "trimmed)")
+    return page
+
+
+def job(dash: Dashboard, request: Request) -> Response:
+    page = _job_or_404(dash, request)
+    j = page.job
+    payload = fmt.preview(j.payload)
+    result = fmt.preview(j.result) if j.result is not None else None
+    return dash.render(request, "job.html", page=page, job=j, payload=payload, result=result,
+                       error=fmt.cut(j.error), traceback=fmt.cut(j.traceback),
+                       progress=None if j.last_progress is None else fmt.preview(j.last_progress),
+                       preview_limit=fmt.PREVIEW_BYTES)
+
+
+def api_job(dash: Dashboard, request: Request) -> Response:
+    name = queue_param(dash, request)
+    got = Queue(name, dash.client).get(job_param(request))
+    if got is None:
+        raise Problem(404, "no such job")
+    return JSONResponse({"state": got.state, "attempts": got.attempts})
+
+
+def payload(dash: Dashboard, request: Request) -> Response:
+    """The whole payload as a download (never rendered inline)."""
+    name = queue_param(dash, request)
+    job_id = job_param(request)
+    got = Queue(name, dash.client).get(job_id)
+    if got is None:
+        raise Problem(404, f"no job {job_id!r} in queue {name!r}")
+    body, media = fmt.download(got.payload)
+    ext = "bin" if media == "application/octet-stream" else "json"
+    safe = "".join(c if c.isalnum() else "_" for c in job_id)[:80]
+    return Response(body, media_type=media, headers={
+        "Content-Disposition": f'attachment; filename="{safe}.{ext}"'})
+
+
+# --- schedules, leaderboards, workers -----------------------------------------------------
+def schedules(dash: Dashboard, request: Request) -> Response:
+    found = reads.schedules(dash.client, dash.discovery.names())
+    return dash.render(request, "schedules.html", queues=found)
+
+
+def leaderboards(dash: Dashboard, request: Request) -> Response:
+    boards = reads.leaderboards(dash.client)
+    lookup = None
+    board, member = request.query_params.get("board"), request.query_params.get("member")
+    if board and member:
+        lb = Leaderboard(dash.client, board)
+        rank, score = lb.rank(member), lb.score(member)
+        lookup = {"board": board, "member": member, "rank": rank, "score": score}
+    return dash.render(request, "leaderboards.html", boards=boards, lookup=lookup)
+
+
+def workers(dash: Dashboard, request: Request) -> Response:
+    found = reads.workers(dash.client, dash.discovery.names())
+    return dash.render(request, "workers.html", workers=found)
+
+
+ROUTES = [
+    ("/", "overview", "GET", overview, False),
+    ("/queue", "queue", "GET", queue, False),
+    ("/job", "job", "GET", job, False),
+    ("/job/payload", "payload", "GET", payload, False),
+    ("/schedules", "schedules", "GET", schedules, False),
+    ("/leaderboards", "leaderboards", "GET", leaderboards, False),
+    ("/workers", "workers", "GET", workers, False),
+    ("/api/overview", "api_overview", "GET", api_overview, False),
+    ("/api/queue", "api_queue", "GET", api_queue, False),
+    ("/api/job", "api_job", "GET", api_job, False),
+]

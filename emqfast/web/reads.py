@@ -1,0 +1,261 @@
+"""What the dashboard's pages show, read through the facade's operations.
+
+Every read is one of the facade's sans-IO operations (``Queue.counts.op``, ``get.op``,
+``Schedules.list.op``, ``Leaderboard.top.op``, the heartbeat's ``live_workers_op``...)
+or a plain read of a key documented in ARCHITECTURE's keyspace table, stepped together
+with :func:`~emqfast.web.lockstep.run_many` so a page costs a few round trips however
+many queues it covers. Nothing here writes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from emqfast.backends.drive import run
+from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
+from emqfast.core.ops import Batch, Cmd, Op, Scan
+from emqfast.facade.job import Job
+from emqfast.facade.leaderboard import Leaderboard
+from emqfast.facade.queue import Queue
+from emqfast.facade.schedules import Schedule, Schedules
+from emqfast.web.lockstep import run_many
+from emqfast.worker.heartbeat import WorkerInfo, live_workers_op
+
+STATES = ("scheduled", "pending", "active", "completed", "failed")
+DISCOVERY_TTL_S = 5.0  # a SCAN of a big keyspace is not redone on every poll
+PAGE_SIZE = 50
+MAX_GROUPS = 100  # lanes listed on a queue page
+TIMELINE_SCAN = 4000  # events read at most to build one job's timeline
+LEADERBOARD_TOP = 10
+
+
+@dataclass
+class QueueRow:
+    """One queue of the overview."""
+
+    name: str
+    counts: Dict[str, int] = field(default_factory=dict)
+    paused: bool = False
+    rate: Optional[Tuple[int, int]] = None
+    completed_total: int = 0
+    failed_total: int = 0
+    error: Optional[str] = None
+
+
+class Discovery:
+    """The queue names on the server (SCAN over ``emq:{*}:meta``, never KEYS), cached for
+    :data:`DISCOVERY_TTL_S`; or the fixed list the app was given."""
+
+    def __init__(self, client: Any, fixed: Optional[Sequence[str]] = None):
+        self.client = client
+        self.fixed = None if fixed is None else sorted({QueueKeys(q).name for q in fixed})
+        self._names: List[str] = []
+        self._at = -1e9
+
+    def names(self, fresh: bool = False) -> List[str]:
+        if self.fixed is not None:
+            return self.fixed
+        now = time.monotonic()
+        if fresh or now - self._at > DISCOVERY_TTL_S:
+            self._names = queue_names_of(run(self.client, _scan_op(queue_meta_glob())))
+            self._at = now
+        return self._names
+
+    def exists(self, name: str) -> bool:
+        """Whether queue ``name`` is shown here: listed (if fixed) and its meta hash exists."""
+        if self.fixed is not None and name not in self.fixed:
+            return False
+        return bool(run(self.client, _exists_op(QueueKeys(name).meta)))
+
+
+def _scan_op(match: str) -> Op:
+    return (yield Scan(match, 10_000))
+
+
+def _exists_op(key: str) -> Op:
+    return int((yield Cmd.of("EXISTS", key))) > 0
+
+
+def _totals_op(keys: QueueKeys) -> Op:
+    """The metrics hash's outcome counters (the overview's rates come from their growth)."""
+    done, failed = yield Cmd.of("HMGET", keys.metrics, "completed", "failed")
+    return int(done or 0), int(failed or 0)
+
+
+def overview(client: Any, names: Sequence[str]) -> List[QueueRow]:
+    """Counts, paused flag, rate limit and outcome totals of every queue, pipelined."""
+    queues = [Queue(n, client) for n in names]
+    ops: List[Op] = []
+    for q in queues:
+        ops += [Queue.counts.op(q), Queue.is_paused.op(q), Queue.rate_limit.op(q),
+                _totals_op(q.keys)]
+    results = run_many(client, ops)
+    rows = []
+    for i, q in enumerate(queues):
+        counts, paused, rate, totals = results[4 * i:4 * i + 4]
+        row = QueueRow(q.name)
+        failure = next((r for r in (counts, paused, rate, totals) if isinstance(r, Exception)),
+                       None)
+        if failure is not None:
+            row.error = f"{type(failure).__name__}: {failure}"
+        else:
+            row.counts, row.paused, row.rate = counts, paused, rate
+            row.completed_total, row.failed_total = totals
+        rows.append(row)
+    return rows
+
+
+@dataclass
+class JobLine:
+    """One job of a queue page's list (small fields only: never the payload)."""
+
+    id: str
+    created_ms: Optional[int]
+    attempts: int
+    error: Optional[str]
+    group: Optional[str]
+    exists: bool
+
+
+def _line_op(keys: QueueKeys, job_id: str) -> Op:
+    created, attempts, error, group = yield Cmd.of(
+        "HMGET", keys.job(job_id), "created", "attempts", "error", "group")
+    text = (lambda v: v.decode("utf-8", "replace") if v is not None else None)
+    return JobLine(job_id, int(created) if created else None, int(attempts or 0),
+                   (text(error) or "")[:300] or None, text(group),
+                   created is not None or attempts is not None)
+
+
+@dataclass
+class QueuePage:
+    """What a queue page shows."""
+
+    name: str
+    counts: Dict[str, int]
+    paused: bool
+    rate: Optional[Tuple[int, int]]
+    state: str
+    start: int
+    jobs: List[JobLine]
+    groups: List[Dict[str, Any]]
+    metrics: Any
+    next_due_ms: Optional[int]
+
+
+def queue_page(client: Any, name: str, state: str, start: int) -> QueuePage:
+    """A queue's counts and settings, ``PAGE_SIZE`` job ids of ``state`` from index
+    ``start``, its group lanes and its metrics."""
+    q = Queue(name, client)
+    counts, paused, rate, metrics, due, ids, groups = run_many(client, [
+        Queue.counts.op(q), Queue.is_paused.op(q), Queue.rate_limit.op(q),
+        Queue.metrics.op(q), Queue.next_due_ms.op(q),
+        Queue.job_ids.op(q, state, start, start + PAGE_SIZE - 1),
+        _groups_op(q.keys)])
+    for value in (counts, paused, rate, metrics, due, ids, groups):
+        if isinstance(value, Exception):
+            raise value
+    lines = run_many(client, [_line_op(q.keys, i) for i in ids])
+    lanes = _lanes(client, q, groups)
+    return QueuePage(name, counts, paused, rate, state, start,
+                     [x for x in lines if isinstance(x, JobLine)], lanes, metrics, due)
+
+
+def _groups_op(keys: QueueKeys) -> Op:
+    raw = yield Cmd.of("ZRANGE", keys.groups, 0, MAX_GROUPS - 1)
+    return [g.decode("utf-8", "replace") for g in raw]
+
+
+def _lanes(client: Any, q: Queue, groups: List[str]) -> List[Dict[str, Any]]:
+    """Each lane's backlog, active count, cap and rate limit."""
+    g = q.groups
+    ops: List[Op] = []
+    for name in groups:
+        ops += [type(g).counts.op(g, name), type(g).concurrency.op(g, name),
+                type(g).rate_limit.op(g, name)]
+    got = run_many(client, ops)
+    lanes = []
+    for i, name in enumerate(groups):
+        counts, cap, rate = got[3 * i:3 * i + 3]
+        if isinstance(counts, Exception):
+            continue
+        lanes.append({"name": name, "pending": counts["pending"], "active": counts["active"],
+                      "cap": None if isinstance(cap, Exception) else cap,
+                      "rate": None if isinstance(rate, Exception) else rate})
+    return lanes
+
+
+@dataclass
+class JobPage:
+    """What a job page shows."""
+
+    job: Job
+    lease_token: Optional[str]
+    lease_deadline_ms: Optional[int]
+    worker: Optional[str]
+    group: Optional[str]
+    timeline: List[Any]
+    now_ms: int
+
+
+def _lease_op(keys: QueueKeys, job_id: str) -> Op:
+    token, deadline, (worker, group), (sec, usec) = yield Batch([
+        Cmd.of("HGET", keys.leases, job_id), Cmd.of("ZSCORE", keys.active, job_id),
+        Cmd.of("HMGET", keys.job(job_id), "worker", "group"), Cmd.of("TIME")])
+    text = (lambda v: v.decode("utf-8", "replace") if v is not None else None)
+    return (text(token), int(float(deadline)) if deadline is not None else None, text(worker),
+            text(group), int(sec) * 1000 + int(usec) // 1000)
+
+
+def job_page(client: Any, queue: str, job_id: str) -> Optional[JobPage]:
+    """The job, its lease and its timeline; None when there is no such job."""
+    q = Queue(queue, client)
+    job, lease = run_many(client, [Queue.get.op(q, job_id), _lease_op(q.keys, job_id)])
+    for value in (job, lease):
+        if isinstance(value, Exception):
+            raise value
+    if job is None:
+        return None
+    token, deadline, worker, group, now = lease
+    return JobPage(job, token, deadline, worker, group, timeline(q, job), now)
+
+
+def timeline(q: Queue, job: Job) -> List[Any]:
+    """The job's events, oldest first: the stream read from the job's creation on (at most
+    :data:`TIMELINE_SCAN` entries, so a busy stream costs a bounded read)."""
+    since = f"{max((job.created_ms or 1) - 1, 0)}-0"
+    found, seen = [], 0
+    while seen < TIMELINE_SCAN:
+        batch = q.read_events(since, count=500)
+        if not batch:
+            break
+        seen += len(batch)
+        found += [e for e in batch if e.job_id == job.id]
+        since = batch[-1].id
+    return found
+
+
+def schedules(client: Any, names: Sequence[str]) -> List[Tuple[str, List[Schedule]]]:
+    """Every queue's schedules (queues without any left out)."""
+    queues = [Queue(n, client) for n in names]
+    sizes = run_many(client, [Schedules.count.op(q.schedules) for q in queues])
+    having = [q for q, n in zip(queues, sizes) if isinstance(n, int) and n > 0]
+    lists = run_many(client, [Schedules.list.op(q.schedules) for q in having])
+    return [(q.name, found) for q, found in zip(having, lists) if isinstance(found, list)]
+
+
+def leaderboards(client: Any, top: int = LEADERBOARD_TOP) -> List[Tuple[str, List[Any]]]:
+    """Every board (SCAN over ``emq:{lb:*}:board``) and its top entries."""
+    keys = run(client, _scan_op("emq:{lb:*}:board"))
+    names = sorted({k.decode("utf-8", "replace")[len("emq:{lb:"):-len("}:board")]
+                    for k in keys})
+    boards = [Leaderboard(client, n) for n in names]
+    tops = run_many(client, [Leaderboard.top.op(b, top) for b in boards])
+    return [(n, t if isinstance(t, list) else []) for n, t in zip(names, tops)]
+
+
+def workers(client: Any, names: Sequence[str]) -> List[WorkerInfo]:
+    """The live workers of every queue, freshest beat first."""
+    found = run_many(client, [live_workers_op(QueueKeys(n)) for n in names])
+    rows = [w for got in found if isinstance(got, list) for w in got]
+    return sorted(rows, key=lambda w: (w.age_ms, w.token))
