@@ -31,6 +31,7 @@ import click
 from rich.markup import escape
 
 from emqfast.core.version import __version__
+from emqfast.tools.cli_dashboard import dashboard
 from emqfast.tools.cli_jobs import (cancel, enqueue, jobs, load_jobs, retry,  # noqa: F401
                                     retry_every)
 from emqfast.tools.cli_queues import (discover_queues, metrics, queue_row,  # noqa: F401
@@ -67,6 +68,7 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
 for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics,
                  server):
     cli.add_command(_command)  # the commands live beside this module, by concern
+cli.add_command(dashboard)  # the web dashboard (issue 14)
 
 
 def _wants_verbose(args: List[str]) -> bool:
