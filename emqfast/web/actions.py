@@ -19,8 +19,10 @@ from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
 from emqfast.web.app import AUTH_COOKIE, Dashboard, Problem, cookie_path, flash, link
-from emqfast.web.pages import STATE_NAMES, known_queue
+from emqfast.web.pages import known_queue
+from emqfast.web.reads import OPTIONAL_STATES, STATES as BASE_STATES
 
+STATES = BASE_STATES + OPTIONAL_STATES
 MAX_SELECTED = 500  # ids one bulk action takes
 Outcome = Tuple[str, str]  # (flash kind, message)
 
@@ -45,7 +47,7 @@ def _int_field(form: Any, name: str, default: int) -> int:
 
 def _cancel(q: Queue, job_id: str) -> Outcome:
     if q.cancel(job_id):
-        return "ok", f"cancelled {job_id} (deleted)"
+        return "ok", f"cancelled {job_id}"
     job = q.get(job_id)
     state = "unknown" if job is None else job.state
     err = JobStateError(f"job {job_id} is {state}: only a scheduled or pending job can be "
@@ -127,7 +129,7 @@ def queue_action(dash: Dashboard, request: Request, form: Any) -> Response:
     name = known_queue(dash, form.get("q"))
     action = str(form.get("action", ""))
     state = str(form.get("state", ""))
-    back = link(request, "queue", q=name, state=state if state in STATE_NAMES else None)
+    back = link(request, "queue", q=name, state=state if state in STATES else None)
     q = Queue(name, dash.client)
     row = str(form.get("row", ""))
     if row:  # a per-row button of the job list: "retry:<id>" or "cancel:<id>"

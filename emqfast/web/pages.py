@@ -63,7 +63,8 @@ def _overview_data(dash: Dashboard) -> Dict[str, Any]:
 
 def overview(dash: Dashboard, request: Request) -> Response:
     data = _overview_data(dash)
-    return dash.render(request, "overview.html", states=STATE_NAMES, **data)
+    states = reads.states_of(next((r.counts for r in data["rows"] if r.counts), {}))
+    return dash.render(request, "overview.html", states=states, **data)
 
 
 def _rate_text(rate: Optional[tuple]) -> List[str]:
@@ -84,7 +85,7 @@ def api_overview(dash: Dashboard, request: Request) -> Response:
 def queue(dash: Dashboard, request: Request) -> Response:
     name = queue_param(dash, request)
     state = request.query_params.get("state", "pending")
-    if state not in STATE_NAMES:
+    if state not in STATE_NAMES + reads.OPTIONAL_STATES:
         raise Problem(400, f"state must be one of {', '.join(STATE_NAMES)}")
     start = _int_param(request, "start", 0, 1 << 40)
     wanted = request.query_params.get("id", "").strip()
@@ -95,7 +96,8 @@ def queue(dash: Dashboard, request: Request) -> Response:
         return RedirectResponse(link(request, "job", q=name, id=wanted), 303)
     page = reads.queue_page(dash.client, name, state, start)
     hists = {h: fmt.histogram_bars(getattr(page.metrics, h).buckets) for h in ("wait", "run")}
-    return dash.render(request, "queue.html", page=page, states=STATE_NAMES, hists=hists,
+    return dash.render(request, "queue.html", page=page, states=reads.states_of(page.counts),
+                       hists=hists,
                        page_size=reads.PAGE_SIZE)
 
 

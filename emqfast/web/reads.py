@@ -23,6 +23,13 @@ from emqfast.web.lockstep import run_many
 from emqfast.worker.heartbeat import WorkerInfo, live_workers_op
 
 STATES = ("scheduled", "pending", "active", "completed", "failed")
+# states a queue may also count (the records of cancelled jobs, where the library keeps them)
+OPTIONAL_STATES = ("cancelled",)
+
+
+def states_of(counts: Dict[str, int]) -> List[str]:
+    """The job states ``counts`` (``Queue.counts()``) reports, in their life order."""
+    return list(STATES) + [s for s in OPTIONAL_STATES if s in counts]
 DISCOVERY_TTL_S = 5.0  # a SCAN of a big keyspace is not redone on every poll
 PAGE_SIZE = 50
 MAX_GROUPS = 100  # lanes listed on a queue page
