@@ -132,6 +132,8 @@ def configure() -> dict:
         + (f"WITHOUT TLS (missing {lacking_tls}): rediss:// will use redis-py"
            if lacking_tls else "with TLS (OpenSSL)"))
     options["cffi_modules"] = ["csrc/build_ffi.py:ffibuilder"]
+    # cffi builds the extension on the stable ABI: one cp39-abi3 wheel for every CPython
+    options["options"] = {"bdist_wheel": {"py_limited_api": "cp39"}}
     return options
 
 
