@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages emqfast needs when they are missing:
 # redis-server (tests, demo, embedded default), libssl-dev (TLS in the C core, which
-# compiles its own hiredis from csrc/vendor), patchelf (auditwheel, make wheel),
+# compiles its own hiredis from csrc/vendor),
 # chromium + chromium-driver (the dashboard's browser tests).
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
@@ -11,7 +11,6 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS test makes its own CA
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
-command -v patchelf >/dev/null 2>&1 || need+=(patchelf)  # auditwheel repair
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 # the dashboard's browser tests (selenium drives Debian's chromium headless)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
