@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.emqfast-installed
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench setup clean wheel
 
 demo: $(STAMP)
 	$(VENV)/bin/emqfast demo
@@ -17,6 +17,10 @@ bench: $(STAMP)
 	$(VENV)/bin/emqfast bench
 
 setup: $(STAMP)
+
+# Release artefacts in dist/: the sdist and a manylinux wheel with the C core inside
+wheel:
+	./scripts/build-wheel.sh
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py)
 	./scripts/system-deps.sh
