@@ -116,21 +116,23 @@ def configure() -> dict:
     there), saying which on stderr; none (the pure-Python backend) otherwise."""
     options = {"cmdclass": {"build_ext": OptionalBuildExt}}
     lacking, lacking_tls = missing_for_c()
+    no_tls = ""
     if os.environ.get("EMQFAST_TLS") == "0":
-        lacking_tls = "nothing: EMQFAST_TLS=0 asked for a build without TLS"
+        no_tls, lacking_tls = "EMQFAST_TLS=0", ""
     if lacking:
         if REQUIRE_C:
             sys.exit(f"emqfast: EMQFAST_REQUIRE_C=1 but the C core cannot be built: "
                      f"missing {lacking}")
         say(f"C core not built: missing {lacking}; {FALLBACK}")
         return options
-    if lacking_tls and REQUIRE_C and os.environ.get("EMQFAST_TLS") != "0":
+    if lacking_tls and REQUIRE_C:
         sys.exit(f"emqfast: EMQFAST_REQUIRE_C=1 but the C core cannot speak TLS: "
                  f"missing {lacking_tls}")
-    os.environ["EMQFAST_TLS"] = "0" if lacking_tls else "1"  # read by csrc/build_ffi.py
+    no_tls = no_tls or (f"missing {lacking_tls}" if lacking_tls else "")
+    os.environ["EMQFAST_TLS"] = "0" if no_tls else "1"  # read by csrc/build_ffi.py
     say("building the C core (hiredis compiled in) "
-        + (f"WITHOUT TLS (missing {lacking_tls}): rediss:// will use redis-py"
-           if lacking_tls else "with TLS (OpenSSL)"))
+        + (f"WITHOUT TLS ({no_tls}): rediss:// will use redis-py" if no_tls
+           else "with TLS (OpenSSL)"))
     options["cffi_modules"] = ["csrc/build_ffi.py:ffibuilder"]
     # cffi builds the extension on the stable ABI: one cp39-abi3 wheel for every CPython
     options["options"] = {"bdist_wheel": {"py_limited_api": "cp39"}}
