@@ -6,6 +6,7 @@ injected element); read-only mode has no action buttons. Screenshots of every pa
 1280x800 and 390x844 go to $EMQ_TEST_ARTIFACTS (default: a temp dir), to look at."""
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
@@ -90,12 +91,22 @@ def conn(redis_url):
 
 
 def shoot(driver, name: str) -> None:
-    """Screenshots of the current page at each size (then back to desktop)."""
+    """Screenshots of the current page at each window size: what the window shows
+    (``-desktop``, ``-phone``) and the whole page down to 3,000 px (``-full``)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for size, (w, h) in SIZES.items():
-        driver.set_window_size(w, h)
+        # the exact viewport, as a phone has it (a headless window has a minimum width)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": w, "height": h, "deviceScaleFactor": 1, "mobile": size == "phone"})
         driver.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
-    driver.set_window_size(*SIZES["desktop"])
+        height = min(driver.execute_script("return document.documentElement.scrollHeight"), 3000)
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}})
+        (ARTIFACTS / f"{name}-{size}-full.png").write_bytes(base64.b64decode(shot["data"]))
+        assert width <= w, f"{name} is wider ({width} px) than a {w} px window"
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def no_alert(driver) -> bool:
