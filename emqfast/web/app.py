@@ -19,7 +19,7 @@ from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
-from emqfast.web.reads import Discovery
+from emqfast.web.reads import Discovery, Queues
 from emqfast.web.security import (AUTH_COOKIE, CSRF_COOKIE, HEADERS, Guard, csrf_ok,
                                   new_csrf)
 from emqfast.web.throughput import Throughput
@@ -44,13 +44,15 @@ class Dashboard:
                  auth: Optional[str]):
         self.client = resolve(conn)
         self.discovery = Discovery(self.client, queues)
+        self.queues = Queues(self.client)
         self.throughput = Throughput()
         self.guard = Guard(auth)
         self.read_only = bool(read_only)
         self.env = Environment(loader=FileSystemLoader(str(HERE / "templates")),
                                autoescape=select_autoescape(default=True, default_for_string=True),
                                trim_blocks=True, lstrip_blocks=True)
-        self.env.globals.update(when=fmt.when, duration=fmt.duration)
+        self.env.globals.update(when=fmt.when, duration=fmt.duration,
+                                count_cells=fmt.count_cells)
         self.where = describe(self.client)
 
     def render(self, request: Request, template: str, status: int = 200,

@@ -52,11 +52,11 @@ def _int_param(request: Request, name: str, default: int, top: int) -> int:
 
 # --- overview -------------------------------------------------------------------------
 def _overview_data(dash: Dashboard) -> Dict[str, Any]:
-    rows = reads.overview(dash.client, dash.discovery.names())
+    rows = reads.overview(dash.client, dash.discovery.names(), dash.queues)
     dash.throughput.record((r.name, r.completed_total, r.failed_total)
                            for r in rows if r.error is None)
     done, failed = dash.throughput.series()
-    return {"rows": rows, "rates": {r.name: dash.throughput.per_minute(r.name) for r in rows},
+    return {"rows": rows, "rates": dash.throughput.per_minute_all(),
             "chart": {"done": fmt.sparkline(done), "failed": fmt.sparkline(failed),
                       "peak": max(done + failed + [0.0]), "points": len(done)}}
 
@@ -64,7 +64,8 @@ def _overview_data(dash: Dashboard) -> Dict[str, Any]:
 def overview(dash: Dashboard, request: Request) -> Response:
     data = _overview_data(dash)
     states = reads.states_of(next((r.counts for r in data["rows"] if r.counts), {}))
-    return dash.render(request, "overview.html", states=states, **data)
+    return dash.render(request, "overview.html", states=states,
+                       queue_link=link(request, "queue"), **data)
 
 
 def _rate_text(rate: Optional[tuple]) -> List[str]:
@@ -77,7 +78,7 @@ def api_overview(dash: Dashboard, request: Request) -> Response:
     data = _overview_data(dash)
     rows = [{"name": r.name, "counts": r.counts, "paused": r.paused, "error": r.error,
              "rate_limit": f"{r.rate[0]} / {fmt.duration(r.rate[1])}" if r.rate else "—",
-             "per_min": _rate_text(data["rates"][r.name])} for r in data["rows"]]
+             "per_min": _rate_text(data["rates"].get(r.name))} for r in data["rows"]]
     return JSONResponse({"rows": rows, "chart": data["chart"]})
 
 

@@ -60,6 +60,25 @@ class Throughput:
         (c0, f0), (c1, f1) = first[1][queue], last[1][queue]
         return max(c1 - c0, 0) * 60 / span, max(f1 - f0, 0) * 60 / span
 
+    def per_minute_all(self) -> Dict[str, Tuple[float, float]]:
+        """:meth:`per_minute` of every queue of the last sample, in one pass."""
+        with self._lock:
+            if len(self._samples) < 2:
+                return {}
+            last_at, last = self._samples[-1]
+            firsts = list(self._samples)
+        out: Dict[str, Tuple[float, float]] = {}
+        missing = set(last)
+        for at, sample in firsts:  # oldest first: each queue's earliest sample
+            if not missing or last_at - at < MIN_GAP_S:
+                break
+            span = last_at - at
+            for name in [q for q in missing if q in sample]:
+                (c0, f0), (c1, f1) = sample[name], last[name]
+                out[name] = (max(c1 - c0, 0) * 60 / span, max(f1 - f0, 0) * 60 / span)
+                missing.discard(name)
+        return out
+
     def series(self) -> Tuple[List[float], List[float]]:
         """Completed and failed per second between samples, oldest first."""
         with self._lock:
