@@ -331,3 +331,19 @@ def test_run_many_keeps_one_failure_to_its_own_operation(conn, qname):
         return (yield Batch([Cmd.of("TIME"), Cmd.of("ZCARD", QueueKeys(qname).delayed)]))
     assert run_many(conn, [batch_op()])[0][1] == 0
     conn.delete(QueueKeys(qname).pending)
+
+
+def test_run_many_replies_match_redis_py(conn, qname):
+    """The packed fast path puts replies through redis-py's callbacks: same values."""
+    key = QueueKeys(qname)
+    conn.zadd(key.delayed, {"a": 1.5, "b": 2})
+    conn.hset(key.meta, mapping={"x": "1", "y": "2"})
+
+    def op():
+        return (yield Batch([Cmd.of("ZRANGE", key.delayed, 0, -1, "WITHSCORES", withscores=True),
+                             Cmd.of("HGETALL", key.meta), Cmd.of("ZSCORE", key.delayed, "a"),
+                             Cmd.of("EXISTS", key.meta)]))
+    got = run_many(conn, [op()])[0]
+    assert got == [conn.zrange(key.delayed, 0, -1, withscores=True), conn.hgetall(key.meta),
+                   1.5, 1]
+    conn.delete(key.delayed, key.meta)
