@@ -1,0 +1,129 @@
+"""OpenTelemetry tracing (the optional extra ``emqfast[otel]``): a producer's trace context
+travels in the job, and the worker runs the handler in a span that is its child.
+
+- **Enqueue**: when ``opentelemetry-api`` is importable and a span is active,
+  :func:`stamp` adds the W3C ``traceparent`` of the current context to the job's
+  options blob (key ``"tp"`` of the hash field ``opts``; see docs/ARCHITECTURE.md).
+  Every job of one ``enqueue_many`` shares it, like the rest of its options. Schedules
+  do not stamp: the jobs they mint have no producer span.
+- **Worker**: :func:`traced` wraps the handler once, when the Worker is built. Each run
+  is a ``CONSUMER`` span ``emqfast.run <queue>``, the child of the stamped context,
+  with attributes ``emqfast.queue``, ``emqfast.job_id``, ``emqfast.attempt`` and
+  ``emqfast.outcome`` (``completed`` or ``failed``; an exception is recorded on the
+  span). A retry (attempt > 1) is the child of the same producer span and carries a
+  link to it marked ``emqfast.retry``, so a trace shows every attempt of a job.
+
+Zero cost when the extra is not installed: the import is tried once, here, and both
+hooks then return what they were given.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from typing import Any, Callable, Dict, Optional
+
+from emqfast.facade.options import DEFAULT_OPTIONS
+
+try:  # the one guarded import: without the extra every hook is the identity
+    from opentelemetry import context as _context
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # pragma: no cover - exercised where the extra is not installed
+    _trace = None
+
+OPTION_KEY = "tp"  # the key of the traceparent in a job's options blob
+_TRACER_NAME = "emqfast"
+
+if _trace is not None:
+    _propagator = TraceContextTextMapPropagator()
+
+
+def available() -> bool:
+    """Whether ``opentelemetry-api`` is importable (the ``otel`` extra is installed)."""
+    return _trace is not None
+
+
+def current_traceparent() -> Optional[str]:
+    """The W3C ``traceparent`` of the active span, or None (no extra, no valid span)."""
+    if _trace is None or not _trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: Dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def stamp(opts: bytes) -> bytes:
+    """``opts`` (an encoded options blob, ``b""`` for the defaults) with the producer's
+    traceparent added when a span is active; unchanged otherwise."""
+    if _trace is None:
+        return opts
+    parent = current_traceparent()
+    if parent is None:
+        return opts
+    decoded = json.loads(opts) if opts else dict(DEFAULT_OPTIONS)
+    decoded[OPTION_KEY] = parent
+    return json.dumps(decoded, separators=(",", ":")).encode()
+
+
+def traced(handler: Callable[..., Any], queue: str) -> Callable[..., Any]:
+    """``handler`` wrapped to run in a span per job (async stays async); ``handler``
+    itself when the extra is not installed."""
+    if _trace is None:
+        return handler
+    if inspect.iscoroutinefunction(handler) or \
+            inspect.iscoroutinefunction(getattr(handler, "__call__", None)):
+        @functools.wraps(handler)
+        async def run_async(job: Any) -> Any:
+            with _job_span(queue, job) as span:
+                return _ended(span, await handler(job))
+        return run_async
+
+    @functools.wraps(handler)
+    def run(job: Any) -> Any:
+        with _job_span(queue, job) as span:
+            return _ended(span, handler(job))
+    return run
+
+
+def _ended(span: Any, result: Any) -> Any:
+    """Mark a run that returned as completed; its result passes through."""
+    span.set_attribute("emqfast.outcome", "completed")
+    return result
+
+
+class _job_span:  # noqa: N801 - used as a context manager, named like one
+    """The span of one handler run; an exception marks it failed and propagates."""
+
+    def __init__(self, queue: str, job: Any):
+        parent = _parent_context(job)
+        links = []
+        if parent is not None and job.attempts > 1:
+            producer = _trace.get_current_span(parent).get_span_context()
+            links.append(_trace.Link(producer, {"emqfast.retry": True}))
+        tracer = _trace.get_tracer(_TRACER_NAME)
+        self._span = tracer.start_span(
+            f"emqfast.run {queue}", context=parent, kind=_trace.SpanKind.CONSUMER,
+            links=links, attributes={"emqfast.queue": queue, "emqfast.job_id": job.id,
+                                     "emqfast.attempt": job.attempts})
+        self._use = _trace.use_span(self._span, end_on_exit=True,
+                                    record_exception=True, set_status_on_exception=True)
+
+    def __enter__(self) -> Any:
+        return self._use.__enter__()
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> Any:
+        if exc is not None:
+            self._span.set_attribute("emqfast.outcome", "failed")
+        return self._use.__exit__(kind, exc, tb)
+
+
+def _parent_context(job: Any) -> Any:
+    """The producer's context stamped in the job's options, or None (a root span)."""
+    parent = job.extra.get(OPTION_KEY) if job.extra else None
+    if not isinstance(parent, str):
+        return None
+    extracted = _propagator.extract({"traceparent": parent}, context=_context.Context())
+    if not _trace.get_current_span(extracted).get_span_context().is_valid:
+        return None
+    return extracted
