@@ -18,7 +18,7 @@ from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_job_id
-from emqfast.facade import admission, options
+from emqfast.facade import admission, options, tracing
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 from emqfast.facade.control import QueueControl
@@ -99,7 +99,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
                 delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
                 group: Optional[str]) -> Shared:
         """Validate and encode what every job of one enqueue call shares."""
-        opts = self._options(priority, attempts, backoff, group)
+        # the producer's trace context rides in the options when otel is on (facade/tracing.py)
+        opts = tracing.stamp(self._options(priority, attempts, backoff, group))
         return Shared(opts, priority, admission.when(delay_ms, run_at_ms), group)
 
     def _fixed_keys(self) -> List[str]:
