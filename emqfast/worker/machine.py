@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from emqfast.core.errors import EvictionRisk
 from emqfast.core.validation import check_int
+from emqfast.facade import tracing
 from emqfast.worker import core
 from emqfast.worker.acking import Acking
 from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
@@ -53,7 +54,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         """Check the settings and set up the state (the drivers' constructors call this).
         ``batch_size`` defaults to ``max(concurrency, batch_floor)``."""
         self.queue = queue
-        self.handler = handler
+        self.handler = tracing.traced(handler, queue.name)  # itself unless otel is installed
         self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
         self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
         self.max_stalled = check_int(max_stalled, "max_stalled", 0, 1_000_000)
