@@ -38,6 +38,7 @@ def provider():
     sdk.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(sdk)
     yield sdk
+    sdk.shutdown()  # the rest of the session exports nothing (the global provider stays set)
 
 
 @pytest.fixture(autouse=True)
