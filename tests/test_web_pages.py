@@ -347,3 +347,17 @@ def test_run_many_replies_match_redis_py(conn, qname):
     assert got == [conn.zrange(key.delayed, 0, -1, withscores=True), conn.hgetall(key.meta),
                    1.5, 1]
     conn.delete(key.delayed, key.meta)
+
+
+def test_discovery_rescans_in_the_background(conn, qname):
+    from emqfast.web.reads import Discovery
+
+    emqfast.Queue(qname, conn).enqueue({"n": 1})
+    found = Discovery(conn)
+    assert qname in found.names()  # the first call scans at once
+    newer = qname + "-new"
+    emqfast.Queue(newer, conn).enqueue({"n": 1})
+    assert newer not in found.names()  # cached
+    found._at -= 3600  # the cache is old: the next call answers at once and rescans
+    assert newer not in found.names()
+    wait_until(lambda: newer in found.names(), what="the background scan to find it")

@@ -8,6 +8,8 @@ many queues it covers. Nothing here writes.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -22,6 +24,7 @@ from emqfast.facade.schedules import Schedule, Schedules
 from emqfast.web.lockstep import run_many
 from emqfast.worker.heartbeat import WorkerInfo, live_workers_op
 
+log = logging.getLogger("emqfast.web")
 STATES = ("scheduled", "pending", "active", "completed", "failed")
 # states a queue may also count (the records of cancelled jobs, where the library keeps them)
 OPTIONAL_STATES = ("cancelled",)
@@ -51,23 +54,45 @@ class QueueRow:
 
 
 class Discovery:
-    """The queue names on the server (SCAN over ``emq:{*}:meta``, never KEYS), cached for
-    :data:`DISCOVERY_TTL_S`; or the fixed list the app was given."""
+    """The queue names on the server (SCAN over ``emq:{*}:meta``, never KEYS), or the
+    fixed list the app was given.
+
+    A SCAN walks the whole keyspace: with 1M jobs in Redis it takes over a second. So
+    only the first request (and ``fresh=True``) waits for one; afterwards the names are
+    served from the last SCAN and, once older than :data:`DISCOVERY_TTL_S`, a background
+    thread scans again (one at a time), so no page pays for it."""
 
     def __init__(self, client: Any, fixed: Optional[Sequence[str]] = None):
         self.client = client
         self.fixed = None if fixed is None else sorted({QueueKeys(q).name for q in fixed})
-        self._names: List[str] = []
+        self._names: Optional[List[str]] = None
         self._at = -1e9
+        self._lock = threading.Lock()
+        self._scanning = False
 
     def names(self, fresh: bool = False) -> List[str]:
         if self.fixed is not None:
             return self.fixed
-        now = time.monotonic()
-        if fresh or now - self._at > DISCOVERY_TTL_S:
-            self._names = queue_names_of(run(self.client, _scan_op(queue_meta_glob())))
-            self._at = now
-        return self._names
+        if fresh or self._names is None:
+            self._scan()
+        elif time.monotonic() - self._at > DISCOVERY_TTL_S:
+            with self._lock:
+                start, self._scanning = not self._scanning, True
+            if start:
+                threading.Thread(target=self._scan, name="emqfast-web-scan", daemon=True).start()
+        return self._names or []
+
+    def _scan(self) -> None:
+        try:
+            names = queue_names_of(run(self.client, _scan_op(queue_meta_glob())))
+            self._names, self._at = names, time.monotonic()
+        except Exception:  # noqa: BLE001 - a background scan keeps the last names
+            log.warning("emqfast dashboard: queue discovery failed", exc_info=True)
+            if self._names is None:
+                raise
+        finally:
+            with self._lock:
+                self._scanning = False
 
     def exists(self, name: str) -> bool:
         """Whether queue ``name`` is shown here: listed (if fixed) and its meta hash exists."""
