@@ -32,26 +32,42 @@
 /* ---- the calls, as columns ------------------------------------------------ */
 
 typedef struct {
-    size_t ncalls, nslots, ncols;
+    size_t nrows, rows, ncalls;  /* rows of columns; rows per call; calls */
+    size_t nslots, ncols;
+    int64_t nkeyslots;           /* the first nkeyslots slots are KEYS */
     const char **slot_ptr;       /* constant part of each slot */
     const size_t *slot_lens;
     const int64_t *slot_col;     /* column appended to the slot, or -1 */
-    const size_t *col_lens;      /* ncols * ncalls lengths, column-major */
-    const char **col_cur;        /* read position in each column */
+    const int64_t *slot_each;    /* NULL, or nonzero: repeated once per row of a call */
+    const size_t *col_lens;      /* ncols * nrows lengths, column-major */
+    const char **col_cur;        /* read position in each column (the call's first row) */
+    const char **col_run;        /* scratch: positions while a run of repeated slots walks */
+    const char *sha;
+    size_t shalen;
     const char *pre;             /* "$7\r\nEVALSHA\r\n$40\r\n<sha>\r\n$<k>\r\n<k>\r\n" */
     size_t prelen;
-    size_t next;                 /* next call to frame */
+    int64_t prekeys;             /* the <k> in pre: a full call's KEYS count */
+    size_t next;                 /* next row to frame */
+    size_t calls;                /* calls framed */
 } frame_t;
+
+static int repeated(const frame_t *f, size_t s)
+{
+    return f->rows > 1 && f->slot_each != NULL && f->slot_each[s] != 0;
+}
 
 /* Point each slot at its constant bytes and each column at its first value.
  * 0, or -1 on no memory (nothing to free then). */
 static int columns_open(frame_t *f, const char *slot_data, const char *col_data)
 {
+    size_t ncols = f->ncols ? f->ncols : 1;
     f->slot_ptr = malloc(sizeof(char *) * (f->nslots ? f->nslots : 1));
-    f->col_cur = malloc(sizeof(char *) * (f->ncols ? f->ncols : 1));
-    if (f->slot_ptr == NULL || f->col_cur == NULL) {
+    f->col_cur = malloc(sizeof(char *) * ncols);
+    f->col_run = malloc(sizeof(char *) * ncols);
+    if (f->slot_ptr == NULL || f->col_cur == NULL || f->col_run == NULL) {
         free(f->slot_ptr);
         free(f->col_cur);
+        free(f->col_run);
         return -1;
     }
     for (size_t s = 0, off = 0; s < f->nslots; s++) {
@@ -60,8 +76,8 @@ static int columns_open(frame_t *f, const char *slot_data, const char *col_data)
     }
     for (size_t k = 0, off = 0; k < f->ncols; k++) {
         f->col_cur[k] = col_data + off;
-        for (size_t i = 0; i < f->ncalls; i++)
-            off += f->col_lens[k * f->ncalls + i];
+        for (size_t i = 0; i < f->nrows; i++)
+            off += f->col_lens[k * f->nrows + i];
     }
     return 0;
 }
@@ -70,28 +86,67 @@ static void columns_close(frame_t *f)
 {
     free(f->slot_ptr);
     free(f->col_cur);
+    free(f->col_run);
 }
 
-/* Frame call f->next into w and step every column on to the next call. */
+/* Slot s of row i, its column read at *at (which steps on when `step`). */
+static int frame_slot(frame_t *f, emq_wbuf *w, size_t s, size_t i, const char **at)
+{
+    int64_t col = f->slot_col[s];
+    if (col < 0)
+        return emq_frame_bulk2(w, f->slot_ptr[s], f->slot_lens[s], NULL, 0);
+    return emq_frame_bulk2(w, f->slot_ptr[s], f->slot_lens[s], at[col],
+                           f->col_lens[(size_t)col * f->nrows + i]);
+}
+
+/* The command head of a call of n rows: "*<nargs>", EVALSHA, sha, numkeys. */
+static int frame_head(frame_t *f, emq_wbuf *w, size_t n)
+{
+    uint64_t nargs = 3;
+    int64_t numkeys = 0;
+    for (size_t s = 0; s < f->nslots; s++) {
+        size_t times = repeated(f, s) ? n : 1;
+        nargs += times;
+        if ((int64_t)s < f->nkeyslots)
+            numkeys += (int64_t)times;
+    }
+    if (numkeys == f->prekeys)
+        return emq_frame_head(w, nargs, f->pre, f->prelen);
+    return emq_frame_head(w, nargs, NULL, 0) || emq_frame_evalsha(w, f->sha, f->shalen, numkeys);
+}
+
+/* Frame the call of the next rows into w and step every column past them. */
 static int frame_call(frame_t *f, emq_wbuf *w)
 {
-    size_t i = f->next;
-    if (emq_frame_head(w, 3 + f->nslots, f->pre, f->prelen))
+    size_t i0 = f->next, n = f->nrows - i0;
+    if (n > f->rows)
+        n = f->rows;
+    if (frame_head(f, w, n))
         return -1;
-    for (size_t s = 0; s < f->nslots; s++) {
-        const char *v = NULL;
-        size_t vlen = 0;
-        int64_t col = f->slot_col[s];
-        if (col >= 0) { /* a column may feed several slots: same value in each */
-            v = f->col_cur[col];
-            vlen = f->col_lens[(size_t)col * f->ncalls + i];
+    for (size_t s = 0; s < f->nslots;) {
+        if (!repeated(f, s)) { /* once per call; a column gives the call's first row */
+            if (frame_slot(f, w, s++, i0, f->col_cur))
+                return -1;
+            continue;
         }
-        if (emq_frame_bulk2(w, f->slot_ptr[s], f->slot_lens[s], v, vlen))
-            return -1;
+        size_t e = s; /* a run of repeated slots [s, e): row by row */
+        while (e < f->nslots && repeated(f, e))
+            e++;
+        memcpy(f->col_run, f->col_cur, sizeof(char *) * f->ncols);
+        for (size_t i = i0; i < i0 + n; i++) {
+            for (size_t t = s; t < e; t++)
+                if (frame_slot(f, w, t, i, f->col_run))
+                    return -1;
+            for (size_t k = 0; k < f->ncols; k++)
+                f->col_run[k] += f->col_lens[k * f->nrows + i];
+        }
+        s = e;
     }
     for (size_t k = 0; k < f->ncols; k++)
-        f->col_cur[k] += f->col_lens[k * f->ncalls + i];
-    f->next++;
+        for (size_t i = i0; i < i0 + n; i++)
+            f->col_cur[k] += f->col_lens[k * f->nrows + i];
+    f->next += n;
+    f->calls++;
     return 0;
 }
 
@@ -100,7 +155,7 @@ static int frame_call(frame_t *f, emq_wbuf *w)
 static int frame_more(frame_t *f, emq_wbuf *w)
 {
     w->len = w->off = 0;
-    while (f->next < f->ncalls && w->len < FRAME_BYTES)
+    while (f->next < f->nrows && w->len < FRAME_BYTES)
         if (frame_call(f, w))
             return -1;
     return 0;
@@ -169,7 +224,7 @@ static int stream_calls(emq_conn *c, frame_t *f, emq_replies *out)
         if (w.off == w.len && frame_more(f, &w)) /* all out: frame the next calls */
             rc = framing_failed(c, sent);
         else
-            rc = stream_step(c, &w, f->next, timeout, &sent, out);
+            rc = stream_step(c, &w, f->calls, timeout, &sent, out);
     }
     free(w.p);
     return rc;
@@ -180,22 +235,37 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
                         const size_t *slot_lens, const int64_t *slot_col, size_t ncols,
                         const char *col_data, const size_t *col_lens, emq_replies *out)
 {
+    return emq_evalsha_rows(c, sha, shalen, numkeys, ncalls, 1, nslots, slot_data, slot_lens,
+                            slot_col, NULL, ncols, col_data, col_lens, out);
+}
+
+int emq_evalsha_rows(emq_conn *c, const char *sha, size_t shalen, int64_t nkeyslots,
+                     size_t nrows, size_t rows, size_t nslots, const char *slot_data,
+                     const size_t *slot_lens, const int64_t *slot_col,
+                     const int64_t *slot_each, size_t ncols, const char *col_data,
+                     const size_t *col_lens, emq_replies *out)
+{
     emq_replies_reset(out);
-    if (ncalls == 0)
+    if (nrows == 0)
         return EMQ_OK;
+    if (rows == 0 || shalen > 64 || nkeyslots < 0 || (size_t)nkeyslots > nslots)
+        return EMQ_EINVAL;
     for (size_t s = 0; s < nslots; s++)
         if (slot_col[s] >= (int64_t)ncols)
             return EMQ_EINVAL;
-    int rc = emq_batch_begin(c, out, ncalls);
+    frame_t f = {nrows, rows, (nrows + rows - 1) / rows, nslots, ncols, nkeyslots, NULL,
+                 slot_lens, slot_col, slot_each, col_lens, NULL, NULL, sha, shalen, NULL, 0, 0,
+                 0, 0};
+    int rc = emq_batch_begin(c, out, f.ncalls);
     if (rc != EMQ_OK)
         return rc;
-    if (shalen > 64)
-        return EMQ_EINVAL;
 
-    /* The leading arguments are the same for every call: frame them once. */
+    /* The leading arguments of every full call are the same: frame them once. */
+    for (size_t s = 0; s < nslots; s++)
+        if ((int64_t)s < nkeyslots)
+            f.prekeys += repeated(&f, s) ? (int64_t)rows : 1;
     emq_wbuf pre = {NULL, 0, 0, 0};
-    frame_t f = {ncalls, nslots, ncols, NULL, slot_lens, slot_col, col_lens, NULL, NULL, 0, 0};
-    if (emq_frame_evalsha(&pre, sha, shalen, numkeys) || columns_open(&f, slot_data, col_data)) {
+    if (emq_frame_evalsha(&pre, sha, shalen, f.prekeys) || columns_open(&f, slot_data, col_data)) {
         free(pre.p);
         return EMQ_ENOMEM;
     }

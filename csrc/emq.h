@@ -162,6 +162,17 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
                         size_t ncalls, size_t nslots, const char *slot_data,
                         const size_t *slot_lens, const int64_t *slot_col, size_t ncols,
                         const char *col_data, const size_t *col_lens, emq_replies *out);
+/* Same with `rows` rows of the columns per call (issue 12: enqueue_many.lua admits a
+ * chunk of jobs per call): nrows rows make ceil(nrows / rows) calls, the last one the
+ * rest. A slot with slot_each[s] != 0 (slot_each may be NULL: none) is repeated once per
+ * row of its call, a run of such slots row by row; the others appear once per call (a
+ * column there gives the call's first row). The first nkeyslots slots are KEYS: a
+ * repeated one adds a key per row. One reply per call. rows = 1 is emq_evalsha_columns. */
+int emq_evalsha_rows(emq_conn *c, const char *sha, size_t shalen, int64_t nkeyslots,
+                     size_t nrows, size_t rows, size_t nslots, const char *slot_data,
+                     const size_t *slot_lens, const int64_t *slot_col,
+                     const int64_t *slot_each, size_t ncols, const char *col_data,
+                     const size_t *col_lens, emq_replies *out);
 
 /* CDEF-END */
 

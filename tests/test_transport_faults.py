@@ -198,6 +198,9 @@ def test_connect_builds_clients_without_command_retry():
 
 # --- defect 4: mid-batch disconnects are partial results ---------------------------------
 
+MANY_LANDED = 200  # enqueue_many.lua: the chunks whose whole reply fits 1000 bytes
+
+
 def _check_partial(err: errors.PartialBatch, ids, r, q, landed: int, group=None) -> None:
     assert len(err.landed) == landed, (len(err.landed), len(err.unknown), len(err.not_sent))
     assert [ref.id for ref in err.landed] == ids[:landed]
@@ -228,13 +231,17 @@ def test_mid_batch_cut_reports_what_landed(backend, proxy, r, qname, monkeypatch
     _only_link(proxy, client if backend == "c" else None)
     from emqfast.core import ids
     job_ids = ids.new_ids(500)
-    # chunks of 100, each sent as 1 (its ACL check) + 99: cut in the third chunk
+    # chunks of 100: grouped, each sent as 1 (its ACL check) + 99 calls with a 4-byte
+    # reply each (250 land); ungrouped, one enqueue_many.lua call per chunk whose reply is
+    # an array of 100 statuses (406 bytes): two chunks land, the third is unknown
     proxy.cut_after(4 * 250)
     with pytest.raises(errors.PartialBatch) as info:
         q.enqueue_many(["p"] * 500, job_ids=job_ids, group=group)
     proxy.cut_after(None)
     err = info.value
-    _check_partial(err, job_ids, r, q, landed=250, group=group)
+    _check_partial(err, job_ids, r, q, landed=250 if group else MANY_LANDED, group=group)
+    if not group:  # a whole call's reply lost: each of its jobs is unknown
+        assert len(err.unknown) == 100
     assert len(err.not_sent) >= 200  # chunks 4 and 5 never left
     refs = q.retry_partial(err)
     _after_retry(refs, err, job_ids, r, q, group=group)
@@ -259,7 +266,7 @@ def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
         with pytest.raises(errors.PartialBatch) as info:
             await q.enqueue_many(["p"] * 500, job_ids=job_ids)
         proxy.cut_after(None)
-        _check_partial(info.value, job_ids, r, q, landed=250)
+        _check_partial(info.value, job_ids, r, q, landed=MANY_LANDED)
         refs = await q.retry_partial(info.value)
         _after_retry(refs, info.value, job_ids, r, emqfast.Queue(qname, r))  # sync reads
         await client.aclose()

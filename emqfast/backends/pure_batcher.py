@@ -7,7 +7,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import redis
 
 from emqfast.core.errors import InvalidInput
-from emqfast.core.ops import expand_columns
+from emqfast.core.ops import column_calls, expand_columns, rows_per_call
 from emqfast.backends.scripts import send
 from emqfast.backends.transport import Wait
 
@@ -67,12 +67,21 @@ class Batcher:
                         slots: Sequence[Tuple[Any, Optional[int]]],
                         columns: Sequence[Sequence[Any]], wait: Wait = None) -> List[Any]:
         """Call ``i``'s argument ``s`` is ``slots[s][0]`` followed, when ``slots[s][1]`` is a
-        column index, by ``columns[slots[s][1]][i]``; otherwise as :meth:`evalsha_many`."""
+        column index, by ``columns[slots[s][1]][i]``; otherwise as :meth:`evalsha_many`.
+        Slots with ``each`` (a third value) carry that many rows per call (see
+        :class:`~emqfast.core.ops.Columns`): one reply per call."""
         ncalls = len(columns[0]) if columns else 0
         if any(len(col) != ncalls for col in columns):
             raise InvalidInput("columns differ in length")
-        if any(col is not None and not 0 <= col < len(columns) for _, col in slots):
+        if any(slot[1] is not None and not 0 <= slot[1] < len(columns) for slot in slots):
             raise InvalidInput("a slot names a column that does not exist")
+        if rows_per_call(slots) > 1:  # many rows per call: KEYS counts differ by call
+            if not ncalls:
+                return [0] if wait else []
+            sources: dict = {}
+            return send(self.client, [
+                (sources.setdefault(len(keys), _source(sha, script, len(keys))), keys, args)
+                for keys, args in column_calls(numkeys, slots, columns)], wait, raw=True)
         calls = expand_columns(slots, columns)
         if wait:
             return self.evalsha_many(sha, script, numkeys, calls, wait=wait)

@@ -5,19 +5,22 @@ re-sends from. Sans-IO: each function is (or builds a step of) an operation gene
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, NamedTuple, Set
+from typing import Any, Iterable, Iterator, List, NamedTuple, Sequence, Set
 
 from emqfast.backends import transport
-from emqfast.backends.scripts import map_error
+from emqfast.backends.scripts import load, map_error
 from emqfast.core.errors import ConnectionFailed, InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Op, Request
-from emqfast.facade.admission import (STATUS, Job, Shared, Wait, check_replicated, enqueue_call,
-                                      enqueue_columns, status_of)
+from emqfast.core.ops import Batch, Columns, Op, Request, Slot
+from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.facade.admission import (ENCODING_COLUMN, ID_COLUMN, PAYLOAD_COLUMN, STATUS, Job,
+                                      Shared, Wait, check_replicated, enqueue_call, status_of)
 from emqfast.facade.job import JobRef
 
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 ACL_CHECKED_ALONE = 64  # chunks above this send one checked call first (see sends)
+MANY_CHUNK = 500  # jobs per enqueue_many.lua call (bounded work per call)
+ENQUEUE_MANY = load("enqueue_many")
 
 
 class Send(NamedTuple):
@@ -65,13 +68,35 @@ class EnqueueBatch:
         return EnqueueBatch([self.jobs[i] for i in picks], self.shared, self.wait, recovering)
 
 
+def many_sends(n: int) -> Iterator[Send]:
+    """The round trips of an ungrouped ``enqueue_many`` of ``n`` jobs: enqueue_many.lua
+    checks the ACL once per call of :data:`MANY_CHUNK` jobs, so every call checks it."""
+    for start in range(0, n, ENQUEUE_CHUNK):
+        yield Send(start, min(start + ENQUEUE_CHUNK, n), True)
+
+
 def chunk_request(k: QueueKeys, batch: EnqueueBatch, send: Send) -> Request:
     """The request sending one :class:`Send` of ``batch`` (one round trip)."""
     jobs = batch.jobs[send.start:send.stop]
     if batch.shared.group is not None:  # pipelined calls of enqueue_group.lua
         return Batch([enqueue_call(k, job, batch.shared, send.check_acl) for job in jobs],
                      via_batcher=True, wait=batch.wait)
-    return enqueue_columns(k, jobs, batch.shared, send.check_acl, batch.wait)
+    return many_columns(k, jobs, batch.shared, batch.wait)
+
+
+def per_job(batch: EnqueueBatch, send: Send, got: List[Any]) -> List[Any]:
+    """One reply per job of ``send``: enqueue_many.lua answers a whole call with a list
+    of statuses; an error, LOST or UNSENT of a call stands for each of its jobs."""
+    if batch.shared.group is not None:
+        return got  # enqueue_group.lua: a reply per job already
+    out: List[Any] = []
+    for i, reply in enumerate(got):
+        if isinstance(reply, list):
+            out += reply
+        else:
+            lo = send.start + i * MANY_CHUNK
+            out += [reply] * (min(lo + MANY_CHUNK, send.stop) - lo)
+    return out
 
 
 def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Op:
@@ -79,17 +104,22 @@ def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Op:
     (see ``Queue.enqueue_many``)."""
     replies: List[Any] = []
     acked = None
+    grouped = batch.shared.group is not None
+    send = None
     try:
-        for send in sends(len(batch.jobs)):
+        for send in (sends if grouped else many_sends)(len(batch.jobs)):
             got = yield chunk_request(k, batch, send)
             if batch.wait is not None:  # the replies end with WAIT's replica count
                 acked = got[-1] if acked is None else min(acked, got[-1])
                 got = got[:-1]
+            got = per_job(batch, send, got)
             replies += got
             if send.check_acl and isinstance(got[0], Exception):
                 break  # refused (NOPERM, OOM, ...): the rest would be too; not sent
     except ConnectionFailed as exc:
         cut = list(getattr(exc, "replies", None) or [])
+        if send is not None and cut:
+            cut = per_job(batch, send, cut)
         rest = len(batch.jobs) - len(replies) - len(cut)
         replies += cut + [transport.UNSENT] * rest
         if _nothing_landed(replies):
@@ -100,6 +130,28 @@ def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Op:
     if acked is not None:  # None: nothing was sent (an empty batch)
         check_replicated(refs, acked, batch.wait)
     return refs
+
+
+def many_columns(k: QueueKeys, jobs: Sequence[Job], shared: Shared, wait: Wait) -> Columns:
+    """enqueue_many.lua for ``jobs`` (ungrouped), :data:`MANY_CHUNK` jobs per call, framed
+    as columns: the job keys and (id, payload[, encoding]) per job, the rest once."""
+    fixed = [Slot(key) for key in (k.pending, k.delayed, k.marker, k.meta, k.counter,
+                                   k.events)]
+    columns: List[List[Any]] = [[job.id.encode() for job in jobs], [job.data for job in jobs]]
+    per_job_args = [Slot(b"", ID_COLUMN, MANY_CHUNK), Slot(b"", PAYLOAD_COLUMN, MANY_CHUNK)]
+    encodings = {job.enc for job in jobs}
+    if len(encodings) == 1:
+        encoding = Slot(encodings.pop())
+    else:  # '' = each job carries its encoding
+        encoding = Slot(b"")
+        columns.append([job.enc for job in jobs])
+        per_job_args.append(Slot(b"", ENCODING_COLUMN, MANY_CHUNK))
+    when = shared.when
+    args = [Slot(KEYSPACE_VERSION.encode()), Slot(b"1"), Slot(shared.opts),
+            Slot(str(shared.priority).encode()), Slot(when.mode), Slot(str(when.value).encode()),
+            encoding, *per_job_args]
+    slots = [*fixed, Slot(k.job(""), ID_COLUMN, MANY_CHUNK), *args]
+    return Columns(ENQUEUE_MANY, len(fixed) + 1, slots, columns, wait=wait)
 
 
 def _nothing_landed(replies: List[Any]) -> bool:

@@ -1,0 +1,165 @@
+-- enqueue_many.lua: admit a chunk of jobs that share their options in one call, exactly as
+-- the same jobs sent one by one through enqueue.lua would be admitted (same fields, same
+-- counter values and scores, same replies, one 'enqueued' event per job), at a fraction of
+-- the server cost: one fence, one TIME, one INCRBY, set writes in chunks.
+--
+-- KEYS[1] pending zset   emq:{q}:pending
+-- KEYS[2] delayed zset   emq:{q}:delayed
+-- KEYS[3] marker zset    emq:{q}:marker
+-- KEYS[4] meta hash      emq:{q}:meta
+-- KEYS[5] counter        emq:{q}:counter
+-- KEYS[6] events stream  emq:{q}:events
+-- KEYS[7..] job hashes   emq:{q}:job:<id>, one per job, in job order (n = #KEYS - 6 jobs)
+-- ARGV[1] keyspace version of the caller
+-- ARGV[2] acl: '0' skips the ACL check of the commands it writes with; else checks
+-- ARGV[3] options shared by every job (as enqueue.lua's ARGV[4]; '' = library defaults)
+-- ARGV[4] priority, integer 0 .. 2^21-1
+-- ARGV[5] mode: 'now', 'at' (ARGV[6] = absolute run-at epoch ms) or 'in' (delay ms)
+-- ARGV[6] run-at or delay in ms ('0' for mode 'now')
+-- ARGV[7] payload encoding of every job ('j' JSON, not stored; 'b' bytes), or '' when
+--         each job carries its own
+-- ARGV[8..] per job i, in KEYS order: id (must start with JOB), payload, and its encoding
+--         when ARGV[7] is '' (3 values per job, else 2)
+-- Returns: one status per job, in order: 1 admitted as pending, 2 admitted as scheduled,
+--          0 duplicate (the id exists, or came earlier in this call: nothing written for it)
+-- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than
+--          4000 jobs; EMQKIND an id without the JOB brand; EMQRANGE priority or run-at out
+--          of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
+--          version; NOPERM the user's ACL denies a command it writes with. Each refuses the
+--          whole call before any write: one bad job writes nothing at all, for any job.
+--@include common
+--@include admit
+
+local n = #KEYS - 6
+local stride = 2
+if ARGV[7] == '' then stride = 3 end
+if n < 1 or #ARGV ~= 7 + stride * n then
+  return redis.error_reply('EMQINPUT enqueue_many needs one job key per (id, payload)')
+end
+if n > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT enqueue_many takes at most ' .. EMQ_MAX_BATCH ..
+    ' jobs per call')
+end
+-- the shared checks (and TIME) once, with the first id; the other ids' brand below
+local bad, priority, run_at, now = emq_check_admission(ARGV[8], ARGV[4], ARGV[5], ARGV[6])
+if bad then return redis.error_reply(bad) end
+
+-- Set members go out CHUNK arguments per command (never unpack() a table the caller sizes).
+local CHUNK = 500
+-- Which job hashes exist already: one EXISTS per CHUNK keys, and per key only in a chunk
+-- where some do (a re-sent or overlapping batch), so a batch of new jobs pays no lookup.
+local exists = {}
+for lo = 7, #KEYS, CHUNK do
+  local hi = math.min(lo + CHUNK - 1, #KEYS)
+  if redis.call('EXISTS', unpack(KEYS, lo, hi)) > 0 then
+    for j = lo, hi do exists[j - 6] = redis.call('EXISTS', KEYS[j]) == 1 end
+  end
+end
+-- Which jobs are new: an existing id, or one listed earlier in this call, is a duplicate.
+local new, seen, fresh = {}, {}, 0
+for i = 1, n do
+  local id = ARGV[8 + (i - 1) * stride]
+  if string.sub(id, 1, 3) ~= 'JOB' then
+    return redis.error_reply('EMQKIND job id must start with JOB')
+  end
+  if not seen[id] and not exists[i] then
+    new[i] = true
+    fresh = fresh + 1
+  end
+  seen[id] = true
+end
+
+local statuses = {}
+if fresh == 0 then  -- every job a duplicate: nothing to write (no fence stamp either)
+  for i = 1, n do statuses[i] = 0 end
+  return statuses
+end
+local cap = emq_events_cap(KEYS[4])
+local dscore = emq_admit_score(KEYS[2], run_at, now)
+local first_key
+for i = 1, n do
+  if new[i] then first_key = KEYS[6 + i] break end
+end
+local denied = emq_admit_denied(ARGV[2], dscore, first_key, KEYS[1], KEYS[2], KEYS[3],
+                                KEYS[5], KEYS[6], cap ~= nil)
+if denied then return redis.error_reply(denied) end
+if ARGV[2] ~= '0' and redis.acl_check_cmd and not redis.acl_check_cmd('INCRBY', KEYS[5], '1')
+    then
+  return redis.error_reply('NOPERM this user may not run INCRBY on the counter: ' ..
+    'nothing was written')
+end
+local err = emq_fence(KEYS[4], ARGV[1])  -- its version stamp is the first write
+if err then return redis.error_reply(err) end
+
+-- The counter values enqueue.lua's INCR per new job would have drawn, in one INCRBY.
+local seq = redis.call('INCRBY', KEYS[5], fresh) - fresh
+local set_key, status, slot0 = KEYS[1], 1, nil
+if dscore then
+  set_key, status = KEYS[2], 2
+  slot0 = dscore - emq_pack_delayed(run_at, 0)  -- the ms's next slot, as emq_delayed_score
+end
+local first = emq_pack_delayed(run_at, 0)
+local shared_enc = ARGV[7]
+local opts = ARGV[3]
+local tier = priority * 4294967296
+local created = emq_int(now)
+-- A job's hash, fields in enqueue.lua's order (defaults not stored: see admit.lua).
+local function write_job(key, payload, ps, enc)
+  if enc == 'j' then
+    if opts == '' then
+      redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created)
+    else
+      redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created, 'opts', opts)
+    end
+  elseif opts == '' then
+    redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created, 'enc', enc)
+  else
+    redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created, 'enc', enc,
+      'opts', opts)
+  end
+end
+local members, k = {}, 0
+for i = 1, n do
+  if new[i] then
+    local at = 8 + (i - 1) * stride
+    local id = ARGV[at]
+    seq = seq + 1
+    local ps = tier + (seq % 4294967296)
+    local enc = shared_enc
+    if stride == 3 then enc = ARGV[at + 2] end
+    write_job(KEYS[6 + i], ARGV[at + 1], emq_int(ps), enc)
+    local score = ps
+    if slot0 then
+      score = first + math.min(slot0, 4095)
+      slot0 = slot0 + 1
+    end
+    members[k + 1] = score
+    members[k + 2] = id
+    k = k + 2
+    if k >= CHUNK then
+      redis.call('ZADD', set_key, unpack(members, 1, k))
+      k = 0
+    end
+    statuses[i] = status
+  else
+    statuses[i] = 0
+  end
+end
+if k > 0 then redis.call('ZADD', set_key, unpack(members, 1, k)) end
+if dscore then emq_wake_at(KEYS[3], run_at) else emq_wake(KEYS[3]) end
+
+-- One 'enqueued' event per admitted job, as enqueue.lua writes them (in job order, after
+-- the writes: nobody reads the stream inside the script), trimmed once at the end.
+if cap then
+  local state = 'pending'
+  if dscore then state = 'scheduled' end
+  local events = KEYS[6]
+  for i = 1, n do  -- emq_event_untrimmed, inlined (no vararg call per job)
+    if new[i] then
+      redis.call('XADD', events, '*', 'event', 'enqueued', 'id', ARGV[8 + (i - 1) * stride],
+        'state', state)
+    end
+  end
+  emq_trim_events(KEYS[6], cap)
+end
+return statuses
