@@ -1,5 +1,6 @@
-"""A paused queue starts no held job (issue 18 item 8): jobs a worker claimed and started
-but no handler has begun go back (release.lua) instead of running after ``pause()``."""
+"""A paused queue starts no held job (issue 18 item 8): jobs a worker claimed beyond its
+running ones are held unstarted (start.lua runs only into a free handler slot, and a
+pause fences it), and go back to the queue instead of running after ``pause()``."""
 from __future__ import annotations
 
 import asyncio
@@ -12,33 +13,60 @@ from engine_util import make_queue, running_worker
 from waiting import wait_until, wait_until_async
 
 
-def test_thread_worker_releases_prefetched_jobs_when_the_queue_is_paused(redis_url, qname, r):
-    q = make_queue(redis_url, qname)
-    refs = q.enqueue_many(list(range(11)))
-    gate, began = threading.Event(), threading.Event()
-    runs: List[str] = []
-
+def _held_worker(q, runs, began, gate):
     def handler(job):
         runs.append(job.id)
         began.set()
         gate.wait(30)
-
     # one handler thread, ten jobs held for it; a short lease: the beat runs every 0.25 s
-    w = emqfast.Worker(q, handler, concurrency=1, prefetch=10, lease_ms=1000,
-                       shutdown_timeout_s=5)
+    return emqfast.Worker(q, handler, concurrency=1, prefetch=10, lease_ms=1000,
+                          shutdown_timeout_s=5)
+
+
+def test_thread_worker_holds_prefetched_jobs_unstarted_and_hands_them_back_on_pause(
+        redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    refs = q.enqueue_many(list(range(11)))
+    gate, began = threading.Event(), threading.Event()
+    runs: List[str] = []
+    w = _held_worker(q, runs, began, gate)
     with running_worker(w):
-        wait_until(lambda: w.stats.claimed == 11 and began.is_set(), what="1 running, 10 held")
+        wait_until(lambda: r.zcard(q.keys.active) == 11 and began.is_set(),
+                   what="1 running, 10 held (claimed, leased)")
+        # held jobs are leased but not started: no attempt counted, no 'active' state
+        assert sum(q.get(ref.id).state == "active" for ref in refs) == 1
         q.pause()
         # the claim loop has no free slot (it claims nothing): its beat sees the pause
-        wait_until(lambda: w.stats.released == 10, what="the 10 held jobs released")
-        assert r.zcard(q.keys.pending) == 10 and len(runs) == 1
+        wait_until(lambda: r.zcard(q.keys.pending) == 10, what="the 10 held jobs back")
+        assert len(runs) == 1
         gate.set()
         wait_until(lambda: q.counts()["completed"] == 1, what="the running job finishes")
         assert len(runs) == 1  # none of the held jobs ran while paused
         q.resume()
         wait_until(lambda: q.counts()["completed"] == 11, what="all done after resume")
     assert sorted(runs) == sorted(ref.id for ref in refs)
-    assert all(q.get(ref.id).attempts == 1 for ref in refs)  # a released job lost no attempt
+    assert all(q.get(ref.id).attempts == 1 for ref in refs)  # a held job lost no attempt
+
+
+def test_a_slot_freed_right_after_pause_starts_no_held_job(redis_url, qname, r):
+    """The held jobs' start is fenced by the pause: a handler slot that frees the instant
+    pause() returned (before any beat could notice the pause) begins nothing."""
+    q = make_queue(redis_url, qname)
+    q.enqueue_many(list(range(11)))
+    gate, began = threading.Event(), threading.Event()
+    runs: List[str] = []
+    w = _held_worker(q, runs, began, gate)
+    with running_worker(w):
+        wait_until(lambda: r.zcard(q.keys.active) == 11 and began.is_set(),
+                   what="1 running, 10 held")
+        q.pause()
+        gate.set()  # the running handler returns at once: its slot is free
+        wait_until(lambda: q.counts()["completed"] == 1 and r.zcard(q.keys.active) == 0,
+                   what="the running job done, the held ones handed back")
+        assert len(runs) == 1
+        q.resume()
+        wait_until(lambda: q.counts()["completed"] == 11, what="all done after resume")
+    assert len(runs) == 11
 
 
 def test_aio_worker_starts_nothing_after_pause(redis_url, qname):

@@ -235,11 +235,15 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         out = effect.fn(**effect.kwargs)
         return (await out) if inspect.isawaitable(out) else out
 
-    async def _do_wait_for_room(self, effect: effects.WaitForRoom) -> int:
-        free = self.concurrency - len(self._running)
-        if free <= 0:
+    async def _do_wait_for_room(self, effect: effects.WaitForRoom) -> Tuple[int, int]:
+        """``(free slots, jobs to claim)``: no prefetch here, so only held jobs (a start
+        cut short) stand between the two; a claimed job is started at once, into its slot."""
+        slots = self.concurrency - len(self._running)
+        if slots - len(self._held) <= 0 and not (slots > 0 and self._held):
             await self._wait_changed(effect.seconds)
-        return max(free, 0)
+            slots = self.concurrency - len(self._running)
+        slots = max(slots, 0)
+        return slots, max(slots - len(self._held), 0)
 
     async def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
         if self._idle():

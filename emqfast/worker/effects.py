@@ -52,8 +52,8 @@ class Invoke(NamedTuple):
 
 
 class WaitForRoom(NamedTuple):
-    """How many jobs the worker may claim now; with none, wait up to ``seconds`` for a
-    running job to end first (then 0 or what was freed)."""
+    """``(free handler slots, jobs the worker may claim now)``; with no slot for a held job
+    and no room to claim, wait up to ``seconds`` for a running job to end first."""
 
     seconds: float
     method = "_do_wait_for_room"

@@ -15,7 +15,7 @@ from emqfast.core.validation import check_int
 from emqfast.worker import core
 from emqfast.worker.effects import Invoke, Logic, Send
 from emqfast.worker.resend import pipeline_until, transient, typed, until_done
-from emqfast.worker.stats import RunningJob
+from emqfast.worker.stats import HeldLease
 
 log = logging.getLogger("emqfast.worker")
 
@@ -60,26 +60,37 @@ class LeaseKeeping:
         self._next_schedule_ms = core.next_schedule_ms((yield Invoke(self.queue.schedules.sweep)))
 
     # --- leases -------------------------------------------------------------------------
-    def _due_leases(self, now: float) -> List[RunningJob]:
-        """Running jobs whose lease is a third used (not lost, not being acked)."""
+    def _due_leases(self, now: float) -> List[Any]:
+        """Leases a third used (not lost, not being acked): running jobs' and held ones'
+        (claimed, waiting for a handler slot)."""
         third = self.lease_ms / 3000.0
         with self._guard:
-            return [r for r in self._running.values()
+            held = list(self._held.values())
+            return [r for r in [*self._running.values(), *held]
                     if not r.lost and not r.acking and now - r.extended_at > third]
 
-    def _renew(self, due: Sequence[RunningJob], now: float) -> Logic:
+    def _renew(self, due: Sequence[Any], now: float) -> Logic:
         """Extend ``due`` leases by ``lease_ms``, ``LEASE_CHUNK`` per call; a lease found
         gone is marked lost (logged) unless the job's outcome is being written."""
         for chunk in core.chunked(due):
             call = core.extend_call(self._keys, self.lease_ms,
-                                    [(r.job.id, r.token) for r in chunk])
+                                    [(r.job_id, r.token) for r in chunk])
             replies = yield Send(call)
             for r, ok in zip(chunk, replies):
                 if ok:
                     r.extended_at = now
-                elif self._running.get(r.job.id) is r and not r.acking:
-                    r.lost = True
-                    log.warning("lease on running job %s was lost", r.job.id)
+                else:
+                    self._lease_gone(r)
+
+    def _lease_gone(self, r: Any) -> None:
+        """A renewal found the lease gone (reaped after a stall, deleted by hand)."""
+        if isinstance(r, HeldLease):
+            if self._held.get(r.job_id) is r:  # never started: just forget it
+                r.lost = True
+                log.warning("lease on held job %s was lost", r.job_id)
+        elif self._running.get(r.job.id) is r and not r.acking:
+            r.lost = True
+            log.warning("lease on running job %s was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""

@@ -293,6 +293,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         now = time.monotonic()
         with self._guard:
             self._claiming = None
+            self.stats.claimed += len(pairs)
             for job_id, token in pairs:
                 self._held[job_id] = HeldLease(job_id, token, now)
             if pairs:
@@ -323,5 +324,4 @@ class WorkerMachine(LeaseKeeping, Acking):
             return
         started = core.started_jobs(self._rows, pairs, rows)
         if started:
-            self.stats.claimed += len(started)
             self._hand_out(started)

@@ -3,7 +3,10 @@
 :class:`Prefetch` allows none until handlers have been timed, then enough that a
 waiting job starts within about :data:`PREFETCH_BUDGET_S`. Slow handlers get no
 prefetch (other workers keep the work); no-op handlers get whole batches per round
-trip. Every held job still has its own lease, extended on the beat.
+trip. Every held job still has its own lease, extended on the beat. Held jobs are
+started (start.lua) only as handler slots free up, plus the few the slots take up within
+the budget (:meth:`Prefetch.ahead`): a pause, which fences start.lua, leaves the rest
+unstarted, and they go back to the queue.
 """
 from __future__ import annotations
 
@@ -28,12 +31,19 @@ class Prefetch:
         self.handler_s = seconds if avg is None else avg + _EWMA_WEIGHT * (seconds - avg)
 
     def extra(self) -> int:
-        """How many jobs may wait beyond ``concurrency`` right now."""
+        """How many jobs may wait beyond ``concurrency`` right now (claimed, leased)."""
         if self.limit is not None:
             return self.limit
+        return self.ahead()
+
+    def ahead(self) -> int:
+        """How many started jobs may wait for a handler slot: as many as the slots take up
+        within the budget. A paused queue starts nothing more (start.lua is fenced), so
+        this bounds how long after ``pause()`` a handler may still begin; the rest of the
+        held jobs stay unstarted until a slot frees."""
         avg = self.handler_s
         if avg is None:
-            return 0  # not timed yet: take only what can start at once
+            return 0  # not timed yet: start only into free slots
         return min(PREFETCH_MAX, int(self.concurrency * PREFETCH_BUDGET_S / max(avg, 1e-7)))
 
     def capacity(self) -> int:

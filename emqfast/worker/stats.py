@@ -21,7 +21,7 @@ class WorkerStats:
 
 @dataclass
 class RunningJob:
-    """A job this worker holds under a lease: started, running or waiting for a handler."""
+    """A started job this worker holds under a lease: running, or about to be."""
 
     job: Job
     token: str
@@ -29,3 +29,19 @@ class RunningJob:
     task: Optional[Any] = None  # the asyncio driver's task running it
     lost: bool = False
     acking: bool = False  # its outcome (or release) is being written: renew no more
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+
+@dataclass
+class HeldLease:
+    """A job claimed (leased) but not started: prefetched, waiting for a free handler slot.
+    start.lua runs only when a slot frees, so a paused queue starts none of these."""
+
+    job_id: str
+    token: str
+    extended_at: float  # monotonic seconds of the last lease grant
+    lost: bool = False
+    acking: bool = False  # never: held jobs have no outcome (kept for the lease renewal)

@@ -102,6 +102,8 @@ class Worker(WorkerMachine):
         self._holding = Prefetch(self.concurrency, self.prefetch)
         self._ready: "deque[Tuple[Job, str]]" = deque()  # claimed, waiting for a handler thread
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
+        self._in_hand = 0  # started jobs whose handler has not returned (slots in use)
+        self._awaiting_slot = False  # the claim loop waits for a handler to return
         self._lock = threading.Condition()
         self._guard = self._lock
         self._acks: "queue_mod.SimpleQueue[Optional[List[Outcome]]]" = queue_mod.SimpleQueue()
@@ -193,14 +195,24 @@ class Worker(WorkerMachine):
     def _do_invoke(self, effect: effects.Invoke) -> Any:
         return effect.fn(**effect.kwargs)
 
-    def _do_wait_for_room(self, effect: effects.WaitForRoom) -> int:
-        """Jobs this worker may claim now: its capacity minus the jobs it holds."""
+    def _do_wait_for_room(self, effect: effects.WaitForRoom) -> Tuple[int, int]:
+        """``(free handler slots, jobs this worker may claim)``: the claim room is its
+        capacity minus the jobs it holds (started or not). With neither a slot for a held
+        job nor room to claim, wait for a handler to return or an outcome to be written."""
         with self._lock:
-            free = self._holding.capacity() - len(self._running)
-            if free <= 0:
+            slots, room = self._room()
+            if room <= 0 and not (slots and self._held):
+                self._awaiting_slot = True
                 self._lock.wait(effect.seconds)
-                free = self._holding.capacity() - len(self._running)
-            return max(free, 0)
+                self._awaiting_slot = False
+                slots, room = self._room()
+            return slots, room
+
+    def _room(self) -> Tuple[int, int]:
+        # started jobs may queue for a slot only as long as the prefetch budget (~2 ms)
+        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
+        room = self._holding.capacity() - len(self._running) - len(self._held)
+        return slots, max(room, 0)
 
     def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
         with self._lock:  # checked and waited under one lock: no notify is missed
@@ -224,6 +236,7 @@ class Worker(WorkerMachine):
         with self._lock:
             for job, token in started:
                 self._running[job.id] = RunningJob(job, token, now)
+            self._in_hand += len(started)
             self._ready.extend(started)
             # Handler tasks take jobs from _ready until it is empty; start only the
             # missing ones, so at most `concurrency` handlers ever run at once.
@@ -240,6 +253,7 @@ class Worker(WorkerMachine):
             held = [(job.id, token, job_group(job)) for job, token in self._ready]
             if not peek:
                 self._ready.clear()
+                self._in_hand -= len(held)
             return held
 
     def _drain_ready(self) -> None:
@@ -261,6 +275,10 @@ class Worker(WorkerMachine):
             started = clock()
             done.append(self._run_one(job, token))
             ended = clock()
+            with self._lock:  # a handler slot is free: the claim loop may start a held job
+                self._in_hand -= 1
+                if self._awaiting_slot:
+                    self._lock.notify_all()
             self._holding.observe(ended - started)
             if len(done) == 1:
                 flush_at = ended + _ACK_FLUSH_S
