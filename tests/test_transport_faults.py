@@ -439,9 +439,9 @@ def test_lost_wait_reply_means_landed_but_unconfirmed(backend, proxy, r, qname):
         q.enqueue_many(["warm"])  # connects the Batcher (no replica: NotReplicated anyway)
     r.delete(q.keys.pending)
     _only_link(proxy, client if backend == "c" else None)
-    # the first job goes alone (its ACL check) with its WAIT: ":1" ":0", then 99 ":1";
-    # the last WAIT's reply is cut
-    proxy.cut_after(8 + 4 * 99)
+    # one enqueue_many.lua call admits the 100 jobs: "*100" and 100 ":1" (406 bytes),
+    # then the WAIT's reply, which is cut
+    proxy.cut_after(6 + 4 * 100)
     with pytest.raises(errors.NotReplicated) as info:
         q.enqueue_many(["p"] * 100)
     assert len(info.value.landed) == 100 and info.value.acked == 0
