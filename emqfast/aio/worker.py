@@ -128,10 +128,13 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         return self.stats
 
     async def run_until_idle(self, timeout_s: Optional[float] = 60.0,
-                             wait_scheduled: bool = False) -> WorkerStats:
-        """Process jobs until nothing is pending, running or due (see the sync Worker);
-        ``TimeoutError`` after ``timeout_s``."""
+                             wait_scheduled: bool = False,
+                             wait_active: bool = False) -> WorkerStats:
+        """Process jobs until nothing is pending, running or due (``wait_active``: nor
+        active under other workers' leases; see the sync Worker); ``TimeoutError`` after
+        ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._wait_active = wait_active
         try:
             await self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
         finally:

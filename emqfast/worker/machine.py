@@ -94,6 +94,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
         self.beat_hooks: List[Callable[[], Any]] = [Heartbeat(self)]  # the Workers page
+        self._wait_active = False  # run_until_idle(wait_active=True)
 
     # --- state ----------------------------------------------------------------------------
     def _should_stop(self) -> bool:
@@ -175,8 +176,27 @@ class WorkerMachine(LeaseKeeping, Acking):
         if promoted:
             return False
         if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
-            return True
+            if not (yield from self._wait_for_others(now)):
+                return True
         yield from self._wait_for_work(until_idle, now, status, next_due)
+        return False
+
+    def _wait_for_others(self, now: int) -> Logic:
+        """Idle here, but jobs may be active under other workers' leases (a worker that
+        died leaves its jobs there until their leases lapse and the reaper, on the beat,
+        hands them back). True: wait for them (``wait_active``); else log what is left."""
+        active = yield Invoke(self._redis.zcard, {"name": self._keys.active})
+        if not active:
+            return False
+        if self._wait_active:
+            return True
+        head = yield Invoke(self._redis.zrange, {"name": self._keys.active, "start": 0,
+                                                  "end": 0, "withscores": True})
+        ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
+        log.info("%s: queue %s is idle here; leaving %d job(s) active under other workers' "
+                 "leases (the earliest lease ends in %.1f s; a job whose worker died is "
+                 "reaped and re-run then: wait_active=True / --wait-active waits for it)",
+                 self._who, self.queue.name, active, ends_in)
         return False
 
     def _claim(self, n: int) -> Logic:

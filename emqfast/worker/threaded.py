@@ -128,11 +128,15 @@ class Worker(WorkerMachine):
         return self.stats
 
     def run_until_idle(self, timeout_s: Optional[float] = 60.0,
-                       wait_scheduled: bool = False) -> WorkerStats:
+                       wait_scheduled: bool = False, wait_active: bool = False) -> WorkerStats:
         """Process jobs until nothing is pending, running or due (with
-        ``wait_scheduled``, until no delayed job is left either). Raises
+        ``wait_scheduled``, until no delayed job is left either). Jobs still active under
+        other workers' leases are left to them (logged at INFO with when the earliest
+        lease ends); with ``wait_active`` it waits for them too, and runs those whose
+        worker died once their lease lapses (the beat reaps them). Raises
         ``TimeoutError`` if that takes longer than ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._wait_active = wait_active
         try:
             self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
         finally:
