@@ -10,9 +10,14 @@ Each emqfast workload runs in a subprocess (``bench/server_probe.py``) with
 built there) under ``$TMPDIR/emqfast-ref-<sha>``. Repetitions alternate the contenders
 (floor, this tree, REF, floor, ...), and every figure is the median of the reps.
 
+``enqueue_quiet`` is enqueue with the queue's events off (its ratio is against the
+enqueue floor): the events' cost is the difference.
+
 Columns: ``script us/job`` = ``INFO commandstats`` usec of EVALSHA/EVAL per job (the
 Lua work, the inner commands included); ``proc us/job`` = the server process's CPU
-(``INFO cpu``) per job, which adds parsing and networking; ``jobs/s`` = wall rate of
+(``INFO cpu``) per job, which adds parsing and networking (commandstats time is wall
+time inside the call, inflated when the server is descheduled on a busy host: prefer
+``proc``); ``jobs/s`` = wall rate of
 the client (for the floors, a redis-py loop: their client rate means nothing).
 
 Floors (the unavoidable writes, no checks, no events, no counters):
@@ -130,6 +135,7 @@ def _wipe(client: redis.Redis, tag: str) -> None:
 
 FLOORS: Dict[str, Callable[[redis.Redis, int], Dict[str, float]]] = {
     "enqueue": enqueue_floor, "lifecycle": lifecycle_floor}
+FLOOR_OF = {"enqueue": "enqueue", "enqueue_quiet": "enqueue", "lifecycle": "lifecycle"}
 
 
 # --- the trees measured -------------------------------------------------------------------
@@ -190,7 +196,7 @@ def table(results: Dict[Tuple[str, str], Dict[str, float]], ref: Optional[str]) 
     lines = ["| workload | contender | script µs/job | proc µs/job | client µs/job | jobs/s "
              "| script ÷ floor | proc ÷ floor | jobs/s ÷ ref |", "|---" * 9 + "|"]
     for (w, who), r in results.items():
-        floor = results.get((w, "floor"))
+        floor = results.get((FLOOR_OF.get(w, ""), "floor"))
         base = results.get((w, ref)) if ref else None
         ratio = (lambda a, b: f"{a / b:.2f}×" if b else "-")
         lines.append(
@@ -207,8 +213,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--n", type=int, default=20_000, help="jobs per run (default 20,000)")
     p.add_argument("--reps", type=int, default=3, help="repetitions (median; default 3)")
     p.add_argument("--compare", metavar="REF", default=None, help="also measure commit REF")
-    p.add_argument("--only", default="enqueue,lifecycle,promote",
-                   help="comma-separated workloads (enqueue, lifecycle, promote)")
+    p.add_argument("--only", default="enqueue,enqueue_quiet,lifecycle,promote",
+                   help="comma-separated workloads (enqueue, enqueue_quiet, lifecycle, promote)")
     args = p.parse_args(argv)
     srv = server.start(private=True)
     try:

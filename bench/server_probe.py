@@ -5,7 +5,8 @@ every commit since issue 11 has (``Queue.enqueue_many``, ``Worker``, ``Queue.pro
 
     python bench/server_probe.py URL WORKLOAD N     # prints one JSON line
 
-WORKLOAD: ``enqueue`` (enqueue_many of N 100-byte payloads, due now), ``lifecycle`` (a
+WORKLOAD: ``enqueue`` (enqueue_many of N 100-byte payloads, due now), ``enqueue_quiet``
+(the same with the queue's events off: the events' cost by difference), ``lifecycle`` (a
 Worker drains N pending jobs with a no-op handler: claim + start + complete), ``promote``
 (N due delayed jobs moved to pending by ``Queue.promote``). The JSON holds the timed
 region's wall seconds, this process's CPU seconds and the server's CPU deltas
@@ -57,6 +58,12 @@ def enqueue(q: Any, n: int) -> Dict[str, float]:
     return out
 
 
+def enqueue_quiet(q: Any, n: int) -> Dict[str, float]:
+    """enqueue with the queue's events turned off: what the events cost, by difference."""
+    q.configure_events(0)
+    return enqueue(q, n)
+
+
 def lifecycle(q: Any, n: int) -> Dict[str, float]:
     import emqfast
     q.enqueue_many(data(n))
@@ -82,7 +89,8 @@ def promote(q: Any, n: int) -> Dict[str, float]:
     return out
 
 
-WORKLOADS = {"enqueue": enqueue, "lifecycle": lifecycle, "promote": promote}
+WORKLOADS = {"enqueue": enqueue, "enqueue_quiet": enqueue_quiet, "lifecycle": lifecycle,
+             "promote": promote}
 
 
 def main(argv: List[str]) -> None:
