@@ -90,10 +90,15 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
 @click.option("--allow-eviction", is_flag=True,
               help="Run even on a server whose maxmemory-policy may evict keys (jobs "
                    "would vanish; they are counted 'orphaned' when met).")
-@click.option("--burst", is_flag=True, help="Exit once the queue is idle (nothing due).")
+@click.option("--burst", is_flag=True, help="Exit once the queue is idle (nothing due); "
+              "says how many jobs it leaves active under other workers' leases.")
+@click.option("--wait-active", is_flag=True,
+              help="With --burst: also wait for jobs active under other workers' leases, "
+                   "running those of a dead worker once their lease lapses.")
 @verbose_option
 def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
-           shutdown_timeout: float, allow_eviction: bool, burst: bool) -> None:
+           shutdown_timeout: float, allow_eviction: bool, burst: bool,
+           wait_active: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from emqfast.backends import select as live_backend  # callable: the live backend name
     from emqfast.worker.threaded import Worker
@@ -108,7 +113,7 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
                       f"({state.where()}), handler {handler}, concurrency {concurrency}, "
                       f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully")
-    stats_ = w.run_until_idle(timeout_s=None) if burst else w.run()
+    stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
                       f"released {stats_.released}")
