@@ -66,17 +66,26 @@ def test_aio_burst_with_wait_active_reruns_the_orphan(redis_url, qname):
     assert runs == [orphan] and stats.completed == 1
 
 
-def test_cli_burst_names_the_job_it_leaves_and_wait_active_runs_it(redis_url, qname, tmp_path):
+def _cli_burst(redis_url, qname, tmp_path, *extra):
+    (tmp_path / "burst_handlers.py").write_text("def noop(job):\n    return None\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "emqfast.tools.cli", "--url", redis_url,
+                          "worker", "burst_handlers:noop", "-q", qname, "--burst",
+                          "--lease-ms", "400", *extra],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stderr
+
+
+def test_cli_burst_names_the_jobs_it_leaves_active(redis_url, qname, tmp_path):
+    q = make_queue(redis_url, qname)
+    _orphan(q, 60_000)
+    assert "leaving 1 job(s) active" in _cli_burst(redis_url, qname, tmp_path)
+    assert q.counts()["active"] == 1
+
+
+def test_cli_burst_wait_active_runs_a_dead_workers_job(redis_url, qname, tmp_path):
     q = make_queue(redis_url, qname)
     orphan = _orphan(q, 800)
-    (tmp_path / "burst_handlers.py").write_text("def noop(job):\n    return None\n")
-    base = [sys.executable, "-m", "emqfast.tools.cli", "--url", redis_url, "worker",
-            "burst_handlers:noop", "-q", qname, "--burst", "--lease-ms", "400"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "80"}
-    out = subprocess.run(base, capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "leaving 1 job(s) active" in out.stderr and q.counts()["active"] == 1
-    out = subprocess.run(base + ["--wait-active"], capture_output=True, text=True, env=env,
-                         timeout=60)
-    assert out.returncode == 0, out.stderr
+    _cli_burst(redis_url, qname, tmp_path, "--wait-active")
     assert q.get(orphan).state == "completed"

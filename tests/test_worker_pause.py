@@ -99,3 +99,36 @@ def test_aio_worker_starts_nothing_after_pause(redis_url, qname):
         return runs
     runs = asyncio.run(asyncio.wait_for(main(), 60))
     assert len(set(runs)) == 6
+
+
+def test_aio_worker_holds_prefetched_jobs_unstarted_and_starts_none_after_pause(
+        redis_url, qname, r):
+    async def main():
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue_many(list(range(11)))
+        gate = asyncio.Event()
+        runs: List[str] = []
+
+        async def handler(job):
+            runs.append(job.id)
+            await gate.wait()
+
+        w = emq.Worker(q, handler, concurrency=1, prefetch=10, lease_ms=1000,
+                       shutdown_timeout_s=5)
+        task = asyncio.create_task(w.run())
+        await wait_until_async(lambda: r.zcard(q.keys.active) == 11 and len(runs) == 1,
+                               what="1 running, 10 held (claimed, leased)")
+        assert len(w._held) == 10  # claimed, not started
+        await q.pause()
+        gate.set()  # the slot frees right after pause(): its next start is fenced
+        await wait_until_async(lambda: r.zcard(q.keys.active) == 0,
+                               what="the running job done, the held ones handed back")
+        assert len(runs) == 1
+        await q.resume()
+        await wait_until_async(lambda: w.stats.completed == 11, what="all done after resume")
+        w.stop()
+        await task
+        await q.aclose()
+        return runs
+    runs = asyncio.run(asyncio.wait_for(main(), 60))
+    assert len(set(runs)) == 11

@@ -77,12 +77,13 @@ class JobTasks:
                                              "await job.progress_async(value)")
             running = RunningJob(job, token, now)
             self._running[job.id] = running
+            self._in_hand += 1
             running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
 
     def _take_held(self, peek: bool = False) -> List[Held]:
-        """Jobs waiting for a handler: none. A task starts each job at once, and claims
-        take only free slots (``concurrency`` minus running or unacked), so no task ever
-        waits on the semaphore with a job of its own."""
+        """Started jobs waiting for a handler: none to take. Jobs are started only into
+        free slots (plus the few the slots take up within the prefetch budget, whose tasks
+        wait on the semaphore for well under a few ms); held jobs stay unstarted."""
         return []
 
     async def _run_job(self, job: Job, token: str) -> None:
@@ -92,17 +93,27 @@ class JobTasks:
         try:
             outcome = await self._outcome_of(job, token)
         except BaseException:
+            self._slot_freed()
             self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
             raise
+        self._slot_freed()
         self._queue_ack(job.id, token, outcome=outcome)
+
+    def _slot_freed(self) -> None:
+        """A handler returned: the claim loop may start a held job."""
+        self._in_hand -= 1
+        self._notify()
 
     async def _outcome_of(self, job: Job, token: str) -> Outcome:
         """Run the handler; its result or exception as an outcome. Raises CancelledError
         only when this job's task itself was cancelled."""
         assert self._sem is not None
         async with self._sem:
+            began = time.perf_counter()
             try:
-                return success(job, token, await self._handle(job))
+                result = await self._handle(job)
+                self._holding.observe(time.perf_counter() - began)
+                return success(job, token, result)
             except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
                 if self._task_cancelled():
                     raise  # our shutdown or the loop's teardown: released by _run_job

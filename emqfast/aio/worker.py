@@ -3,8 +3,9 @@
 Same rules as :class:`emqfast.Worker` (the logic is :class:`emqfast.worker.machine.WorkerMachine`,
 shared with it; this driver awaits its effects), different machinery:
 
-- the claim loop is the task that awaits :meth:`Worker.run`; it claims at most
-  ``concurrency - running`` jobs (no prefetch: a claimed job starts at once);
+- the claim loop is the task that awaits :meth:`Worker.run`; it claims up to
+  ``batch_size`` jobs per round trip, holding those beyond the running ones claimed but
+  unstarted (``prefetch``, sized as for the sync Worker) and starting them as slots free;
 - each job runs in its own task, bounded by a semaphore of ``concurrency``;
   coroutine handlers are awaited, plain functions run in the default executor;
 - outcomes are written in pipelined batches by one acker task;
@@ -55,13 +56,16 @@ from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
 from emqfast.backends.scripts import run_pipeline_async
 from emqfast.facade.job import Job
+from emqfast.core.validation import check_int
 from emqfast.server import eviction
 from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, is_async_handler
+from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import WorkerStats
+from emqfast.worker.threaded import DEFAULT_BATCH
 
 log = logging.getLogger("emqfast.worker")
 
@@ -81,7 +85,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
 
     def __init__(self, queue: Queue, handler: Callable[[Job], Any], *, concurrency: int = 8,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
-                 keep_completed: int = 1000, keep_failed: int = 10_000,
+                 prefetch: Optional[int] = None, keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None, allow_eviction: bool = False):
         if not isinstance(queue, Queue):
@@ -89,11 +93,14 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         if not callable(handler):
             raise TypeError("handler must be callable")
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
-                    max_stalled=max_stalled, batch_size=batch_size, batch_floor=1,
+                    max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
                     max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
                     allow_eviction=allow_eviction)
         self._is_coro = is_async_handler(handler)
+        self.prefetch = None if prefetch is None else check_int(prefetch, "prefetch", 0, 100_000)
+        self._holding = Prefetch(self.concurrency, self.prefetch)
+        self._in_hand = 0  # started jobs whose handler has not returned (slots in use)
         self._guard = contextlib.nullcontext()  # one event loop: nothing to lock
         self._outcomes: List[Outcome] = []
         self._releases: List[Held] = []  # jobs whose task was cancelled: to release
@@ -239,14 +246,19 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         return (await out) if inspect.isawaitable(out) else out
 
     async def _do_wait_for_room(self, effect: effects.WaitForRoom) -> Tuple[int, int]:
-        """``(free slots, jobs to claim)``: no prefetch here, so only held jobs (a start
-        cut short) stand between the two; a claimed job is started at once, into its slot."""
-        slots = self.concurrency - len(self._running)
-        if slots - len(self._held) <= 0 and not (slots > 0 and self._held):
+        """``(free handler slots, jobs this worker may claim)``, as for the thread Worker:
+        claimed jobs beyond the running ones are held unstarted, and started as slots free
+        up (plus the few the slots take up within the prefetch budget)."""
+        slots, room = self._room()
+        if room <= 0 and not (slots and self._held):
             await self._wait_changed(effect.seconds)
-            slots = self.concurrency - len(self._running)
-        slots = max(slots, 0)
-        return slots, max(slots - len(self._held), 0)
+            slots, room = self._room()
+        return slots, room
+
+    def _room(self) -> Tuple[int, int]:
+        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
+        room = self._holding.capacity() - len(self._running) - len(self._held)
+        return slots, max(room, 0)
 
     async def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
         if self._idle():
