@@ -1,11 +1,11 @@
--- trim.lua: retention: delete the oldest finished jobs of a completed or failed set,
+-- trim.lua: retention: delete the oldest jobs of a completed, failed or cancelled set,
 -- together with their hashes, while the set holds more than `keep` jobs or the job
 -- finished more than `max_age` ms ago (server clock). The caller lists the set's head
 -- (ZRANGE 0 n-1, oldest first); each id is re-checked here, so a stale list or a
 -- concurrent trimmer never deletes a job the retention rule keeps. At most 4000 ids
 -- per call (bounded work); the caller loops while the reply says "more".
 --
--- KEYS[1] finished zset  emq:{q}:completed or emq:{q}:failed
+-- KEYS[1] finished zset  emq:{q}:completed, emq:{q}:failed or emq:{q}:cancelled
 -- KEYS[2] meta hash      emq:{q}:meta
 -- KEYS[3..] job hashes   emq:{q}:job:<id>, one per ARGV[4..] id, same order
 -- ARGV[1] keyspace version of the caller

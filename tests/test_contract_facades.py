@@ -131,7 +131,7 @@ def test_enqueue_get_counts_and_duplicate(q, facade):
     assert (job.state, job.payload, job.attempts) == ("pending", {"to": "ada"}, 0)
     assert q.get("JOB-missing") is None
     assert q.counts() == {"scheduled": 0, "pending": 1, "grouped": 0, "active": 0,
-                          "completed": 0, "failed": 0}
+                          "completed": 0, "failed": 0, "cancelled": 0}
 
 
 def test_priority_order_then_arrival(q):
@@ -190,8 +190,8 @@ def test_promote_many_across_queues(facade, qname, r):
 def test_cancel_pause_resume(q):
     pending, scheduled = q.enqueue("p"), q.enqueue_in("s", 3_600_000)
     assert q.cancel(pending.id) and q.cancel(scheduled.id)
-    assert not q.cancel(pending.id)
-    assert q.get(pending.id) is None
+    assert not q.cancel(pending.id)  # cancelled already: its record stays (issue 16)
+    assert q.get(pending.id).state == "cancelled"
     assert not q.is_paused()
     q.pause()
     assert q.is_paused()

@@ -74,7 +74,7 @@ def _populate(q: emqfast.Queue) -> dict:
     ids = {"pending": q.enqueue("p").id, "scheduled": q.enqueue_in("s", 3_600_000).id,
            "completed": done, "failed": doomed}
     assert q.counts() == {"scheduled": 1, "pending": 1, "grouped": 0, "active": 0,
-                          "completed": 1, "failed": 1}
+                          "completed": 1, "failed": 1, "cancelled": 0}
     return ids
 
 
@@ -111,12 +111,15 @@ def test_cancel_of_unknown_or_started_jobs_writes_nothing(r, redis_url, qname):
     q = make_queue(redis_url, qname)
     ids = _populate(q)
     before = dump_queue(r, qname)
-    for job_id in (UNKNOWN, ids["completed"], ids["failed"]):
+    for job_id in (ids["completed"], ids["failed"]):
         assert q.cancel(job_id) is False
+    for job_id in (UNKNOWN, UNKNOWN + "2"):  # the missing-id rule (issue 16 item 7)
+        with pytest.raises(JobNotFound):
+            q.cancel(job_id)
     assert dump_queue(r, qname) == before
-    assert q.cancel(UNKNOWN + "2") is False
     empty = make_queue(redis_url, qname + "-empty")
-    assert empty.cancel(UNKNOWN) is False
+    with pytest.raises(JobNotFound):
+        empty.cancel(UNKNOWN)
     assert dump_queue(r, qname + "-empty") == {}
 
 

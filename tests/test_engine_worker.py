@@ -208,9 +208,12 @@ def test_cancel_scheduled_and_pending(r, q):
     keep = q.enqueue("keep")
     assert q.cancel(later.id) is True
     assert q.cancel(now.id) is True
-    assert q.get(later.id) is None and q.get(now.id) is None
+    # a cancelled job keeps a record (issue 16 item 7): state, cancelled set, counts
+    assert q.get(later.id).state == "cancelled" and q.get(now.id).state == "cancelled"
+    assert sorted(q.job_ids("cancelled")) == sorted([later.id, now.id])
+    assert q.counts()["cancelled"] == 2
     assert q.job_ids("scheduled") == [] and q.job_ids("pending") == [keep.id]
-    assert q.cancel(now.id) is False  # already gone
+    assert q.cancel(now.id) is False  # already cancelled
     seen = []
     emqfast.Worker(q, lambda job: seen.append(job.payload)).run_until_idle(timeout_s=30)
     assert seen == ["keep"]
@@ -224,7 +227,8 @@ def test_cancel_refuses_active_and_finished_jobs(r, q, qname):
     before = dump_queue(r, qname)
     assert q.cancel(running.id) is False
     assert q.cancel(done.id) is False
-    assert q.cancel("JOB-never-existed") is False
+    with pytest.raises(emqfast.JobNotFound):  # the missing-id rule (issue 16 item 7)
+        q.cancel("JOB-never-existed")
     assert dump_queue(r, qname) == before
 
 
@@ -233,7 +237,7 @@ def test_cancel_of_a_retry_waiting_job(q):
     emqfast.Worker(q, lambda job: 1 / 0).run_until_idle(timeout_s=30)
     assert q.get(ref.id).state == "scheduled"
     assert q.cancel(ref.id) is True
-    assert q.get(ref.id) is None and q.counts()["scheduled"] == 0
+    assert q.get(ref.id).state == "cancelled" and q.counts()["scheduled"] == 0
 
 
 # --- graceful shutdown -------------------------------------------------------------------

@@ -188,7 +188,8 @@ def verdict(direct: redis.Redis, qname: str, ids: Sequence[str], execs: Counter,
     result.stalls = sum(int(s) for _, s in rows if s is not None)
     counts = q.counts()
     result.counts_ok = counts == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
-                                  "completed": len(ids), "failed": 0}
+                                  "completed": len(ids), "failed": 0,
+                                  "cancelled": 0}
     if not result.counts_ok:
         result.not_completed["counts"] = counts  # type: ignore[assignment]
     return result

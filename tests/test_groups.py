@@ -161,7 +161,7 @@ def test_cancel_removes_a_grouped_job_from_its_lane(redis_url, qname, r):
     keep = q.enqueue("keep", group="g1")
     gone = q.enqueue("gone", group="g1")
     assert q.cancel(gone.id)
-    assert q.get(gone.id) is None
+    assert q.get(gone.id).state == "cancelled"  # its record stays (issue 16 item 7)
     assert r.zrange(q.keys.group_pending("g1"), 0, -1) == [keep.id.encode()]
     assert not q.cancel(gone.id)
 

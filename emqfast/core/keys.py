@@ -19,7 +19,7 @@ class QueueKeys:
     """Key names of one queue. Attributes are ``str`` keys; methods build per-id keys."""
 
     __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
-                 "completed", "failed", "marker", "counter", "repeat", "events", "metrics",
+                 "completed", "failed", "cancelled", "marker", "counter", "repeat", "events", "metrics",
                  "rate", "groups", "gactive", "glimit", "grate")
 
     def __init__(self, name: str):
@@ -36,6 +36,7 @@ class QueueKeys:
         self.leases = b + "leases"        # hash: job id -> lease token
         self.completed = b + "completed"  # zset: finish time (server ms)
         self.failed = b + "failed"        # zset: finish time (server ms)
+        self.cancelled = b + "cancelled"  # zset: cancel time (server ms); hashes kept
         self.marker = b + "marker"        # zset: wake marker workers BZPOPMIN on
         self.counter = b + "counter"      # string: INCR arrival counter
         self.repeat = b + "repeat"        # zset: schedule name -> next run (epoch ms, server clock)

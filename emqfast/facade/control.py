@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from emqfast.backends.scripts import load
+from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, operation
 from emqfast.core.scores import MAX_OFFSET_MS
@@ -25,23 +26,57 @@ class QueueControl:
     keys: QueueKeys
     _drive: Callable[[Op], Any]
 
+    name: str
+
+    def _not_found(self, job_id: str) -> JobNotFound:
+        """The one error of every by-id write on an id this queue does not hold."""
+        return JobNotFound(f"no job {job_id} in queue {self.name!r}: never enqueued here, "
+                           "or deleted since (trim, obliterate); check the id and the queue")
+
+    def _state_of(self, job_id: str) -> Op:
+        """``job_id``'s state (``None``: no such job), for messages. A waiting job stores
+        no state: the delayed set holding it means scheduled, else it is pending."""
+        state, delayed, exists = yield Batch([Cmd.of("HGET", self.keys.job(job_id), "state"),
+                                              Cmd.of("ZSCORE", self.keys.delayed, job_id),
+                                              Cmd.of("EXISTS", self.keys.job(job_id))])
+        if not exists:
+            return None
+        if state is not None:
+            return state.decode()
+        return "scheduled" if delayed is not None else "pending"
+
     @operation
     def cancel(self, job_id: str) -> bool:
-        """Remove a scheduled or pending job atomically; False if it is running, done or unknown."""
+        """Cancel a scheduled or pending job atomically: True; it keeps a record (state
+        ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished jobs).
+        False when the job has started, finished or was cancelled already (``q.get(job_id).state`` says which; nothing is written).
+        Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
         check_job_id(job_id)
         k = self.keys
-        group = yield Cmd.of("HGET", k.job(job_id), "group")  # a grouped job waits in its lane
+        group, exists = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # its lane
+                                     Cmd.of("EXISTS", k.job(job_id))])
+        if not exists:
+            raise self._not_found(job_id)
         pending = k.pending if group is None else k.group_pending(group.decode())
-        return bool((yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events],
-                                [job_id, KEYSPACE_VERSION])))
+        return bool((yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events,
+                                          k.cancelled], [job_id, KEYSPACE_VERSION])))
 
     @operation
     def retry(self, job_id: str) -> None:
-        """Send a failed job back to pending with a fresh set of attempts."""
+        """Send a failed job back to pending with a fresh set of attempts. Raises
+        :class:`~emqfast.errors.JobNotFound` for an id the queue does not hold and
+        :class:`~emqfast.errors.JobStateError` naming the state of a job that is not failed."""
         check_job_id(job_id)
         k = self.keys
         group, failed = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),
                                      Cmd.of("ZSCORE", k.failed, job_id)])
+        if failed is None:  # refused: say why (retry.lua would refuse too, writing nothing)
+            state = yield from self._state_of(job_id)
+            if state is None:
+                raise self._not_found(job_id)
+            if state != "failed":
+                raise JobStateError(f"cannot retry {job_id}: it is {state}, and only failed "
+                                    "jobs can be retried (q.get(job_id) shows it)")
         pending = k.pending if group is None else k.group_pending(group.decode())
         call = Call(_RETRY, [k.job(job_id), k.failed, pending, k.marker, k.meta, k.events],
                     [job_id, KEYSPACE_VERSION])

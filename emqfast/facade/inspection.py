@@ -26,7 +26,10 @@ class QueueInspection:
 
     @operation
     def get(self, job_id: str) -> Optional[Job]:
-        """The job's state and data, or None if it does not exist (or was trimmed)."""
+        """The job's state and data, or None if this queue holds no such job (never
+        enqueued here, or trimmed). The missing-id rule: reading answers None, acting on
+        a missing id (cancel, retry) raises :class:`~emqfast.errors.JobNotFound`, and an
+        id without the ``JOB`` brand is a :class:`~emqfast.errors.KindError` for all."""
         check_job_id(job_id)
         h, delayed = yield Batch([Cmd.of("HGETALL", self.keys.job(job_id)),
                                   Cmd.of("ZSCORE", self.keys.delayed, job_id)])
@@ -34,22 +37,25 @@ class QueueInspection:
 
     @operation
     def counts(self) -> Dict[str, int]:
-        """Number of jobs per state. ``pending`` includes the jobs waiting in group lanes;
+        """Number of jobs per state (``cancelled``: the records kept of cancelled jobs).
+        ``pending`` includes the jobs waiting in group lanes;
         ``grouped`` is how many of them do (one round trip without groups, two with)."""
         k = self.keys
-        s, p, a, c, f, ring = yield Batch(
+        s, p, a, c, f, x, ring = yield Batch(
             [Cmd.of("ZCARD", key) for key in (k.delayed, k.pending, k.active, k.completed,
-                                              k.failed)] + [Cmd.of("ZRANGE", k.groups, 0, -1)])
+                                              k.failed, k.cancelled)]
+            + [Cmd.of("ZRANGE", k.groups, 0, -1)])
         grouped = 0
         if ring:  # a lane holding jobs keeps its group on the ring, so these are all of them
             lanes = yield Batch([Cmd.of("ZCARD", k.group_pending(g.decode())) for g in ring])
             grouped = sum(int(n) for n in lanes)
         return {"scheduled": s, "pending": p + grouped, "grouped": grouped, "active": a,
-                "completed": c, "failed": f}
+                "completed": c, "failed": f, "cancelled": x}
 
     @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:
-        """Ids in one state, in the order they will run (or finished, newest first);
+        """Ids in one state, in the order they will run (or finished or were cancelled,
+        newest first);
         ``start``/``stop`` index them as ZRANGE does (inclusive, negative from the end).
 
         ``pending`` holds every job :meth:`counts` counts as pending: the flat pending set
@@ -57,12 +63,14 @@ class QueueInspection:
         Lanes take turns, so across lanes this is not the exact order jobs will start."""
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
                "active": self.keys.active, "completed": self.keys.completed,
-               "failed": self.keys.failed}.get(state) if isinstance(state, str) else None
+               "failed": self.keys.failed, "cancelled": self.keys.cancelled,
+               }.get(state) if isinstance(state, str) else None
         if key is None:
-            raise InvalidInput(f"unknown state {state!r}")
+            raise InvalidInput(f"unknown state {state!r}: one of scheduled, pending, active, "
+                               "completed, failed, cancelled")
         check_int(start, "start", *_INT64)
         check_int(stop, "stop", *_INT64)
-        if state in ("completed", "failed"):
+        if state in ("completed", "failed", "cancelled"):
             raw = yield Cmd.of("ZREVRANGE", key, start, stop)
         elif state == "pending":
             raw = yield from self._pending_ids(start, stop)

@@ -10,7 +10,7 @@ from emqfast.core import codec
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
 
-STATES = ("scheduled", "pending", "active", "completed", "failed")
+STATES = ("scheduled", "pending", "active", "completed", "failed", "cancelled")
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,9 @@ class QueueMaintenance:
 
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
-             max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT) -> int:
-        """Retention: delete the oldest finished jobs beyond the counts (and older than
+             max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT,
+             keep_cancelled: int = 1000) -> int:
+        """Retention: delete the oldest finished (and cancelled) jobs beyond the counts (and older than
         ``max_age_ms``, server clock); returns how many were deleted.
 
         At most ``limit`` jobs per finished set go in one call (in script calls of
@@ -112,12 +113,14 @@ class QueueMaintenance:
         # validate everything first: a bad keep_failed must not leave completed trimmed
         check_int(keep_completed, "keep_completed", 0, 1 << 40)
         check_int(keep_failed, "keep_failed", 0, 1 << 40)
+        check_int(keep_cancelled, "keep_cancelled", 0, 1 << 40)
         if max_age_ms is not None:  # ms or a timedelta
             max_age_ms = delay_ms(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
         check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
         age = -1 if max_age_ms is None else max_age_ms
         removed = 0
-        for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed)):
+        for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed),
+                          (k.cancelled, keep_cancelled)):
             removed += yield from self._trim_set(key, keep, age, limit)
         return removed
 
