@@ -124,10 +124,13 @@ def test_retry_and_cancel(redis_url, populated, qname, r):
     scheduled = q.job_ids("scheduled")[0]
     out = emq("--url", redis_url, "cancel", qname, scheduled)
     assert out.returncode == 0, out.stderr
-    assert q.get(scheduled) is None and q.counts()["scheduled"] == 0
+    # a cancelled job keeps a record (issue 16 item 7)
+    assert q.get(scheduled).state == "cancelled" and q.counts()["scheduled"] == 0
     again = emq("--url", redis_url, "cancel", qname, scheduled)
     assert again.returncode == 1 and "cannot cancel" in again.stderr
-    assert "no such job" in again.stderr  # says which case it was
+    assert "it is cancelled already" in again.stderr  # says which case it was
+    unknown = emq("--url", redis_url, "cancel", qname, "JOBnever-enqueued")
+    assert unknown.returncode == 1 and "no such job" in unknown.stderr
 
     before = dump_queue(r, qname)
     bad = emq("--url", redis_url, "cancel", qname, "not-a-job-id")

@@ -145,11 +145,7 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
         console.print(f"[green]retried {retried}[/green] {state} jobs in {queue}{note}",
                       highlight=False)
         return
-    try:
-        q.retry(job_id)
-    except JobStateError:
-        raise JobStateError(f"cannot retry {job_id}: it is {_state_of(q, job_id)}, "
-                            "and only failed jobs can be retried") from None
+    q.retry(job_id)  # a refusal names the job's state (JobStateError) or JobNotFound
     console.print(f"[green]retrying[/green] {job_id} (pending again in {queue})")
 
 
@@ -178,12 +174,6 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
     return retried, skipped
 
 
-def _state_of(q: Queue, job_id: str) -> str:
-    """``job_id``'s state in words, for messages."""
-    job = q.get(job_id)
-    return "unknown (no such job)" if job is None else job.state
-
-
 @click.command()
 @url_option
 @click.argument("queue")
@@ -191,18 +181,25 @@ def _state_of(q: Queue, job_id: str) -> str:
 def cancel(queue: str, job_id: str) -> None:
     """Remove JOB_ID if it has not started (scheduled or pending)."""
     q = current_state().queue(queue)
-    if q.cancel(job_id):
-        console.print(f"[green]cancelled[/green] {job_id}")
-        return
+    try:
+        if q.cancel(job_id):
+            console.print(f"[green]cancelled[/green] {job_id} (its record stays: "
+                          f"'emqfast jobs {queue} --state cancelled')", highlight=False)
+            return
+    except JobNotFound:
+        _fail(f"[red]cannot cancel {job_id}[/red]: no such job in {q.name} "
+              "(never enqueued there, or trimmed)")
     _fail(f"[red]cannot cancel {job_id}[/red]: {_why_not_cancelled(q, job_id)}")
 
 
 def _why_not_cancelled(q: Queue, job_id: str) -> str:
     job = q.get(job_id)
     if job is None:
-        return f"no such job in {q.name}"
+        return f"no such job in {q.name} (trimmed meanwhile)"
     if job.state == "active":
         return "it is running"
     if job.state in ("completed", "failed"):
         return f"it already finished ({job.state})"
+    if job.state == "cancelled":
+        return "it is cancelled already"
     return f"it is {job.state} (changed meanwhile; try again)"
