@@ -153,7 +153,13 @@ def test_the_overview_updates_live_without_a_reload(browser, redis_url, conn, qn
         q.enqueue_many([{"n": i} for i in range(4)])
         wait_until(lambda: browser.find_element(By.CSS_SELECTOR, cell).text == "5",
                    what="the pending count to update in place")
+        emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
+        wait_until(lambda: browser.find_element(By.ID, "chart-peak").text != "0.0",
+                   what="the throughput chart to draw the finished jobs")
+        assert browser.find_element(By.ID, "chart-done").get_attribute("d").startswith("M")
+        assert browser.find_element(By.CSS_SELECTOR, cell).text == "0"
         assert browser.execute_script("return window.__same_page") is True  # no reload
+        shoot(browser, "overview-live")
 
 
 def test_hostile_names_and_payloads_render_as_text(browser, redis_url, conn):

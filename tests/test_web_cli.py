@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("uvicorn")
 import httpx  # noqa: E402
 
-from emqfast.tools.cli_dashboard import ExposedWithoutAuth, check_exposure, is_loopback  # noqa: E402
+from emqfast.tools.cli_dashboard import (ExposedWithoutAuth, check_exposure,  # noqa: E402
+                                         is_loopback)
 from waiting import wait_until  # noqa: E402
 
 

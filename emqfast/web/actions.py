@@ -113,7 +113,8 @@ def _queue_outcome(q: Queue, action: str, form: Any) -> Outcome:
         return "ok", f"promoted {q.promote(limit=100_000)} due job(s)"
     if action == "retry_all":
         retried, skipped = retry_every(q)
-        return "ok", f"retried {retried} failed job(s)" + (f", skipped {skipped}" if skipped else "")
+        skipped_text = f", skipped {skipped}" if skipped else ""
+        return "ok", f"retried {retried} failed job(s){skipped_text}"
     if action == "trim":
         removed = q.trim(keep_completed=_int_field(form, "keep_completed", 1000),
                          keep_failed=_int_field(form, "keep_failed", 10_000))

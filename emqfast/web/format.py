@@ -102,14 +102,20 @@ def _cell_open(state: str, nonzero: bool) -> str:
     return opening
 
 
-def sparkline(values: Sequence[float], width: int = 300, height: int = 60) -> str:
-    """SVG path data (``M x y L ...``) of ``values`` scaled into a width x height box
-    (y grows downwards; the top is the largest value)."""
+def sparkline(values: Sequence[float], width: int = 300, height: int = 60,
+              slots: int = 120, top: Optional[float] = None) -> str:
+    """SVG path data (``M x y L ...``) of ``values`` in a width x height box (y grows
+    downwards), the newest at the right edge and one of ``slots`` steps apart, so a young
+    series fills in from the right instead of stretching; ``top`` is the scale's maximum
+    (default: the largest value)."""
     if not values:
         return ""
-    top = max(max(values), 1e-9)
-    step = width / max(len(values) - 1, 1)
-    points = [(i * step, height - (v / top) * (height - 2) - 1) for i, v in enumerate(values)]
+    values = list(values)[-slots:]
+    top = max(top if top is not None else max(values), 1e-9)
+    step = width / max(slots - 1, 1)
+    first = width - (len(values) - 1) * step
+    points = [(first + i * step, height - (v / top) * (height - 2) - 1)
+              for i, v in enumerate(values)]
     return "M" + " L".join(f"{x:.1f} {y:.1f}" for x, y in points)
 
 

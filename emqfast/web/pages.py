@@ -56,9 +56,11 @@ def _overview_data(dash: Dashboard) -> Dict[str, Any]:
     dash.throughput.record((r.name, r.completed_total, r.failed_total)
                            for r in rows if r.error is None)
     done, failed = dash.throughput.series()
+    peak = max(done + failed + [0.0])  # one scale for both lines
     return {"rows": rows, "rates": dash.throughput.per_minute_all(),
-            "chart": {"done": fmt.sparkline(done), "failed": fmt.sparkline(failed),
-                      "peak": max(done + failed + [0.0]), "points": len(done)}}
+            "chart": {"done": fmt.sparkline(done, top=peak),
+                      "failed": fmt.sparkline(failed, top=peak),
+                      "peak": peak, "points": len(done)}}
 
 
 def overview(dash: Dashboard, request: Request) -> Response:
