@@ -1,10 +1,15 @@
 """Drain: one worker process, a no-op handler, N pending jobs. Target: >= 25,000
-jobs/s, every job completed exactly once (each with its own lease and token)."""
+jobs/s, every job completed exactly once (each with its own lease and token).
+
+Also the asyncio Worker (``async def`` no-op handler, default settings) against the sync
+Worker, the two alternating in one run: target >= 0.8x (issue 12)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Dict, List, Tuple
 
 import emqfast
+import emqfast.aio as emq_aio
 
 from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, payloads,
     rate, stopwatch)
@@ -36,17 +41,48 @@ def drain_once(ctx: Ctx, n: int, data: List[bytes], opts: Dict[str, Any]) -> Tup
         return t[0], cpu
 
 
+def aio_drain_once(ctx: Ctx, n: int, data: List[bytes]) -> Tuple[float, CpuUse]:
+    """(seconds, CPU used) for one asyncio Worker, default settings but for
+    ``keep_completed``, to run every job of a fresh queue; verifies exactly-once."""
+    with fresh_queue(ctx, "aio-drain") as sync_q:
+        ids = [r.id for r in sync_q.enqueue_many(data)]
+
+        async def main() -> Tuple[float, List[str], Any]:
+            q = emq_aio.Queue(sync_q.name, emq_aio.connect(ctx.server.url))
+            seen: List[str] = []
+
+            async def handler(job: Any) -> None:
+                seen.append(job.id)
+            w = emq_aio.Worker(q, handler, keep_completed=n + 1)
+            with stopwatch() as t:
+                stats = await w.run_until_idle(timeout_s=max(60.0, n / 500))
+            await q.aclose()
+            return t[0], seen, stats
+        with cpu_use(sync_q.redis) as cpu:
+            took, seen, stats = asyncio.run(main())
+        check(len(seen) == n and set(seen) == set(ids), f"aio handler ran {len(seen)} of {n}")
+        check(stats.completed == n, f"aio worker completed {stats.completed} of {n}")
+        check(sync_q.counts()["completed"] == n, "aio drain: completed set incomplete")
+    return took, cpu
+
+
 def run(ctx: Ctx) -> List[Result]:
     """Median jobs/s of a full drain."""
     n = ctx.n(100_000, 3_000)
     data = payloads(n, 100)
     times, cpus = [], []
-    for rep in range(ctx.reps):
+    aio_times, aio_cpus = [], []
+    for rep in range(ctx.reps):  # sync and asyncio alternate: one run, one machine state
         ctx.progress(f"drain: rep {rep + 1}/{ctx.reps}")
         seconds, cpu = drain_once(ctx, n, data, WORKER_OPTS)
         times.append(seconds)
         cpus.append(cpu)
+        ctx.progress(f"drain (asyncio Worker): rep {rep + 1}/{ctx.reps}")
+        aio_s, aio_cpu = aio_drain_once(ctx, n, data)
+        aio_times.append(aio_s)
+        aio_cpus.append(aio_cpu)
     jobs_s = median(rate(n, t) for t in times)
+    aio_jobs_s = median(rate(n, t) for t in aio_times)
     return [Result(workload="drain", name=f"drain, 1 worker, no-op ({emqfast.backend()})",
                    value=jobs_s, unit="jobs/s", reference=TARGET_JOBS_S,
                    reference_label="target", ratio=jobs_s / TARGET_JOBS_S,
@@ -54,4 +90,12 @@ def run(ctx: Ctx) -> List[Result]:
                    verified=f"{n}/{n} completed exactly once",
                    details={"n": n, "worker_opts": dict(WORKER_OPTS),
                             "runs_jobs_s": [rate(n, t) for t in times],
-                            **cpus[len(cpus) // 2].per_job_us(n)})]
+                            **cpus[len(cpus) // 2].per_job_us(n)}),
+            Result(workload="drain", name="drain, asyncio Worker, async no-op, defaults",
+                   value=aio_jobs_s, unit="jobs/s", reference=jobs_s,
+                   reference_label="sync Worker, same run", ratio=aio_jobs_s / jobs_s,
+                   target=">= 0.8x the sync Worker", ok=aio_jobs_s >= 0.8 * jobs_s,
+                   verified=f"{n}/{n} completed exactly once",
+                   details={"n": n, "runs_jobs_s": [rate(n, t) for t in aio_times],
+                            **sorted(aio_cpus, key=lambda c: c.process_s)[len(aio_cpus) // 2]
+                            .per_job_us(n)})]
