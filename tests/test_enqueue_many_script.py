@@ -190,3 +190,15 @@ def test_aio_enqueue_many_sends_the_same_calls(r, redis_url, qname, monkeypatch)
     refs = asyncio.run(main())
     assert [x.status for x in refs] == ["pending"] * 20
     assert state(r, qname + "-aio") == state(r, qname + "-sync")
+
+
+def test_a_flushed_script_cache_reloads_and_sends_every_chunk_once(backend, r, qname,
+                                                                     monkeypatch):
+    monkeypatch.setattr(enqueue_batch, "MANY_CHUNK", CHUNK)
+    q = Queue(qname, r)
+    q.enqueue_many(["warm"])
+    r.script_flush()  # every call of the next batch meets NOSCRIPT, then is re-sent once
+    refs = q.enqueue_many(jobs(3 * CHUNK + 1))
+    assert {x.status for x in refs} == {"pending"}
+    assert r.zcard(q.keys.pending) == 3 * CHUNK + 2
+    assert int(r.get(q.keys.counter)) == 3 * CHUNK + 2
