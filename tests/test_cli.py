@@ -71,9 +71,9 @@ def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, 
     assert out.returncode == 0, out.stderr
     row = cells(out.stdout, qname)
     # scheduled pending grouped active completed failed
-    assert row[1:7] == ["1", "2", "0", "0", "2", "1"]
-    assert row[7] == "no"
-    assert fmt_ms(q.next_due_ms(), date=False) in row[8] and "in " in row[8]
+    assert row[1:8] == ["1", "2", "0", "0", "2", "1", "0"]  # ... completed failed cancelled
+    assert row[8] == "no"
+    assert fmt_ms(q.next_due_ms(), date=False) in row[9] and "in " in row[9]
 
     everything = emq("stats", "--url", redis_url)  # --url after the command works too
     assert everything.returncode == 0, everything.stderr
@@ -83,7 +83,10 @@ def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, 
 def test_stats_watch_refreshes_then_stops(redis_url, populated, qname):
     out = emq("--url", redis_url, "stats", qname, "--watch", "--interval", "0.1", "--count", "3")
     assert out.returncode == 0, out.stderr
-    assert cells(out.stdout, qname)[2] == "2"
+    # piped: one plain line per refresh (issue 16 item 4; the table is for terminals)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and all(f"queue={qname} " in line for line in lines)
+    assert all(" pending=2 " in line for line in lines) and out.stdout.endswith("\n")
 
 
 def test_jobs_lists_and_inspects_failed_jobs(redis_url, populated, qname):
@@ -286,7 +289,7 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
     assert cells(out.stdout, "heartbeat")[1] == "every 1 min"
 
     stats = emq("--url", redis_url, "stats", qname)
-    assert cells(stats.stdout, qname)[9] == "3"
+    assert cells(stats.stdout, qname)[10] == "3"  # schedules (after the cancelled column)
     assert cells(stats.stdout, "tokyo-report")[2] == "Asia/Tokyo"
 
     empty = emq("--url", redis_url, "schedules", qname + "-none")

@@ -2,9 +2,10 @@
 queues hold."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 import redis
@@ -15,7 +16,7 @@ from rich.table import Table
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import State, console, current_state, url_option
-from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative
+from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative, stats_line
 
 
 def discover_queues(conn: redis.Redis) -> List[str]:
@@ -29,24 +30,31 @@ def queue_row(q: Queue) -> Dict[str, Any]:
             "next_due_ms": q.next_due_ms(), "schedules": q.redis.zcard(q.keys.repeat)}
 
 
-def _stats_view(state: State, queue: Optional[str]) -> Any:
+def _stats_rows(state: State, queue: Optional[str]) -> Tuple[List[Dict[str, Any]], int]:
+    """Every shown queue's :func:`queue_row`, and the server clock (ms)."""
     conn = state.conn()
     names = [queue] if queue else discover_queues(conn)
     rows = [queue_row(Queue(n, conn)) for n in names]
-    now = Queue(names[0] if names else "_", conn).server_time_ms()
+    return rows, Queue(names[0] if names else "_", conn).server_time_ms()
+
+
+def _stats_view(state: State, queue: Optional[str]) -> Any:
+    rows, now = _stats_rows(state, queue)
     title = f"Queues on {state.where()} — server clock {fmt_ms(now)}"
-    parts: List[Any] = [counts_table(rows, now, title=title)]
-    if not names:
+    parts: List[Any] = [counts_table(rows, now, title=title, width=console.width)]
+    if not rows:
         parts.append("[dim]no queues yet[/dim]")
     if queue and rows[0]["schedules"]:
-        parts.append(schedules_table(Queue(queue, conn), now))
+        parts.append(schedules_table(Queue(queue, state.conn()), now))
     return Group(*parts)
 
 
 @click.command()
 @url_option
 @click.argument("queue", required=False)
-@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option("--watch", is_flag=True,
+              help="Refresh until Ctrl-C (into a file or a pipe: one plain line per queue "
+                   "per refresh).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between refreshes with --watch.")
 @click.option("--count", "refreshes", default=0, type=click.IntRange(0),
@@ -59,16 +67,39 @@ def stats(queue: Optional[str], watch: bool, interval: float, refreshes: int) ->
     if not watch:
         console.print(_stats_view(state, queue))
         return
-    done = 0
     try:
-        with Live(_stats_view(state, queue), console=console, auto_refresh=False) as live:
-            done = 1
-            while not refreshes or done < refreshes:
-                time.sleep(interval)  # the refresh cadence itself, not a wait for a condition
-                live.update(_stats_view(state, queue), refresh=True)
-                done += 1
+        if console.is_terminal:
+            _watch_live(state, queue, interval, refreshes)
+        else:  # a live view redraws in place: a file or a pipe would get nothing useful
+            _watch_lines(state, queue, interval, refreshes)
     except KeyboardInterrupt:
         pass
+
+
+def _watch_live(state: State, queue: Optional[str], interval: float, refreshes: int) -> None:
+    """The table redrawn in place on a terminal."""
+    with Live(_stats_view(state, queue), console=console, auto_refresh=False) as live:
+        done = 1
+        while not refreshes or done < refreshes:
+            time.sleep(interval)  # the refresh cadence itself, not a wait for a condition
+            live.update(_stats_view(state, queue), refresh=True)
+            done += 1
+
+
+def _watch_lines(state: State, queue: Optional[str], interval: float, refreshes: int) -> None:
+    """One plain line per queue per refresh, flushed each time, each ending in a newline."""
+    done = 0
+    while True:
+        rows, now = _stats_rows(state, queue)
+        for row in rows:
+            click.echo(stats_line(row, now))
+        if not rows:
+            click.echo(f"{fmt_ms(now)} no queues yet")
+        sys.stdout.flush()
+        done += 1
+        if refreshes and done >= refreshes:
+            return
+        time.sleep(interval)  # the refresh cadence itself
 
 
 def schedule_rows(q: Queue) -> List[Dict[str, Any]]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
+from rich import box
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -68,27 +70,75 @@ def short_error(error: Optional[str], width: int = 60) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
-_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed")
+_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed", "cancelled")
+WIDE_TABLE_COLUMNS = 130  # below this, stats prints two narrow tables (80 columns fit)
 
 
-def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queues") -> Table:
+def _next_due_text(row: Dict[str, Any], now_ms: int) -> str:
+    nxt = row.get("next_due_ms")
+    return f"{fmt_ms(nxt, date=False)} ({fmt_relative(nxt, now_ms)})" if nxt else "-"
+
+
+def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queues",
+                 width: Optional[int] = None) -> Any:
     """One row per queue: counts per state (pending includes the grouped jobs waiting in
-    lanes, also shown on their own), paused flag, next due job, schedules."""
+    lanes, also shown on their own), paused flag, next due job, schedules.
+
+    ``width`` (the console's) below :data:`WIDE_TABLE_COLUMNS`: the counts and the rest
+    as two borderless tables whose headers fit 80 columns whole (one wide table cut them
+    to ``sche…``); a long queue name folds instead."""
+    rows = list(rows)
+    if width is not None and width < WIDE_TABLE_COLUMNS:
+        return _narrow_tables(rows, now_ms, title)
     table = Table(title=title, title_justify="left")
     table.add_column("queue", style="bold", overflow="fold")
     for state in _COLUMNS:
-        table.add_column(state, justify="right", style=STATE_STYLES[state])
+        table.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"))
     table.add_column("paused")
     table.add_column("next due", no_wrap=True)
     table.add_column("schedules", justify="right")
     for row in rows:
         c = row["counts"]
-        nxt = row.get("next_due_ms")
         table.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS),
-                      "yes" if row.get("paused") else "no",
-                      f"{fmt_ms(nxt, date=False)} ({fmt_relative(nxt, now_ms)})" if nxt else "-",
+                      "yes" if row.get("paused") else "no", _next_due_text(row, now_ms),
                       str(row.get("schedules", "-")))
     return table
+
+
+def _narrow_table(title: Optional[str]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0),
+                  pad_edge=False, show_edge=False)
+    table.add_column("queue", style="bold", overflow="fold", min_width=5)
+    return table
+
+
+def _narrow_tables(rows: List[Dict[str, Any]], now_ms: int, title: str) -> Group:
+    """:func:`counts_table` for a narrow terminal: counts, then paused/next due/schedules."""
+    counts = _narrow_table(title)
+    for state in _COLUMNS:
+        counts.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"),
+                          no_wrap=True)
+    timing = _narrow_table(None)
+    for name in ("paused", "next due", "schedules"):
+        timing.add_column(name, no_wrap=True, justify="right" if name == "schedules" else "left")
+    for row in rows:
+        c = row["counts"]
+        counts.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS))
+        timing.add_row(row["queue"], "yes" if row.get("paused") else "no",
+                       _next_due_text(row, now_ms), str(row.get("schedules", "-")))
+    return Group(counts, timing)
+
+
+def stats_line(row: Dict[str, Any], now_ms: int) -> str:
+    """One queue's numbers as one plain ``key=value`` line, for ``stats --watch`` into a
+    file or a pipe (greppable; one line per queue per refresh)."""
+    c = row["counts"]
+    nxt = row.get("next_due_ms")
+    due = f"{fmt_ms(nxt)} ({fmt_relative(nxt, now_ms)})" if nxt else "-"
+    return " ".join([fmt_ms(now_ms), f"queue={row['queue']}",
+                     *(f"{s}={c.get(s, 0)}" for s in _COLUMNS),
+                     f"paused={'yes' if row.get('paused') else 'no'}",
+                     f"schedules={row.get('schedules', '-')}", f"next_due={due}"])
 
 
 def jobs_table(jobs: Iterable[Job], now_ms: int, title: str) -> Table:
