@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Dict, Generator, List, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, List, NamedTuple, Optional,
+                    Sequence, Tuple, TypeVar, Union)
 
 from emqfast.core.lua import Script
 
-__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Op", "Request",
-           "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Op", "Returns",
+           "Request", "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
 
 
 class Call(NamedTuple):
@@ -126,22 +126,59 @@ class Watched:
     then: Callable[[Any], List[Cmd]]
 
 
+_R = TypeVar("_R")
 Request = Union[Call, Cmd, Batch, Columns, Scan, Watched]
 Op = Generator[Request, Any, Any]
+Returns = Generator[Request, Any, _R]  # an operation whose result is _R: ``-> Returns[int]``
 
+if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it is a function
+    from typing import Awaitable, Concatenate, Generic, Literal, ParamSpec, Protocol, overload
 
-def operation(fn: Callable[..., Op]) -> Callable[..., Any]:
-    """Make generator method ``fn`` a public operation: ``self._drive(fn(self, ...))``.
+    _P = ParamSpec("_P")
+    _S = TypeVar("_S")
+    _T = TypeVar("_T", covariant=True)
 
-    The undecorated generator stays reachable as ``.op``, so one operation can
-    ``yield from`` another inside the same drive.
-    """
-    @functools.wraps(fn)
-    def public(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._drive(fn(self, *args, **kwargs))
+    class _AsyncHost(Protocol):
+        """A facade whose ``_drive`` returns a coroutine (``is_async = True``)."""
 
-    public.op = fn  # type: ignore[attr-defined]
-    return public
+        @property
+        def is_async(self) -> Literal[True]: ...
+
+    class Operation(Generic[_S, _P, _T]):
+        """An @operation method: called on an instance it returns the generator's result
+        (awaitable on an async facade); on the class, ``.op`` is the generator itself."""
+
+        op: Callable[Concatenate[_S, _P], Generator[Request, Any, _T]]
+
+        @overload
+        def __get__(self, obj: None, owner: Any) -> Operation[_S, _P, _T]: ...
+        @overload
+        def __get__(self, obj: _AsyncHost, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
+        @overload
+        def __get__(self, obj: object, owner: Any) -> Callable[_P, _T]: ...
+        def __get__(self, obj: Any, owner: Any) -> Any: ...
+
+    @overload
+    def operation(fn: Callable[Concatenate[_S, _P], Generator[Request, Any, _R]]
+                  ) -> Operation[_S, _P, _R]: ...
+    # A generator annotated with its result (``-> JobRef``), as modules not yet checked
+    # strictly still write it (the pyproject [tool.mypy] overrides list them).
+    @overload
+    def operation(fn: Callable[Concatenate[_S, _P], _R]) -> Operation[_S, _P, _R]: ...
+    def operation(fn: Any) -> Any: ...
+else:
+    def operation(fn: Callable[..., Op]) -> Callable[..., Any]:
+        """Make generator method ``fn`` a public operation: ``self._drive(fn(self, ...))``.
+
+        The undecorated generator stays reachable as ``.op``, so one operation can
+        ``yield from`` another inside the same drive.
+        """
+        @functools.wraps(fn)
+        def public(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._drive(fn(self, *args, **kwargs))
+
+        public.op = fn
+        return public
 
 
 def expand_columns(slots: Sequence[Tuple[Any, ...]],
