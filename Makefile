@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.emqfast-installed
 
-.PHONY: demo test bench setup clean wheel
+.PHONY: demo test bench setup clean wheel docs
 
 demo: $(STAMP)
 	$(VENV)/bin/emqfast demo
@@ -17,6 +17,15 @@ bench: $(STAMP)
 	$(VENV)/bin/emqfast bench
 
 setup: $(STAMP)
+
+# The docs site (mkdocs.yml, docs/) into build/site; --strict: any warning fails the build
+DOCS_STAMP := $(VENV)/.emqfast-docs-installed
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,docs]'
+	touch $(DOCS_STAMP)
 
 # Release artefacts in dist/: the sdist and a manylinux wheel with the C core inside
 wheel:
