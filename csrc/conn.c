@@ -121,6 +121,7 @@ int emq_conn_open_tcp(emq_conn *c, const char *host, int port,
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <pthread.h>
 
 int emq_tls_built(void)
 {
@@ -179,6 +180,8 @@ static int tls_name(emq_conn *c, SSL *ssl, const char *host, int check_hostname)
     return ok ? 1 : tls_failed(c, "TLS host name check");
 }
 
+static void tls_use_our_read(redisContext *ctx, SSL *ssl);
+
 /* Handshake on the connected c->ctx; on failure the connection is closed. */
 static int tls_handshake(emq_conn *c, SSL_CTX *sctx, const char *host, int check_hostname)
 {
@@ -204,6 +207,7 @@ static int tls_handshake(emq_conn *c, SSL_CTX *sctx, const char *host, int check
         return EMQ_ECONNECT;
     }
     c->tls = ssl;
+    tls_use_our_read(c->ctx, ssl);
     return EMQ_OK;
 }
 
@@ -242,6 +246,92 @@ static int set_nonblocking(int fd, int on, int *saved)
         return *saved < 0 ? -1 : fcntl(fd, F_SETFL, *saved | O_NONBLOCK);
     }
     return fcntl(fd, F_SETFL, *saved);
+}
+
+/* Wait (poll) until fd has `events`, within the socket's receive timeout (none: as
+ * long as it takes). 1 ready, 0 timed out, -1 failed (errno). */
+static int tls_wait(int fd, short events)
+{
+    struct timeval tv = {0, 0};
+    socklen_t len = sizeof tv;
+    int timeout = -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec))
+        timeout = (int)(tv.tv_sec * 1000 + tv.tv_usec / 1000) + 1;
+    struct pollfd p = {fd, events, 0};
+    int n;
+    do {
+        n = poll(&p, 1, timeout);
+    } while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* Record a failed TLS read on the context as hiredis' own reads do; returns -1. */
+static ssize_t tls_read_failed(redisContext *ctx, int err, int saved_errno)
+{
+    unsigned long e = ERR_peek_last_error();
+    int eof = err == SSL_ERROR_ZERO_RETURN || (err == SSL_ERROR_SYSCALL && saved_errno == 0);
+    ctx->err = eof ? REDIS_ERR_EOF : REDIS_ERR_IO;
+    if (eof)
+        snprintf(ctx->errstr, sizeof ctx->errstr, "Server closed the connection");
+    else if (err == SSL_ERROR_SYSCALL)
+        snprintf(ctx->errstr, sizeof ctx->errstr, "%s", strerror(saved_errno));
+    else
+        snprintf(ctx->errstr, sizeof ctx->errstr, "TLS: %s",
+                 e && ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "read failed");
+    errno = err == SSL_ERROR_SYSCALL && saved_errno ? saved_errno : EPROTO;
+    return -1;
+}
+
+/* The read hiredis makes on a TLS connection of ours. hiredis' own blocks in SSL_read
+ * until application data arrives, but a readable socket may hold only TLS housekeeping
+ * (TLS 1.3 session tickets, sent after the handshake) or part of a record: a streamed
+ * batch (bulk.c), which reads what poll() says arrived while it still has requests to
+ * write, would then wait for replies to requests it has not sent yet. This one never
+ * blocks once bytes were consumed: it returns 0 (hiredis' "nothing yet") after
+ * housekeeping, and waits (within the receive timeout) only while nothing arrives. */
+static ssize_t tls_read(redisContext *ctx, char *buf, size_t cap)
+{
+    SSL *ssl = ctx->privdata;
+    BIO *rbio = SSL_get_rbio(ssl);
+    for (;;) {
+        uint64_t before = BIO_number_read(rbio);
+        int flags = 0;
+        if (set_nonblocking(ctx->fd, 1, &flags) < 0)
+            return tls_read_failed(ctx, SSL_ERROR_SYSCALL, errno);
+        ERR_clear_error();
+        errno = 0;
+        int n = SSL_read(ssl, buf, cap > INT_MAX ? INT_MAX : (int)cap);
+        int err = n > 0 ? SSL_ERROR_NONE : SSL_get_error(ssl, n), saved = errno;
+        set_nonblocking(ctx->fd, 0, &flags);
+        if (n > 0)
+            return n;
+        if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE)
+            return tls_read_failed(ctx, err, saved);
+        if (BIO_number_read(rbio) != before)
+            return 0; /* housekeeping or a partial record: progress, no data yet */
+        int ready = tls_wait(ctx->fd, err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN);
+        if (ready <= 0)
+            return tls_read_failed(ctx, SSL_ERROR_SYSCALL, ready == 0 ? EAGAIN : errno);
+    }
+}
+
+static redisContextFuncs tls_funcs; /* hiredis' TLS functions with tls_read */
+static pthread_once_t tls_funcs_once = PTHREAD_ONCE_INIT;
+static const redisContextFuncs *hiredis_tls_funcs;
+
+static void tls_funcs_init(void)
+{
+    tls_funcs = *hiredis_tls_funcs;
+    tls_funcs.read = tls_read;
+}
+
+/* Route the context's reads through tls_read (writes stay hiredis', or ours). */
+static void tls_use_our_read(redisContext *ctx, SSL *ssl)
+{
+    hiredis_tls_funcs = ctx->funcs;
+    pthread_once(&tls_funcs_once, tls_funcs_init);
+    ctx->privdata = ssl;
+    ctx->funcs = &tls_funcs;
 }
 
 static ssize_t tls_send(emq_conn *c, const char *buf, size_t len, int dontwait)

@@ -19,6 +19,8 @@ import emqfast
 from conftest import require_native
 from emqfast.core.errors import BackendUnavailable, ConnectionFailed
 
+pytestmark = pytest.mark.timeout(90)  # a TLS read that waits for nothing fails, not hangs
+
 backend_mod = importlib.import_module("emqfast.backend")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
