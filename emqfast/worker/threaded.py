@@ -119,7 +119,7 @@ class Worker(WorkerMachine):
         docstring for handlers still running after ``shutdown_timeout_s``). Raises
         :class:`~emqfast.errors.PermissionDenied` when Redis refuses the worker's commands
         for good, :class:`~emqfast.errors.EvictionRisk` on an evicting server."""
-        restore = signals.install(self.stop, self.name)
+        restore = signals.install(self.stop, self.name, worker=self)  # 2nd: force quit
         try:
             self._serve(until_idle=False, deadline=None, wait_scheduled=False)
         finally:
@@ -390,7 +390,7 @@ class Worker(WorkerMachine):
         their leases (the claim loop's beat has stopped); warn once ``end`` has passed."""
         warned = False
         next_beat = time.monotonic() + self.beat_s
-        while True:
+        while not signals.abandon_if_forced(self):  # a 2nd signal: hand back, stop waiting
             with self._lock:
                 if not self._running and self._pending_acks == 0:
                     break
