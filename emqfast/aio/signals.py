@@ -1,10 +1,16 @@
-"""One SIGTERM/SIGINT handler for every :class:`emqfast.aio.Worker` running in a process."""
+"""One SIGTERM/SIGINT handler for every :class:`emqfast.aio.Worker` running in a process:
+the first signal stops them gracefully, a second one during that shutdown force-quits
+(coroutine handlers are cancelled at once instead of after ``shutdown_timeout_s``, and
+their jobs, like the held ones, go back to pending)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 from typing import Any, Dict, List, Optional
+
+log = logging.getLogger("emqfast.worker")
 
 
 class SignalFanout:
@@ -80,7 +86,14 @@ class SignalFanout:
 
     def _fire(self, signum: int) -> None:
         for worker in list(self._workers):
-            worker._on_signal(signum)
+            hurry = getattr(worker, "_hurry", None)
+            if getattr(worker, "_stopping", False) and hurry is not None:
+                # a second signal during the graceful shutdown: force quit (issue 16 item 5)
+                log.warning("aio worker %s: signal %d again, force quit: cancelling running "
+                            "handlers now; their jobs go back to pending", worker.name, signum)
+                hurry.set()
+            else:
+                worker._on_signal(signum)
 
 
 SIGNALS = SignalFanout()  # the process's one fan-out

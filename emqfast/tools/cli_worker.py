@@ -110,13 +110,32 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     _preflight(q)
     w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
                shutdown_timeout_s=shutdown_timeout, allow_eviction=allow_eviction)
+    # soft_wrap: one line in a log file or a narrow terminal, never wrapped by rich
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
                       f"({state.where()}), handler {handler}, concurrency {concurrency}, "
-                      f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully")
-    stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()
+                      f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully, "
+                      "a second one force-quits", soft_wrap=True, highlight=False)
+    try:
+        stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()
+    except KeyboardInterrupt:  # run(): a second signal; the jobs it held are back on pending
+        if burst:
+            raise
+        _force_quit(w)
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
-                      f"released {stats_.released}")
+                      f"released {stats_.released}", soft_wrap=True, highlight=False)
+
+
+def _force_quit(w: Any) -> None:
+    """End the process now: handler threads cannot be interrupted, and the interpreter
+    would wait for them at exit. Their jobs were handed back (``released``)."""
+    err_console.print(f"worker force-quit: released {w.stats.released} jobs (back on "
+                      "pending; abandoned handlers' outcomes are refused)",
+                      soft_wrap=True, highlight=False)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 class FailureLines(logging.Formatter):
