@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import lru_cache
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -70,7 +70,8 @@ def _parse(expr: str) -> bool:
         fields = croniter(expr).expanded
     except (CroniterError, ValueError, KeyError) as exc:
         raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
-    return fields[1] == ["*"]
+    every_hour: bool = fields[1] == ["*"]
+    return every_hour
 
 
 class Interval:
@@ -137,7 +138,7 @@ class Cron:
         it = croniter(self.expr, self._start(ms // 1000))
         for _ in range(_MAX_SCAN):
             try:
-                sec = round(it.get_next(float))
+                sec: int = round(it.get_next(float))
             except CroniterError:
                 return None
             if self._keep(sec):
@@ -188,10 +189,13 @@ def _fires_at_all(expr: str, tz: str) -> bool:
 _CHECK_FROM_MS = 1_704_067_200_000  # 2024-01-01: any instant works for year-less crons
 
 Cadence = Union[Interval, Cron]
+# (expected registry ms, occurrence ms, next run ms or None); the expected ms is an int
+# in every step made (Optional only because it is the previous step's next run)
+Step = Tuple[Optional[int], int, Optional[int]]
 
 
 def plan(cadence: Cadence, due_ms: int, now_ms: int, missed: str,
-         catch_up_limit: int) -> List[tuple]:
+         catch_up_limit: int) -> List[Step]:
     """The occurrences to mint for a registry entry due at ``due_ms``, as of ``now_ms``.
 
     Returns ``[(expected_registry_ms, occurrence_ms, next_run_ms_or_None), ...]``:
@@ -212,8 +216,8 @@ def plan(cadence: Cadence, due_ms: int, now_ms: int, missed: str,
         return [(due_ms, due_ms, nxt)]
     n = 1 if missed == "skip" else catch_up_limit
     slots = cadence.latest(due_ms, now_ms, n) or [due_ms]
-    steps = []
-    expected = due_ms
+    steps: List[Step] = []
+    expected: Optional[int] = due_ms
     for i, occ in enumerate(slots):
         following = slots[i + 1] if i + 1 < len(slots) else cadence.next_after(occ)
         steps.append((expected, occ, following))

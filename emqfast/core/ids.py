@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # ASCII order
 _TIME_DIGITS = 8  # 62**8 ms: past the year 8000
@@ -71,7 +71,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _reserve(n: int) -> tuple:
+def _reserve(n: int) -> Tuple[int, int, str]:
     global _last_ms, _counter
     if n > _COUNTER_LIMIT:
         raise ValueError(f"cannot mint more than {_COUNTER_LIMIT} ids at once")

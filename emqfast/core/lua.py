@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Tuple
 
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.M)
 _HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)(\.\.)?\]", re.M)
@@ -46,7 +46,7 @@ class LuaSource:
             raise AssertionError(
                 f"{self.name}.lua declares {self.fixed_keys} fixed keys, got {n}")
 
-    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple:
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Tuple[Any, ...]:
         """The EVALSHA command of one call."""
         return ("EVALSHA", self.sha, len(keys), *keys, *args)
 

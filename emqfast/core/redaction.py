@@ -11,7 +11,7 @@ masked wherever it appears. Masking too much is fine; leaking is not.
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 from urllib.parse import unquote  # decoding only: no parsing
 
 MASK = "***"
@@ -24,7 +24,7 @@ _SCHEME_END = re.compile(r"(?:^|[^\w/:@%.+-])[A-Za-z][\w+.-]*$")
 _MIN_PIECE = 3  # shorter pieces of a password would mask ordinary text (ports, "db")
 
 
-def _userinfo_span(word: str) -> Optional[tuple]:
+def _userinfo_span(word: str) -> Optional[Tuple[int, int]]:
     """(start, end) of the secret part of ``word``'s userinfo, or None when it has none."""
     at = word.rfind("@")
     if at <= 0:

@@ -5,7 +5,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -49,12 +49,12 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
         return url
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
     target = target_url(url)
-    client = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
+    client: redis.Redis = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
     _warn_if_evicting(client, target)
     return client
 
 
-_checked: set = set()  # servers (redacted URLs) whose eviction policy was looked at
+_checked: Set[str] = set()  # servers (redacted URLs) whose eviction policy was looked at
 
 
 def _warn_if_evicting(client: Any, url: str) -> None:
@@ -119,7 +119,8 @@ def resolve(conn: Any) -> "redis.Redis":
     if conn is None or isinstance(conn, str):
         return connect(conn)
     if isinstance(conn, (redis.Redis, redis.RedisCluster)):
-        return bytes_mode(conn)
+        client: redis.Redis = bytes_mode(conn)
+        return client
     raise InvalidInput(f"expected a redis client or URL, not {type(conn).__name__}")
 
 
@@ -202,7 +203,9 @@ def _bytes_cluster(client: Any) -> "redis.RedisCluster":
         kw["redis_connect_func"] = client.user_on_connect_func
     if client.read_from_replicas and client.load_balancing_strategy is None:
         kw["read_from_replicas"] = True  # (deprecated by redis-py: passed only when set)
-    startup = [ClusterNode(n.host, n.port) for n in nodes.startup_nodes.values()]
+    # redis-py's ClusterNode.__init__ has no annotations
+    startup = [ClusterNode(n.host, n.port)  # type: ignore[no-untyped-call]
+               for n in nodes.startup_nodes.values()]
     return redis.RedisCluster(
         startup_nodes=startup, retry=client.retry,
         require_full_coverage=getattr(nodes, "_require_full_coverage", True),

@@ -37,7 +37,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from emqfast.core.errors import ConnectionFailed
 from emqfast.server.embedded_dirs import (dir_problem, prepare_runtime_dir, prepare_state_dir,
@@ -258,7 +258,7 @@ def wipe() -> None:
                 raise
 
 
-def info() -> dict:
+def info() -> Dict[str, Any]:
     """Where the embedded server lives and whether it runs."""
     return {"state_dir": str(state_dir()), "socket": str(socket_path()),
             "running": is_running(), "url": url()}

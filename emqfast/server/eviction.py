@@ -28,7 +28,8 @@ def _worst(policies: Any) -> Optional[str]:
     """Of several nodes' policies (a cluster client's per-node replies), an evicting one."""
     known = [p for p in policies if p is not None]
     unsafe = [p for p in known if p not in SAFE_POLICIES]
-    return (unsafe or known or [None])[0]
+    worst: Optional[str] = (unsafe or known or [None])[0]
+    return worst
 
 
 def _from_config(reply: Any) -> Optional[str]:
