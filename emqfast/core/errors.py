@@ -156,6 +156,14 @@ class NotReplicated(EmqError):
         self.wanted = wanted
 
 
+class KeyTypeConflict(EmqError, TypeError):
+    """Redis refused a command because a key of the queue holds another type than emqfast
+    keeps there (``WRONGTYPE``): something other than emqfast wrote under the queue's
+    ``emq:{<queue>}:*`` keys. Use another queue name, or delete those keys."""
+
+    code = "EMQKEYTYPE"
+
+
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
@@ -216,6 +224,11 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
             return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
         if head == "OOM":
             return ServerFull(text)
+        if head == "WRONGTYPE" or "WRONGTYPE" in text:
+            return KeyTypeConflict(
+                f"{text} -- a key of this queue holds another Redis type than emqfast keeps "
+                "there: another program wrote under emq:{<queue>}:*. Use another queue "
+                "name, or delete those keys (Queue.obliterate()) if nothing needs them")
         # (an ACL denial inside a script has no code prefix: Redis words it this way)
         if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _SCRIPT_NOPERM in text \
                 or _password_hint(text) is not text:

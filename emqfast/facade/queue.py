@@ -176,14 +176,19 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         yourself with ``job_ids=`` is just as safe; those come back ``"duplicate"``.)
         A batch of which nothing was written raises the plain typed error instead.
         """
-        if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)):
+        if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) \
+                or not _iterable(payloads):
             # a lone payload would be split into characters / bytes / keys
-            raise InvalidInput("enqueue_many takes an iterable of payloads, not one payload")
+            raise InvalidInput("enqueue_many takes an iterable of payloads (a list), not "
+                               f"one payload ({type(payloads).__name__}): use enqueue for one")
         encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
                                             for p in payloads]
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group)
         if job_ids is None:
             job_ids = ids.new_ids(len(encoded))
+        elif isinstance(job_ids, str) or not _iterable(job_ids):
+            raise InvalidInput("job_ids takes a list of ids (str starting with 'JOB'), one per "
+                               f"payload, not {type(job_ids).__name__}")
         else:
             job_ids = [check_job_id(j) for j in job_ids]
             if len(job_ids) != len(encoded):
@@ -219,3 +224,12 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         if self._schedules is None:
             self._schedules = Schedules(self)
         return self._schedules
+
+
+def _iterable(value: Any) -> bool:
+    """Whether ``iter(value)`` works (a list, tuple, generator...)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
