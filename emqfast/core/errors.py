@@ -17,6 +17,13 @@ class InvalidInput(EmqError, ValueError):
     code = "EMQINPUT"
 
 
+class InputTypeError(InvalidInput, TypeError):
+    """An argument of the wrong type (e.g. one payload where a list is taken); a
+    ``TypeError`` too, as Python would have raised; nothing was written to Redis."""
+
+    code = "EMQINPUT"
+
+
 class KindError(InvalidInput):
     """A job id that does not carry the ``JOB`` brand."""
 

@@ -13,7 +13,7 @@ import redis
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
 from emqfast.core import codec, ids
-from emqfast.core.errors import InvalidInput, PartialBatch
+from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, operation
 from emqfast.core.times import Delay, RunAt
@@ -179,7 +179,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) \
                 or not _iterable(payloads):
             # a lone payload would be split into characters / bytes / keys
-            raise InvalidInput("enqueue_many takes an iterable of payloads (a list), not "
+            raise InputTypeError("enqueue_many takes an iterable of payloads (a list), not "
                                f"one payload ({type(payloads).__name__}): use enqueue for one")
         encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
                                             for p in payloads]
@@ -187,7 +187,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         if job_ids is None:
             job_ids = ids.new_ids(len(encoded))
         elif isinstance(job_ids, str) or not _iterable(job_ids):
-            raise InvalidInput("job_ids takes a list of ids (str starting with 'JOB'), one per "
+            raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), one per "
                                f"payload, not {type(job_ids).__name__}")
         else:
             job_ids = [check_job_id(j) for j in job_ids]
