@@ -118,12 +118,19 @@ class Schedules:
         two-phase path of :meth:`upsert`.
         """
         prepared = []
+        if isinstance(specs, (str, bytes, Mapping)) or not hasattr(specs, "__iter__"):
+            raise InvalidInput("upsert_many takes a list of dicts (each upsert's arguments "
+                               f"with 'name'), not {type(specs).__name__}")
         now = yield from type(self.queue).server_time_ms.op(self.queue)
         for spec in specs:
+            if not isinstance(spec, Mapping) or "name" not in spec:
+                raise InvalidInput("every schedule spec is a dict of upsert's arguments "
+                                   f"with a 'name' (got {type(spec).__name__})")
             spec = dict(spec)
-            if "name" not in spec:
-                raise InvalidInput("every schedule spec needs a name")
-            p = self._prepare(spec.pop("name"), **spec)
+            try:
+                p = self._prepare(spec.pop("name"), **spec)
+            except TypeError as exc:  # an argument upsert does not take
+                raise InvalidInput(f"schedule spec: {exc} (see Schedules.upsert)") from None
             # a cron that never fires again is refused here, before any write
             # (upsert() finds out in its first phase, which writes nothing either)
             if p.cron is not None and not p.cron.fires_after(max(now, p.start_at_ms or 0)):
