@@ -7,7 +7,7 @@ Both drivers (blocking and asyncio) share the redirect loop :func:`cluster_round
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 import redis
 from redis.exceptions import AskError, MovedError
@@ -26,13 +26,16 @@ def routes_of(commands: List[Command], routes: Optional[Sequence[Any]]) -> List[
     return [r if r is not None else route_key(c) for c, r in zip(commands, routes)]
 
 
-def cluster_rounds(n: int):
+Round = Tuple[str, Any, List[int]]  # (kind, target, indices) of one redirect round
+
+
+def cluster_rounds(n: int) -> Generator[Round, List[Any], None]:
     """The redirect loop of both cluster drivers, as a generator: yields
     ``(kind, target, indices)`` (kind ``"slot"``: each command to its slot's primary;
     ``"ask"``: to ``target`` after ASKING) and receives the replies, aligned."""
-    todo: List[Tuple[str, Any, List[int]]] = [("slot", None, list(range(n)))]
+    todo: List[Round] = [("slot", None, list(range(n)))]
     for _ in range(_REDIRECTS + 1):
-        again: List[Tuple[str, Any, List[int]]] = []
+        again: List[Round] = []
         for kind, target, idx in todo:
             got = yield kind, target, idx
             moved: List[int] = []
@@ -67,6 +70,7 @@ def by_node(client: Any, routes: List[Any]) -> Dict[str, Tuple[Any, List[int]]]:
 def cluster_round(client: Any, kind: str, target: Any, commands: List[Command],
                    routes: List[Any], wait: Wait) -> Tuple[List[Any], Optional[int]]:
     """One round of a cluster batch: (replies aligned with ``commands``, fewest acks)."""
+    raw: Optional[List[Any]]  # None: wait_lost saw more than WAIT's reply lost
     if kind == "ask":
         node = client.get_node(host=target[0], port=target[1])
         if node is None:
@@ -177,6 +181,7 @@ async def cluster_execute_async(client: Any, commands: List[Command], wait: Wait
 async def cluster_round_async(client: Any, kind: str, target: Any, commands: List[Command],
                               routes: List[Any], wait: Wait) -> Tuple[List[Any], Optional[int]]:
     """:func:`cluster_round` over a ``redis.asyncio`` cluster client."""
+    raw: Optional[List[Any]]  # None: wait_lost saw more than WAIT's reply lost
     if kind == "ask":
         node = client.nodes_manager.get_node(host=target[0], port=target[1])
         if node is None:

@@ -10,7 +10,7 @@ its ``yield``. Script calls are never re-sent blindly (:mod:`emqfast.backends.tr
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, cast
 
 import redis
 
@@ -19,7 +19,8 @@ from emqfast.backends import transport
 from emqfast.backends.batcher import run_calls
 from emqfast.backends.scripts import map_error, send, send_async
 from emqfast.core import errors
-from emqfast.core.ops import Batch, Call, Cmd, Columns, Op, Request, Scan, Watched, column_calls
+from emqfast.core.ops import (Batch, Call, Cmd, Columns, Request, Returns, Scan, Watched,
+                              column_calls)
 
 __all__ = ["BatcherSource", "run", "run_async", "typed", "typed_failure"]
 
@@ -27,9 +28,10 @@ __all__ = ["BatcherSource", "run", "run_async", "typed", "typed_failure"]
 # --- the blocking driver ------------------------------------------------------------------
 
 BatcherSource = Callable[[], Any]  # returns the Batcher to use (the caller's cached one)
+_R = TypeVar("_R")
 
 
-def run(client: Any, op: Op, batcher: Optional[BatcherSource] = None) -> Any:
+def run(client: Any, op: Returns[_R], batcher: Optional[BatcherSource] = None) -> _R:
     """Drive ``op`` to completion over the blocking redis-py ``client``.
 
     ``batcher`` returns the Batcher to use for :class:`Columns` and
@@ -45,7 +47,8 @@ def run(client: Any, op: Op, batcher: Optional[BatcherSource] = None) -> Any:
             else:
                 request = op.send(reply)
     except StopIteration as done:
-        return done.value
+        result: _R = done.value  # what the operation returned
+        return result
     finally:
         op.close()
 
@@ -83,7 +86,7 @@ def _perform(client: Any, req: Request, batcher: Optional[BatcherSource]) -> Any
         if not req.items:
             return []
         if isinstance(req.items[0], Call):
-            calls = list(req.items)
+            calls = cast(List[Call], list(req.items))  # a Batch holds one kind
             if req.via_batcher:
                 return _with_batcher(client, batcher, lambda b: run_calls(b, calls, req.wait))
             return send(client, calls, req.wait)
@@ -133,7 +136,7 @@ def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 
 # --- the asyncio driver -------------------------------------------------------------------
 
-async def run_async(client: Any, op: Op) -> Any:
+async def run_async(client: Any, op: Returns[_R]) -> _R:
     """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk)."""
     try:
         request = op.send(None)
@@ -145,7 +148,8 @@ async def run_async(client: Any, op: Op) -> Any:
             else:
                 request = op.send(reply)
     except StopIteration as done:
-        return done.value
+        result: _R = done.value  # what the operation returned
+        return result
     finally:
         op.close()
 
@@ -162,7 +166,8 @@ async def _perform_async(client: Any, req: Request) -> Any:
         if not req.items:
             return []
         if isinstance(req.items[0], Call):
-            return await send_async(client, list(req.items), req.wait)
+            items = cast(List[Call], list(req.items))  # a Batch holds one kind
+            return await send_async(client, items, req.wait)
         pipe = client.pipeline(transaction=False)
         for c in req.items:
             pipe.execute_command(*c.args, **c.options)  # type: ignore[union-attr]

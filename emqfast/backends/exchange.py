@@ -9,7 +9,7 @@ error (:class:`BatchCut` when anything may have run).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 from redis.exceptions import ResponseError
@@ -67,7 +67,7 @@ def route_key(command: Command) -> Any:
     return None
 
 
-def _frames(conn: Any, commands: Sequence[Command]):
+def _frames(conn: Any, commands: Sequence[Command]) -> Iterator[Tuple[bytes, int]]:
     """(bytes, index after the last command in it) per ~64 KB of framed commands."""
     buf: List[bytes] = []
     size = 0

@@ -6,7 +6,7 @@ client; :func:`load` hands out one per ``lua/<name>.lua``.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 import redis
 import redis.crc
@@ -14,6 +14,9 @@ import redis.crc
 from emqfast.backends import transport
 from emqfast.core import errors
 from emqfast.core.lua import LuaSource, lua_dir, read
+
+
+ScriptCall = Tuple[Any, Sequence[Any], Sequence[Any]]  # (script, keys, args); a Call is one
 
 
 class Script(LuaSource):
@@ -46,12 +49,13 @@ def _typed(replies: List[Any]) -> List[Any]:
             for r in replies]
 
 
-def _reload_plan(client: Any, calls: Sequence[tuple], missing: List[int]):
+def _reload_plan(client: Any, calls: Sequence[ScriptCall],
+                 missing: List[int]) -> Tuple[List[Tuple[str, ...]], List[Any]]:
     """SCRIPT LOAD commands (one per script and node) and their routes, for ``missing``."""
     cluster = hasattr(client, "nodes_manager")
-    loads: List[tuple] = []
+    loads: List[Tuple[str, ...]] = []
     routes: List[Any] = []
-    seen = set()
+    seen: Set[Tuple[str, Any]] = set()
     for i in missing:
         script, keys = calls[i][0], calls[i][1]
         key = keys[0] if keys else None
@@ -76,7 +80,7 @@ def _merge_again(replies: List[Any], missing: List[int], again: List[Any],
 
 
 def _cut_again(cut: Exception, replies: List[Any], missing: List[int], nloads: int,
-               raw: bool = False) -> Exception:
+               raw: bool = False) -> BaseException:
     """A connection failure during the NOSCRIPT re-send, reported for the whole batch."""
     got = getattr(cut, "replies", None)
     if got is None:  # nothing of the re-send was written
@@ -87,7 +91,7 @@ def _cut_again(cut: Exception, replies: List[Any], missing: List[int], nloads: i
     return transport.cut_error(cut.__cause__ or cut, full if raw else _typed(full))
 
 
-def send(client: Any, calls: Sequence[tuple], wait: transport.Wait = None,
+def send(client: Any, calls: Sequence[ScriptCall], wait: transport.Wait = None,
          raw: bool = False) -> List[Any]:
     """Run ``[(script, keys, args), ...]`` once each, pipelined on one connection per node.
 
@@ -116,7 +120,7 @@ def send(client: Any, calls: Sequence[tuple], wait: transport.Wait = None,
     return out + [acked] if wait else out
 
 
-async def send_async(client: Any, calls: Sequence[tuple], wait: transport.Wait = None,
+async def send_async(client: Any, calls: Sequence[ScriptCall], wait: transport.Wait = None,
                      raw: bool = False) -> List[Any]:
     """:func:`send` over a ``redis.asyncio`` client."""
     commands = [script.command(keys, args) for script, keys, args in calls]
@@ -138,14 +142,14 @@ async def send_async(client: Any, calls: Sequence[tuple], wait: transport.Wait =
     return out + [acked] if wait else out
 
 
-def run_pipeline(client: "redis.Redis", calls: List[tuple]) -> List[Any]:
+def run_pipeline(client: "redis.Redis", calls: Sequence[ScriptCall]) -> List[Any]:
     """Run ``[(script, keys, args), ...]`` in one round trip (no MULTI): :func:`send`.
 
     Replies come back in order; a Lua error is returned (typed) in its slot, not raised."""
     return send(client, calls)
 
 
-async def run_pipeline_async(client: Any, calls: List[tuple]) -> List[Any]:
+async def run_pipeline_async(client: Any, calls: Sequence[ScriptCall]) -> List[Any]:
     """:func:`run_pipeline` over a ``redis.asyncio`` client (same NOSCRIPT and error rules)."""
     return await send_async(client, calls)
 

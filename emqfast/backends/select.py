@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 from emqfast.backends import pure as _pure
 from emqfast.core.errors import BackendUnavailable
@@ -82,7 +82,7 @@ def impl() -> ModuleType:
 use(os.environ.get("EMQFAST_BACKEND", "auto"))
 
 
-_refusals_logged: set = set()
+_refusals_logged: Set[str] = set()
 
 # --- shared native connections -------------------------------------------------------------
 # A C Batcher is a server connection. One per Queue object made an app with many live
@@ -91,9 +91,10 @@ _refusals_logged: set = set()
 # sockets: connections stay O(threads). Per thread, because a Batcher serialises its
 # calls; per process, because a forked child must never write to its parent's socket.
 _per_thread = threading.local()
+ConnKey = Tuple[Any, ...]  # a shared connection's parameters (SharedBatcher._key)
 
 
-def _thread_batchers() -> Dict[Tuple, Any]:
+def _thread_batchers() -> Dict[ConnKey, Any]:
     """This thread's shared native Batchers by connection key (a fresh map after fork)."""
     pid = os.getpid()
     if getattr(_per_thread, "pid", None) != pid:
@@ -101,7 +102,8 @@ def _thread_batchers() -> Dict[Tuple, Any]:
         _per_thread.pid, _per_thread.batchers = pid, {}
         for batcher in inherited.values():  # the parent's sockets: close our copies only
             _forget_inherited(batcher)
-    return _per_thread.batchers
+    batchers: Dict[ConnKey, Any] = _per_thread.batchers
+    return batchers
 
 
 def _forget_inherited(batcher: Any) -> None:
@@ -124,7 +126,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _shared_native(key: Tuple, params: Dict[str, Any]) -> Any:
+def _shared_native(key: ConnKey, params: Dict[str, Any]) -> Any:
     batchers = _thread_batchers()
     batcher = batchers.get(key)
     if batcher is None:
@@ -176,10 +178,10 @@ def close_shared() -> None:
         batcher.close()
 
 
-_no_password_ok: set = set()
+_no_password_ok: Set[ConnKey] = set()
 
 
-def _check_needs_no_password(client: Any, key: Tuple) -> None:
+def _check_needs_no_password(client: Any, key: ConnKey) -> None:
     """Once per process and server: a server that wants a password cuts a pipelined
     hiredis batch sent without one ("Server closed the connection"), which reads like
     a network fault. One PING over redis-py first says what is wrong instead
@@ -202,21 +204,25 @@ def _check_needs_no_password(client: Any, key: Tuple) -> None:
     _no_password_ok.add(key)  # answered (or refused PING itself: an ACL without +ping)
 
 
-def batcher_for(client):
+def batcher_for(client: Any) -> Any:
     """A pipelining Batcher for ``client``: the hiredis one under the C backend, when the
     connection is one it can speak (TCP, TLS or unix socket; no cluster), else redis-py's.
 
     The C one is a :class:`SharedBatcher`: every caller with the same server,
-    credentials and db shares one connection per thread.
-    Redis Cluster falls back on purpose: a queue lives in one slot, so its batch
-    goes to one node either way, and redis-py's ClusterPipeline already groups
-    commands per node (one round trip each), keeps the ``CLUSTER SLOTS`` map and
-    follows MOVED/ASK while slots move. Each distinct reason is logged once.
+    credentials and db shares one connection per thread. On Redis Cluster it is a
+    :class:`~emqfast.backends.native_cluster.ClusterBatcher` (issue 12): a queue lives
+    in one slot, so a columnar bulk goes over the C core to that slot's master (redis-py's
+    slot map, MOVED followed, ASK handed to redis-py), the other calls through redis-py's
+    ClusterPipeline. Each distinct reason to fall back is logged once.
     """
     from emqfast.backends import pure_batcher
 
     if _current == "c":
         try:
+            from redis.cluster import RedisCluster
+            if isinstance(client, RedisCluster):  # a queue's bulk to its slot's master
+                from emqfast.backends.native_cluster import ClusterBatcher
+                return ClusterBatcher(client, SharedBatcher)
             params = _native.Batcher.params_from_redis(client)  # type: ignore[union-attr]
             handle = SharedBatcher(params)
             if params.get("password") is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Sequence, Tuple
 
 _INCLUDE = re.compile(r"^--@include (\w+)\s*$", re.M)
 _HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)(\.\.)?\]", re.M)
@@ -65,4 +65,23 @@ def read(name: str) -> LuaSource:
 
 
 # What an operation names when it asks for a script call (the backends' Script is one).
-Script = LuaSource
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Script(Protocol):
+        """A :class:`LuaSource` that runs itself (:class:`emqfast.backends.scripts.Script`)."""
+
+        name: str
+        raw: str
+        source: str
+        sha: str
+        fixed_keys: int
+        variadic: bool
+
+        def check_keys(self, keys: Sequence[Any]) -> None: ...
+        def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Tuple[Any, ...]: ...
+        def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any: ...
+        async def call_async(self, client: Any, keys: Sequence[Any],
+                             args: Sequence[Any]) -> Any: ...
+else:
+    Script = LuaSource

@@ -69,16 +69,18 @@ class Backoff:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise InvalidInput("attempts must be an int >= 1")
         core = backend.impl()
-        return core.backoff_delay(self.kind, self.base_ms, self.cap_ms, self.band, self.full,
-                                  attempts, core.optional_seed(seed))
+        delay: int = core.backoff_delay(self.kind, self.base_ms, self.cap_ms, self.band,
+                                        self.full, attempts, core.optional_seed(seed))
+        return delay
 
     def delays_ms(self, attempts: Sequence[int], seeds: Sequence[int]) -> List[int]:
         """Batch form of :meth:`delay_ms` (one call into the C core)."""
         core = backend.impl()
-        return core.backoff_delay_many(self.kind, self.base_ms, self.cap_ms, self.band,
-                                       self.full, attempts, seeds)
+        delays: List[int] = core.backoff_delay_many(self.kind, self.base_ms, self.cap_ms,
+                                                    self.band, self.full, attempts, seeds)
+        return delays
 
-    def to_json(self) -> list:
+    def to_json(self) -> List[Any]:
         """Compact form stored in the job's options."""
         return [self.kind, self.base_ms, self.cap_ms, self.band, int(self.full)]
 

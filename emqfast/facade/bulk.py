@@ -18,7 +18,7 @@ from emqfast.backends.drive import run
 from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Cmd, Op
+from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.core.validation import check_int
 from emqfast.facade.due import delayed_due, parse_due
 from emqfast.facade.lanes import lane_moves
@@ -44,7 +44,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def promote_many_op(keys: List[QueueKeys], limit: int) -> Op:
+def promote_many_op(keys: List[QueueKeys], limit: int) -> Returns[Dict[str, int]]:
     """The operation behind :func:`promote_many` (both facades): rounds of pipelined passes
     (due ids, their groups, the moves); a round reads at most ``DUE_BATCH`` due ids per
     queue and moves them in script calls of at most ``PROMOTE_BATCH`` jobs; a queue takes

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from emqfast.core.validation import check_group_name, check_int
-from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.backends.scripts import load
 from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
@@ -44,7 +44,7 @@ class Groups:
         return self.queue._drive(op)
 
     @operation
-    def set_concurrency(self, group: str, n: Optional[int]) -> None:
+    def set_concurrency(self, group: str, n: Optional[int]) -> Returns[None]:
         """Let at most ``n`` jobs of ``group`` be active at once across all workers
         (``None`` removes the cap). Jobs already running when a cap is first set are
         not counted against it."""
@@ -54,14 +54,14 @@ class Groups:
         yield Call(_LIMIT, [k.glimit, k.meta, k.marker, k.groups], [KEYSPACE_VERSION, group, cap])
 
     @operation
-    def concurrency(self, group: str) -> Optional[int]:
+    def concurrency(self, group: str) -> Returns[Optional[int]]:
         """The group's cap, or None when it has none."""
         check_group_name(group)
         got = yield Cmd.of("HGET", self.keys.glimit, group)
         return int(got) if got is not None else None
 
     @operation
-    def set_rate_limit(self, group: str, max_jobs: int, window_ms: Delay) -> None:
+    def set_rate_limit(self, group: str, max_jobs: int, window_ms: Delay) -> Returns[None]:
         """Let workers start at most ``max_jobs`` jobs of ``group`` in any ``window_ms``
         (ms or a ``timedelta``; a sliding window on the Redis server clock, enforced in claim.lua; while the
         group's window is full its lane is skipped and other groups are served)."""
@@ -73,14 +73,14 @@ class Groups:
                    [KEYSPACE_VERSION, group, max_jobs, window_ms])
 
     @operation
-    def clear_rate_limit(self, group: str) -> None:
+    def clear_rate_limit(self, group: str) -> Returns[None]:
         """Remove ``group``'s rate limit (wakes a worker waiting on it)."""
         check_group_name(group)
         k = self.keys
         yield Call(_RATE, [k.grate, k.meta, k.marker, k.groups], [KEYSPACE_VERSION, group, 0, 0])
 
     @operation
-    def rate_limit(self, group: str) -> Optional[Tuple[int, int]]:
+    def rate_limit(self, group: str) -> Returns[Optional[Tuple[int, int]]]:
         """``(max_jobs, window_ms)`` of ``group``, or None when it has no rate limit."""
         check_group_name(group)
         got = yield Cmd.of("HGET", self.keys.grate, group)
@@ -90,7 +90,7 @@ class Groups:
         return int(max_jobs), int(window_ms)
 
     @operation
-    def counts(self, group: str) -> Dict[str, int]:
+    def counts(self, group: str) -> Returns[Dict[str, int]]:
         """``{"pending": jobs waiting in the lane, "active": running jobs counted
         against the cap}`` (active is only tracked while the group has a cap, and may
         include finished jobs until the next claim prunes them)."""
@@ -103,6 +103,6 @@ class Groups:
         return {"pending": int(pending), "active": int(active)}
 
     @operation
-    def list(self) -> List[str]:
+    def list(self) -> Returns[List[str]]:
         """Groups with jobs waiting in their lanes, in serving order."""
         return [g.decode() for g in (yield Cmd.of("ZRANGE", self.keys.groups, 0, -1))]

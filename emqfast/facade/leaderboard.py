@@ -29,7 +29,7 @@ import redis
 from emqfast.server.connection import resolve
 from emqfast.core.errors import InvalidInput, RangeError
 from emqfast.core.keys import leaderboard_key
-from emqfast.core.ops import Batch, Cmd, Op, Watched, operation
+from emqfast.core.ops import Batch, Cmd, Op, Returns, Watched, operation
 from emqfast.backends.drive import run
 
 Member = Union[str, bytes]
@@ -109,19 +109,19 @@ class Leaderboard:
 
     # --- writes ----------------------------------------------------------------
     @operation
-    def set(self, member: Member, score: float) -> None:
+    def set(self, member: Member, score: float) -> Returns[None]:
         """Set ``member``'s score (adding the member if new)."""
         data, value = check_member(member), check_score(score)
         yield Cmd.of("ZADD", self.key, -value, data)
 
     @operation
-    def incr(self, member: Member, by: float = 1) -> float:
+    def incr(self, member: Member, by: float = 1) -> Returns[float]:
         """Add ``by`` to ``member``'s score (from 0 if absent); returns the new score."""
         data, value = check_member(member), check_score(by, "by")
         return _score((yield Cmd.of("ZINCRBY", self.key, -value, data)))
 
     @operation
-    def set_many(self, mapping: Mapping[Member, float]) -> int:
+    def set_many(self, mapping: Mapping[Member, float]) -> Returns[int]:
         """Set many scores in one pipelined round trip; returns how many members were new.
 
         Every member and score is validated before anything is sent, so bad input
@@ -141,35 +141,35 @@ class Leaderboard:
         return sum(int(n) for n in (yield Batch(cmds)))
 
     @operation
-    def remove(self, member: Member) -> bool:
+    def remove(self, member: Member) -> Returns[bool]:
         """Remove ``member``; False if it was not on the board."""
         return bool((yield Cmd.of("ZREM", self.key, check_member(member))))
 
     @operation
-    def clear(self) -> None:
+    def clear(self) -> Returns[None]:
         """Delete the whole board."""
         yield Cmd.of("UNLINK", self.key)
 
     # --- reads -----------------------------------------------------------------
     @operation
-    def size(self) -> int:
+    def size(self) -> Returns[int]:
         """Number of members."""
         return int((yield Cmd.of("ZCARD", self.key)))
 
     @operation
-    def score(self, member: Member) -> Optional[float]:
+    def score(self, member: Member) -> Returns[Optional[float]]:
         """``member``'s score, or None when absent."""
         stored = yield Cmd.of("ZSCORE", self.key, check_member(member))
         return None if stored is None else _score(stored)
 
     @operation
-    def rank(self, member: Member) -> Optional[int]:
+    def rank(self, member: Member) -> Returns[Optional[int]]:
         """``member``'s 1-based rank (1 = highest score), or None when absent."""
         r = yield Cmd.of("ZRANK", self.key, check_member(member))
         return None if r is None else int(r) + 1
 
     @operation
-    def top(self, n: int) -> List[Entry]:
+    def top(self, n: int) -> Returns[List[Entry]]:
         """The ``n`` best entries, best first (fewer when the board is smaller)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInput("n must be an int >= 0")
@@ -179,7 +179,7 @@ class Leaderboard:
         return self._entries(rows, first_rank=1)
 
     @operation
-    def around(self, member: Member, k: int) -> List[Entry]:
+    def around(self, member: Member, k: int) -> Returns[List[Entry]]:
         """``member`` with the ``k`` entries ranked above and the ``k`` below it
         (fewer at either end of the board); ``[]`` when ``member`` is absent.
 

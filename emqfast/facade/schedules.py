@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
 from emqfast.backends.scripts import load
 from emqfast.core.batching import batches
 from emqfast.core.errors import EmqError, InvalidInput
-from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
@@ -82,7 +82,8 @@ class Schedules:
                every_ms: Optional[Delay] = None, start_at_ms: Optional[RunAt] = None,
                payload: Any = None, missed: str = "skip",
                catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT, priority: int = 0,
-               attempts: Optional[int] = None, backoff: Optional[Backoff] = None) -> Schedule:
+               attempts: Optional[int] = None, backoff: Optional[Backoff] = None
+               ) -> Returns[Schedule]:
         """Create or update schedule ``name``; returns it as stored.
 
         Give exactly one cadence: ``cron`` (a cron expression, evaluated in ``tz``,
@@ -109,7 +110,7 @@ class Schedules:
         return (yield from self._finish(spec, reply))
 
     @operation
-    def upsert_many(self, specs: Iterable[Mapping[str, Any]]) -> List[Schedule]:
+    def upsert_many(self, specs: Iterable[Mapping[str, Any]]) -> Returns[List[Schedule]]:
         """:meth:`upsert` for many schedules (each a dict of its arguments, with ``name``).
 
         Everything is validated before anything is sent, so one bad spec writes
@@ -152,7 +153,7 @@ class Schedules:
         return prepare(self._keys, name, self.queue.max_payload_bytes, self.queue._options,
                        **upsert)
 
-    def _finish(self, spec: UpsertSpec, reply: List[Any]) -> Op:
+    def _finish(self, spec: UpsertSpec, reply: List[Any]) -> Returns[Schedule]:
         """Complete an upsert from its 'keep' reply: plan and 'set' a new or changed cadence
         (again, while racing upserts move the generation under it)."""
         for _ in range(_UPSERT_TRIES):
@@ -164,7 +165,7 @@ class Schedules:
 
     # --- inspection -------------------------------------------------------------------
     @operation
-    def get(self, name: str) -> Optional[Schedule]:
+    def get(self, name: str) -> Returns[Optional[Schedule]]:
         """Schedule ``name`` (next run, cadence, last minted occurrence...), or None."""
         check_schedule_name(name)
         h, score = yield Batch([Cmd.of("HGETALL", self._keys.schedule(name)),
@@ -172,7 +173,7 @@ class Schedules:
         return Schedule.from_record(name, h, score) if h else None
 
     @operation
-    def list(self) -> List[Schedule]:
+    def list(self) -> Returns[List[Schedule]]:
         """Every schedule, soonest next run first."""
         entries = yield Cmd.of("ZRANGE", self._keys.repeat, 0, -1, "WITHSCORES", withscores=True)
         out: List[Schedule] = []
@@ -191,12 +192,12 @@ class Schedules:
         return int(self.count())
 
     @operation
-    def count(self) -> int:
+    def count(self) -> Returns[int]:
         """Number of schedules (``len(schedules)`` in the sync facade)."""
         return int((yield Cmd.of("ZCARD", self._keys.repeat)))
 
     @operation
-    def remove(self, name: str) -> bool:
+    def remove(self, name: str) -> Returns[bool]:
         """Delete schedule ``name``; False if it did not exist. Minted jobs stay."""
         check_schedule_name(name)
         k = self._keys
@@ -205,13 +206,13 @@ class Schedules:
 
     # --- the pump ----------------------------------------------------------------------
     @operation
-    def pump(self, limit: int = 100) -> int:
+    def pump(self, limit: int = 100) -> Returns[int]:
         """Mint the jobs of every due occurrence (at most ``limit`` schedules); returns
         how many jobs were created. Safe to run from any number of processes at once."""
         return (yield from Schedules.sweep.op(self, limit)).minted
 
     @operation
-    def sweep(self, limit: int = 100) -> Sweep:
+    def sweep(self, limit: int = 100) -> Returns[Sweep]:
         """:meth:`pump`, also reporting the server clock and the next registry instant
         (the Worker uses it to wake for the next run). Due names are read
         :data:`SWEEP_BATCH` at a time and mints sent :data:`MINT_BATCH` calls per round
@@ -235,7 +236,7 @@ class Schedules:
         return Sweep(minted, now, next_run, seen >= limit)
 
     @operation
-    def _mint_due(self, names: List[str], now: int) -> int:
+    def _mint_due(self, names: List[str], now: int) -> Returns[int]:
         """Mint the due occurrences of ``names`` (read their records, then the CAS chains)."""
         k = self._keys
         rows = yield Batch([cmd for name in names for cmd in
@@ -256,6 +257,6 @@ class Schedules:
         return mint_calls(self._keys, name, h, score, now)
 
     @operation
-    def _run_mints(self, calls: List[Call]) -> int:
+    def _run_mints(self, calls: List[Call]) -> Returns[int]:
         """Send mint calls in one round trip; how many minted a job."""
         return count_minted((yield Batch(calls)))
