@@ -20,8 +20,7 @@ from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
 from emqfast.web.reads import Discovery, Queues
-from emqfast.web.security import (AUTH_COOKIE, CSRF_COOKIE, HEADERS, Guard, csrf_ok,
-                                  new_csrf)
+from emqfast.web.security import CSRF_COOKIE, HEADERS, Guard, csrf_ok, new_csrf
 from emqfast.web.throughput import Throughput
 
 HERE = Path(__file__).resolve().parent
