@@ -361,3 +361,16 @@ def test_discovery_rescans_in_the_background(conn, qname):
     found._at -= 3600  # the cache is old: the next call answers at once and rescans
     assert newer not in found.names()
     wait_until(lambda: newer in found.names(), what="the background scan to find it")
+
+
+def test_job_page_shows_progress_in_its_section_and_timeline(client, conn, qname):
+    q = emqfast.Queue(qname, conn)
+    ref = q.enqueue({"n": 1})
+
+    def reporting(job):
+        job.progress({"pct": 50})
+        return "ok"
+    emqfast.Worker(q, reporting).run_until_idle(timeout_s=30)
+    shown = text_of(client.get("/job", params={"q": qname, "id": ref.id}).text)
+    assert "Progress" in shown and '"pct": 50' in shown
+    assert re.search(r"active.*progress.*completed", shown, re.S)
