@@ -25,10 +25,12 @@ from typing import Any, Callable, Dict, Optional
 
 from emqfast.facade.options import DEFAULT_OPTIONS
 
+_trace: Any  # the opentelemetry.trace module, or None without the extra
 try:  # the one guarded import: without the extra every hook is the identity
     from opentelemetry import context as _context
-    from opentelemetry import trace as _trace
+    from opentelemetry import trace as _otel_trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    _trace = _otel_trace
 except ImportError:  # pragma: no cover - exercised where the extra is not installed
     _trace = None
 
