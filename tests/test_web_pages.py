@@ -226,6 +226,7 @@ def test_unknown_and_malformed_give_404_and_400_pages(client, qname, filled):
     assert client.get("/queue", params={"q": "bad{name}"}).status_code == 400
     assert client.get("/queue", params={"q": qname, "state": "lost"}).status_code == 400
     assert client.get("/queue", params={"q": qname, "start": "-1"}).status_code == 400
+    assert client.get("/queue", params={"q": qname, "start": "²"}).status_code == 400
     assert client.get("/queue").status_code == 400
     assert client.get("/job", params={"q": qname, "id": "notajob"}).status_code == 400
     missing = client.get("/job", params={"q": qname, "id": "JOBmissing"})

@@ -41,7 +41,7 @@ def _int_field(form: Any, name: str, default: int) -> int:
     raw = str(form.get(name, "") or "").strip()
     if not raw:
         return default
-    if not raw.isdigit() or len(raw) > 12:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
         raise InvalidInput(f"{name} must be a whole number")
     return int(raw)
 

@@ -45,7 +45,7 @@ def _int_param(request: Request, name: str, default: int, top: int) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or int(raw) > top:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > top:
         raise Problem(400, f"{name} must be a whole number 0..{top}")
     return int(raw)
 
