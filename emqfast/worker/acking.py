@@ -9,7 +9,7 @@ list) is the driver's.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Sequence
+from typing import TYPE_CHECKING, Any, List, Sequence
 
 from emqfast.core.errors import PermissionDenied, VersionMismatch
 from emqfast.worker.acks import AckPlan, metrics_call, run_times
@@ -17,12 +17,17 @@ from emqfast.worker.effects import Logic, Pipeline
 from emqfast.worker.outcomes import Outcome, forget_run, tally
 from emqfast.worker.resend import typed, until_landed
 
+if TYPE_CHECKING:  # a checker sees what the host holds; at run time the base is object
+    from emqfast.worker.host import MachineHost as _Host
+else:
+    _Host = object
+
 log = logging.getLogger("emqfast.worker")
 
 ACK_BATCH = 1000  # outcomes written per AckPlan at most
 
 
-class Acking:
+class Acking(_Host):
     """The acker's half of the worker machine (mixed into
     :class:`~emqfast.worker.machine.WorkerMachine`)."""
 

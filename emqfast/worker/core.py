@@ -11,7 +11,7 @@ names re-exported below keep older imports working.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from emqfast.core import codec
 from emqfast.core.errors import LeaseLost
@@ -21,6 +21,9 @@ from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.backends.scripts import load
 from emqfast.worker.rows import JobRows
 from emqfast.facade.job import Job
+
+if TYPE_CHECKING:
+    from emqfast.facade.schedule_sweep import Sweep
 
 log = logging.getLogger("emqfast.worker")
 
@@ -163,7 +166,7 @@ def release_calls(k: QueueKeys, held: Sequence[Tuple[str, str, Optional[str]]]
 
 # --- waiting ------------------------------------------------------------------------------
 
-def next_schedule_ms(sweep: Any) -> Optional[float]:
+def next_schedule_ms(sweep: Sweep) -> Optional[float]:
     """When to pump schedules next (server ms) after a sweep; None: on the beat only."""
     if sweep.more:  # more were due than one pass takes: come back at once
         return sweep.now_ms

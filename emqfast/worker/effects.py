@@ -22,7 +22,10 @@ class Send(NamedTuple):
     """Run one script call; its reply, or its error typed (:func:`resend.typed`)."""
 
     call: Call
-    method = "_do_send"
+
+    @property
+    def method(self) -> str:  # the driver's method (a property: a NamedTuple has only fields)
+        return "_do_send"
 
 
 class Pipeline(NamedTuple):
@@ -31,7 +34,10 @@ class Pipeline(NamedTuple):
 
     calls: Sequence[Call]
     acks: bool = False
-    method = "_do_pipeline"
+
+    @property
+    def method(self) -> str:
+        return "_do_pipeline"
 
 
 class Sleep(NamedTuple):
@@ -39,7 +45,10 @@ class Sleep(NamedTuple):
 
     seconds: float
     wake_on_stop: bool = False
-    method = "_do_sleep"
+
+    @property
+    def method(self) -> str:
+        return "_do_sleep"
 
 
 class Invoke(NamedTuple):
@@ -48,7 +57,10 @@ class Invoke(NamedTuple):
 
     fn: Callable[..., Any]
     kwargs: Dict[str, Any] = {}
-    method = "_do_invoke"
+
+    @property
+    def method(self) -> str:
+        return "_do_invoke"
 
 
 class WaitForRoom(NamedTuple):
@@ -56,7 +68,10 @@ class WaitForRoom(NamedTuple):
     and no room to claim, wait up to ``seconds`` for a running job to end first."""
 
     seconds: float
-    method = "_do_wait_for_room"
+
+    @property
+    def method(self) -> str:
+        return "_do_wait_for_room"
 
 
 class WaitDrained(NamedTuple):
@@ -64,14 +79,20 @@ class WaitDrained(NamedTuple):
     written (True); with none in flight, False at once."""
 
     seconds: float
-    method = "_do_wait_drained"
+
+    @property
+    def method(self) -> str:
+        return "_do_wait_drained"
 
 
 class PopMarker(NamedTuple):
     """Block on the queue's wake marker up to ``seconds``: ``(member, score)`` or None."""
 
     seconds: float
-    method = "_do_pop_marker"
+
+    @property
+    def method(self) -> str:
+        return "_do_pop_marker"
 
 
 class _Got(NamedTuple):

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 from emqfast.backends.scripts import load
 from emqfast.core.errors import EmqError
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.version import KEYSPACE_VERSION
 
 log = logging.getLogger("emqfast.worker")
@@ -125,7 +125,7 @@ def _info(token: str, h: Dict[bytes, bytes], now_ms: int) -> WorkerInfo:
                       kind=_text(h.get(b"kind")), beat_ms=beat, age_ms=max(0, now_ms - beat))
 
 
-def live_workers_op(keys: QueueKeys, limit: int = MAX_LISTED) -> Op:
+def live_workers_op(keys: QueueKeys, limit: int = MAX_LISTED) -> Returns[List[WorkerInfo]]:
     """The live workers of a queue, freshest beat first (at most ``limit``): those whose
     record has not expired."""
     (sec, usec), tokens = yield Batch([Cmd.of("TIME"),
@@ -149,6 +149,6 @@ class QueueWorkers:
         return self.queue._drive(op)
 
     @operation
-    def list(self, limit: int = MAX_LISTED) -> List[WorkerInfo]:
+    def list(self, limit: int = MAX_LISTED) -> Returns[List[WorkerInfo]]:
         """Live workers, freshest beat first."""
         return (yield from live_workers_op(self.queue.keys, limit))

@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from emqfast.core.validation import check_int
 from emqfast.worker import core
 from emqfast.worker.effects import Invoke, Logic, Send
 from emqfast.worker.resend import pipeline_until, transient, typed, until_done
-from emqfast.worker.stats import HeldLease
+from emqfast.worker.stats import HeldLease, RunningJob
+
+if TYPE_CHECKING:  # a checker sees what the host holds; at run time the base is object
+    from emqfast.worker.host import MachineHost as _Host
+else:
+    _Host = object
 
 log = logging.getLogger("emqfast.worker")
 
 TRIM_EVERY_S = 5.0  # retention (trim) runs on the beat at most this often
 
 Held = Tuple[str, str, Optional[str]]  # (job id, lease token, group or None)
+Lease = Union[RunningJob, HeldLease]  # a lease this worker renews
 
 
-class LeaseKeeping:
+class LeaseKeeping(_Host):
     """The beat, lease and release half of the worker machine (mixed into
     :class:`~emqfast.worker.machine.WorkerMachine`)."""
 
@@ -60,16 +66,16 @@ class LeaseKeeping:
         self._next_schedule_ms = core.next_schedule_ms((yield Invoke(self.queue.schedules.sweep)))
 
     # --- leases -------------------------------------------------------------------------
-    def _due_leases(self, now: float) -> List[Any]:
+    def _due_leases(self, now: float) -> List[Lease]:
         """Leases a third used (not lost, not being acked): running jobs' and held ones'
         (claimed, waiting for a handler slot)."""
         third = self.lease_ms / 3000.0
         with self._guard:
-            held = list(self._held.values())
+            held: List[Lease] = list(self._held.values())
             return [r for r in [*self._running.values(), *held]
                     if not r.lost and not r.acking and now - r.extended_at > third]
 
-    def _renew(self, due: Sequence[Any], now: float) -> Logic:
+    def _renew(self, due: Sequence[Lease], now: float) -> Logic:
         """Extend ``due`` leases by ``lease_ms``, ``LEASE_CHUNK`` per call; a lease found
         gone is marked lost (logged) unless the job's outcome is being written."""
         for chunk in core.chunked(due):
@@ -82,7 +88,7 @@ class LeaseKeeping:
                 else:
                     self._lease_gone(r)
 
-    def _lease_gone(self, r: Any) -> None:
+    def _lease_gone(self, r: Lease) -> None:
         """A renewal found the lease gone (reaped after a stall, deleted by hand)."""
         if isinstance(r, HeldLease):
             if self._held.get(r.job_id) is r:  # never started: just forget it

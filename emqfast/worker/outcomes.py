@@ -95,7 +95,7 @@ def job_group(job: Job) -> Optional[str]:
     return job.extra.get("g")
 
 
-def log_context(job: Job) -> dict:
+def log_context(job: Job) -> Dict[str, Any]:
     """``extra=`` for log records about one job: queue, job id, attempt (never payloads,
     results or connection details, which may hold secrets)."""
     return {"queue": job.queue, "job_id": job.id, "attempt": job.attempts}
@@ -122,7 +122,7 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
             _count_failure(stats, outcome, retry, ctx)
 
 
-def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: dict) -> None:
+def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: Dict[str, Any]) -> None:
     if retry:
         stats.retried += 1
     else:
@@ -130,7 +130,8 @@ def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: dict) -> None:
     log_failure(outcome.job, outcome.exc, retry, ctx)
 
 
-def log_failure(job: Job, exc: BaseException, retry: bool, ctx: Optional[dict] = None) -> None:
+def log_failure(job: Job, exc: BaseException, retry: bool,
+                ctx: Optional[Dict[str, Any]] = None) -> None:
     """One rule for both drivers: a failure that will be retried is routine (INFO); a
     final one (no attempt left, Unrecoverable, a bad payload) loses the job's work and is
     a WARNING, so a plain script with no logging set up still shows it on stderr. Only
