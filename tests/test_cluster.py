@@ -277,11 +277,14 @@ def test_leaderboard_on_cluster(cluster, conn, names):
         assert board.size() == 0
 
 
-def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names, backend,
-                                                                   caplog):
-    """The C Batcher refuses cluster connections (by design, see backend.batcher_for);
-    enqueue_many then runs through redis-py's ClusterPipeline and the reason is logged."""
+def test_enqueue_many_on_cluster_goes_to_the_slot_master_over_the_c_core(conn, names, backend,
+                                                                        cluster, caplog):
+    """Issue 12: under C the bulk runs on the C core's own connection to the queue's slot
+    master (redis-py's slot map), under Python through redis-py's ClusterPipeline; a plain
+    single-node C Batcher still refuses a cluster client (that is the ClusterBatcher's job).
+    Nothing falls back, so nothing is logged."""
     from emqfast.backends import pure_batcher as _pure_wire
+    from emqfast.backends.native_cluster import ClusterBatcher
     from emqfast.core.errors import BackendUnavailable
 
     if backend == "c":
@@ -292,10 +295,16 @@ def test_enqueue_many_on_cluster_uses_redis_py_under_either_backend(conn, names,
     for name in names:
         q = Queue(name, conn)
         refs = q.enqueue_many([b"a", b"b", b"c"])
-        assert isinstance(q._live_batcher(), _pure_wire.Batcher)
+        want = ClusterBatcher if backend == "c" else _pure_wire.Batcher
+        assert isinstance(q._live_batcher(), want)
         assert [q.get(r.id).payload for r in refs] == [b"a", b"b", b"c"]
+        assert assert_keys_on_owner(cluster, name) > 0
+    if backend == "c":  # the C core's connections: one per master the queues live on
+        masters = {cluster.owner_port(slot_of(name)) for name in names}
+        conns = {dict(key).get("port") for key in backend_mod._thread_batchers()}
+        assert masters <= conns
     logged = [r for r in caplog.records if "C batcher unavailable" in r.getMessage()]
-    assert len(logged) == (1 if backend == "c" else 0)
+    assert logged == []
 
 
 def test_schedules_on_cluster(conn, names):
