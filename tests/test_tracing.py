@@ -37,6 +37,7 @@ def provider():
     sdk = TracerProvider()
     sdk.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(sdk)
+    tracing.refresh()  # Workers look the provider up at most once a second
     yield sdk
     sdk.shutdown()  # the rest of the session exports nothing (the global provider stays set)
 
@@ -166,5 +167,17 @@ def test_zero_cost_without_the_extra():
         "assert tracing.traced(h, 'q') is h\n"
         "assert tracing.stamp(b'') == b'' and tracing.stamp(b'{\"a\":1}') == b'{\"a\":1}'\n"
         "assert tracing.current_traceparent() is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_no_span_while_no_sdk_is_configured():
+    """With the API alone (its no-op provider) a handler runs without a span."""
+    code = (
+        "from emqfast.facade import tracing\n"
+        "from emqfast.facade.job import Job\n"
+        "assert tracing.available() and tracing._tracer() is None\n"
+        "job = Job(id='JOBx', queue='q', state='active', payload=None, attempts=1)\n"
+        "assert tracing.traced(lambda j: 7, 'q')(job) == 7\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
