@@ -30,7 +30,9 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":
     from redis.backoff import NoBackoff
 
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-    return open_client(target_url(url), aredis.Redis, aredis.RedisCluster, **kwargs)
+    client: aredis.Redis = open_client(target_url(url), aredis.Redis, aredis.RedisCluster,
+                                       **kwargs)
+    return client
 
 
 def resolve(conn: Any) -> "aredis.Redis":
@@ -38,7 +40,8 @@ def resolve(conn: Any) -> "aredis.Redis":
     if conn is None or isinstance(conn, str):
         return connect(conn)
     if isinstance(conn, (aredis.Redis, aredis.RedisCluster)):
-        return bytes_mode(conn)
+        client: aredis.Redis = bytes_mode(conn)
+        return client
     raise InvalidInput(f"expected a redis.asyncio client or URL, not {type(conn).__name__}")
 
 

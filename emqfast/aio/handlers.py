@@ -9,12 +9,17 @@ import inspect
 import logging
 import time
 import traceback
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from emqfast.facade.job import Job
 from emqfast.worker import core
 from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
 from emqfast.worker.stats import RunningJob
+
+if TYPE_CHECKING:  # a checker sees what the Worker holds; at run time the base is object
+    from emqfast.aio.host import AioHost as _Host
+else:
+    _Host = object
 
 log = logging.getLogger("emqfast.worker")
 
@@ -63,7 +68,7 @@ def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
         return False, exc
 
 
-class JobTasks:
+class JobTasks(_Host):
     """How :class:`emqfast.aio.Worker` runs its handlers (mixed into it)."""
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:

@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, List
+from typing import TYPE_CHECKING, Any, Callable, List
 
 from emqfast.worker.resend import typed
+
+if TYPE_CHECKING:  # a checker sees what the Worker holds; at run time the base is object
+    from emqfast.aio.host import AioHost as _Host
+else:
+    _Host = object
 
 log = logging.getLogger("emqfast.worker")
 
 
-class Lifecycle:
+class Lifecycle(_Host):
     """The lease task and the shutdown of :class:`emqfast.aio.Worker` (mixed into it)."""
 
     async def _lease_loop(self) -> None:
