@@ -101,11 +101,11 @@ class ClusterBatcher:
                 if wait:
                     acked = min(acked, again[-1]) if acked is not None else again[-1]
                     again = again[:-1]
-                for i, reply in zip(asked, _per_call(again, len(asked))):
+                for i, reply in zip(asked, again):
                     replies[i] = reply
             if not moved:
                 break
-            self._refresh(replies[moved[0]])
+            self._refresh()
             todo = moved
         return replies + [acked or 0] if wait else replies
 
@@ -124,11 +124,11 @@ class ClusterBatcher:
             except ConnectionFailed as exc:
                 if getattr(exc, "replies", None) is not None or attempt:
                     raise  # bytes left (BatchCut), or the refreshed master is down too
-                self._refresh(None)
+                self._refresh()
         raise AssertionError("unreachable")
 
-    def _refresh(self, moved: Any) -> None:
-        """Re-read the slot map (a MOVED names the new owner; a failover needs the map)."""
+    def _refresh(self) -> None:
+        """Re-read the slot map (after a MOVED, or a master that cannot be reached)."""
         try:
             self.client.nodes_manager.initialize()
         except Exception:  # every node down: the next call reports it
@@ -150,6 +150,3 @@ def _rows_of(columns: Sequence[Sequence[Any]], calls: List[int], rows: int,
     picked = [r for i in calls for r in range(i * rows, min((i + 1) * rows, nrows))]
     return [[col[r] for r in picked] for col in columns]
 
-
-def _per_call(replies: List[Any], n: int) -> List[Any]:
-    return list(replies[:n])
