@@ -8,6 +8,7 @@ from typing import Any, List, NoReturn, Optional, Tuple
 import click
 
 from emqfast.core.errors import JobNotFound, JobStateError
+from emqfast.core.validation import check_job_id
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import console, current_state, err_console, url_option
@@ -47,11 +48,11 @@ def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: 
     q = current_state().queue(queue)
     now = q.server_time_ms()
     if job_id:
-        job = _job_or_exit(q, job_id)
+        job, size = _job_or_exit(q, job_id)
         if as_json:
             click.echo(json.dumps(job_dict(job), ensure_ascii=False))
             return
-        console.print(job_detail_table(job, now, q.redis.hstrlen(q.keys.job(job_id), "payload")))
+        console.print(job_detail_table(job, now, size))
         if full:
             _dump_long_fields(job)
         return
@@ -67,15 +68,17 @@ def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: 
         console.print("[dim]no jobs[/dim]")
 
 
-def _job_or_exit(q: Queue, job_id: str) -> Job:
-    """The job, or one line saying it is not there (exit 1)."""
-    try:
-        job = q.get(job_id)
-    except JobNotFound:
-        job = None
-    if job is None:
+def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
+    """The job and its stored payload's size in bytes (read in the same round trip as
+    ``q.get``), or one line saying it is not there (exit 1)."""
+    check_job_id(job_id)
+    pipe = q.redis.pipeline(transaction=False)
+    pipe.hgetall(q.keys.job(job_id))
+    pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
+    h, delayed = pipe.execute()
+    if not h:
         _fail(f"[red]no job {job_id} in {q.name}[/red] (never enqueued, or trimmed)")
-    return job
+    return Job.from_hash(q.name, job_id, h, delayed), len(h.get(b"payload", b""))
 
 
 def _dump_long_fields(job: Job) -> None:
