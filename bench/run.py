@@ -7,6 +7,7 @@
     emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
     emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
     emqfast bench --only scheduling  # due jobs behind a backlog, lanes, spin, caps (issue 18)
+    emqfast bench --only server   # Redis CPU per job vs floor scripts (issue 12)
 
 It starts its own redis-server (persistence off) unless ``EMQ_REDIS_URL`` (or
 ``--url``) names one, verifies every job it counts before reporting a number,
@@ -38,7 +39,7 @@ from rich.table import Table
 import emqfast
 
 from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale,
-    scheduling, server, slowlog, wake)
+    scheduling, server, server_cost, slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
@@ -53,9 +54,12 @@ WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "peers": peers.run,
     "slowlog": slowlog.run,
     "scheduling": scheduling.run,
+    "server": server_cost.run,
 }
 # only with --peers (or --only peers); slowlog (a 1M-job backlog, minutes) only with --only
-OPTIONAL = {"peers", "slowlog", "scheduling"}  # scheduling: issue 18's figures, opt-in
+OPTIONAL = {"peers", "slowlog", "scheduling", "server"}  # scheduling: issue 18's figures,
+# server: issue 12's Redis CPU per job vs the floor scripts (python -m bench.server_cost
+# adds --compare REF), both opt-in
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -208,6 +208,30 @@ def table(results: Dict[Tuple[str, str], Dict[str, float]], ref: Optional[str]) 
     return "\n".join(lines)
 
 
+def run(ctx: Any) -> List[Any]:
+    """The ``server`` workload of ``emqfast bench --only server`` (this tree, no --compare):
+    one Result per workload, Redis CPU µs/job (the server process) against its floor."""
+    from .common import Result
+
+    n = ctx.n(100_000, 2_000)
+    results = measure(ctx.server.url, n, ctx.reps, None, ["enqueue", "enqueue_quiet",
+                                                          "lifecycle", "promote"])
+    out = []
+    for (w, who), r in results.items():
+        if who == "floor":
+            continue
+        floor = results.get((FLOOR_OF.get(w, ""), "floor"))
+        res = Result(workload="server", name=f"{w}: Redis CPU per job", value=r["proc_us"],
+                     unit="µs/job", target="enqueue ≤ 1.5× floor" if w == "enqueue" else "",
+                     verified=f"{n}/{n} landed", details={"n": n, **r})
+        if floor:
+            res.reference, res.reference_label = floor["proc_us"], f"{FLOOR_OF[w]} floor"
+            res.ratio = r["proc_us"] / floor["proc_us"]
+            res.ok = res.ratio <= 1.5 if w == "enqueue" else None
+        out.append(res)
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.server_cost", description=__doc__)
     p.add_argument("--n", type=int, default=20_000, help="jobs per run (default 20,000)")
