@@ -85,21 +85,24 @@ def count_cells(counts: Dict[str, int], states: Sequence[str]) -> Markup:
     """The overview's count cells of one queue (``states``, then ``grouped``), built here
     because 1,000 queues x 8 cells is most of the page's template time. Only ints go in
     (``int()`` of each count) and the state names are the library's own, escaped anyway."""
-    cells = []
-    for state in list(states) + ["grouped"]:
-        n = int(counts.get(state, 0))
-        cells.append(_CELL_OPEN.get((state, bool(n))) or _cell_open(state, bool(n)))
-        cells.append(f"{n}</td>")
-    return Markup("".join(cells))
+    layout = _LAYOUTS.get(tuple(states)) or _layout(tuple(states))
+    get = counts.get
+    return Markup("".join([f"{zero if n == 0 else some}{n}</td>" for state, zero, some in layout
+                           for n in (int(get(state, 0)),)]))
 
 
-_CELL_OPEN: Dict[Tuple[str, bool], str] = {}
+_LAYOUTS: Dict[Tuple[str, ...], List[Tuple[str, str, str]]] = {}
 
 
-def _cell_open(state: str, nonzero: bool) -> str:
-    bad = " bad" if state == "failed" and nonzero else ""
-    opening = _CELL_OPEN[(state, nonzero)] = f'<td class="num{bad}" data-k="{escape(state)}">'
-    return opening
+def _layout(states: Tuple[str, ...]) -> List[Tuple[str, str, str]]:
+    """Per column: the state, and the cell's opening tag for a zero and a non-zero count."""
+    out = []
+    for state in states + ("grouped",):
+        plain = f'<td class="num" data-k="{escape(state)}">'
+        out.append((state, plain, plain.replace('"num"', '"num bad"') if state == "failed"
+                    else plain))
+    _LAYOUTS[states] = out
+    return out
 
 
 def sparkline(values: Sequence[float], width: int = 300, height: int = 60,

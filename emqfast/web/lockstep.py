@@ -157,8 +157,9 @@ def _advance(i: int, op: Op, step: Tuple[str, Any], waiting: Dict[int, Any],
     except Exception as exc:  # noqa: BLE001 - kept as this op's result
         results[i] = exc
         return
-    if isinstance(request, Cmd) or (isinstance(request, Batch) and all(
-            isinstance(c, Cmd) for c in request.items)):
+    # a Batch holds calls or commands, never both: its first item says which
+    if isinstance(request, Cmd) or (isinstance(request, Batch) and (
+            not request.items or isinstance(request.items[0], Cmd))):
         waiting[i] = request
         return
     op.close()
