@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest.importorskip("mypy", reason="mypy is in the test extra")
 
 USER_CODE = '''
+import emqfast.aio
 from emqfast import Leaderboard, Queue
 
 q = Queue("typed")
@@ -24,6 +25,13 @@ reveal_type(q.enqueue({"n": 1}))
 reveal_type(q.enqueue_many([1, 2]))
 reveal_type(q.counts())
 reveal_type(Leaderboard(None, "board").top(3))
+
+
+async def produce() -> None:
+    aq = emqfast.aio.Queue("typed")
+    reveal_type(aq.enqueue({"n": 1}))
+    ref = await aq.enqueue({"n": 1})
+    reveal_type(ref)
 '''
 
 
@@ -55,11 +63,14 @@ def test_a_checker_sees_what_operations_return(cache: Path, tmp_path: Path) -> N
     snippet.write_text(USER_CODE)
     done = mypy(cache, str(snippet))
     types = revealed(done.stdout)
-    assert len(types) == 4, done.stdout + done.stderr
+    assert len(types) == 6, done.stdout + done.stderr
     assert types[0] == "emqfast.facade.job.JobRef"
     assert types[1] in ("list[emqfast.facade.job.JobRef]",
                         "builtins.list[emqfast.facade.job.JobRef]")
     assert types[2] in ("dict[str, int]", "builtins.dict[builtins.str, builtins.int]")
     assert "emqfast.facade.leaderboard.Entry" in types[3]
+    # the asyncio facade's operations are awaitables of the same results
+    assert types[4] == "typing.Awaitable[emqfast.facade.job.JobRef]"
+    assert types[5] == "emqfast.facade.job.JobRef"
     # reveal_type is only a note: the snippet is clean under the strict config
     assert done.returncode == 0 and "error:" not in done.stdout, done.stdout

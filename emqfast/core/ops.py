@@ -139,10 +139,14 @@ if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it i
     _T = TypeVar("_T", covariant=True)
 
     class _AsyncHost(Protocol):
-        """A facade whose ``_drive`` returns a coroutine (``is_async = True``)."""
+        """A facade whose ``_drive`` returns a coroutine: it says so (``is_async``
+        typed ``Literal[True]``) or, like :class:`emqfast.aio.Queue`, has ``aclose()``."""
 
         @property
         def is_async(self) -> Literal[True]: ...
+
+    class _Closes(Protocol):
+        def aclose(self) -> Awaitable[None]: ...
 
     class Operation(Generic[_S, _P, _T]):
         """An @operation method: called on an instance it returns the generator's result
@@ -154,6 +158,8 @@ if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it i
         def __get__(self, obj: None, owner: Any) -> Operation[_S, _P, _T]: ...
         @overload
         def __get__(self, obj: _AsyncHost, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
+        @overload
+        def __get__(self, obj: _Closes, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
         @overload
         def __get__(self, obj: object, owner: Any) -> Callable[_P, _T]: ...
         def __get__(self, obj: Any, owner: Any) -> Any: ...
