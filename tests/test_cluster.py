@@ -198,7 +198,8 @@ def test_cancel_pause_resume(conn, names):
         now_job, later_job = q.enqueue("a"), q.enqueue_in("b", delay_ms=60_000)
         assert q.cancel(now_job.id) and q.cancel(later_job.id)
         assert not q.cancel(now_job.id)
-        assert q.get(now_job.id) is None and q.get(later_job.id) is None
+        # cancelled jobs keep a record (issue 16 item 7)
+        assert q.get(now_job.id).state == q.get(later_job.id).state == "cancelled"
         ref = q.enqueue("c")
         q.pause()
         assert q.is_paused()
