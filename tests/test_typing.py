@@ -32,6 +32,8 @@ async def produce() -> None:
     reveal_type(aq.enqueue({"n": 1}))
     ref = await aq.enqueue({"n": 1})
     reveal_type(ref)
+    await aq.schedules.count()  # a queue's parts are awaited as the queue is
+    q.schedules.count()
 '''
 
 
