@@ -131,3 +131,27 @@ def test_an_unreachable_server_is_typed_in_both_facades():
     asyncio.run(main())
     assert issubclass(emqfast.ConnectionFailed, ConnectionError)
     assert issubclass(emqfast.errors.KeyTypeConflict, TypeError)
+
+
+def test_wrong_worker_construction_is_typed(redis_url, qname):
+    sync_q = emqfast.Queue(qname, redis_url)
+    aio_q = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+
+    async def coroutine_handler(job: Any) -> None:
+        return None
+    for cls, q, other_q, other_handler in (
+            (emqfast.Worker, sync_q, aio_q, coroutine_handler),
+            (emqfast.aio.Worker, aio_q, sync_q, None)):
+        bad: List[Tuple[tuple, dict]] = [
+            ((None, print), {}), ((other_q, print), {}), ((q, None), {}), ((q, 42), {}),
+            ((q, print), {"concurrency": 0}), ((q, print), {"concurrency": "2"}),
+            ((q, print), {"lease_ms": -1}), ((q, print), {"prefetch": -1}),
+            ((q, print), {"batch_size": -1}), ((q, print), {"max_stalled": -1})]
+        if other_handler is not None:
+            bad.append(((q, other_handler), {}))
+        for args, kwargs in bad:
+            with pytest.raises(emqfast.EmqError) as err:
+                cls(*args, **kwargs)
+            assert str(err.value), (cls, args, kwargs)
+        with pytest.raises(TypeError):  # still a TypeError, as before
+            cls(q, None)

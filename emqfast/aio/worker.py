@@ -61,7 +61,7 @@ from emqfast.server import eviction
 from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import Outcome, is_async_handler
+from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import WorkerStats
@@ -88,10 +88,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
                  prefetch: Optional[int] = None, keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None, allow_eviction: bool = False):
-        if not isinstance(queue, Queue):
-            raise TypeError("emqfast.aio.Worker needs an emqfast.aio.Queue")
-        if not callable(handler):
-            raise TypeError("handler must be callable")
+        check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,

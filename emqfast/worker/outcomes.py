@@ -11,7 +11,7 @@ import logging
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Union
 
 from emqfast.core import codec
-from emqfast.core.errors import LeaseLost, PayloadError, Unrecoverable
+from emqfast.core.errors import InputTypeError, LeaseLost, PayloadError, Unrecoverable
 from emqfast.facade.job import Job
 
 log = logging.getLogger("emqfast.worker")
@@ -63,11 +63,22 @@ def is_async_handler(handler: Any) -> bool:
         inspect.iscoroutinefunction(getattr(handler, "__call__", None))
 
 
+def check_worker_args(queue: Any, wanted: type, handler: Any) -> None:
+    """Refuse, typed (InputTypeError: a TypeError too), what a Worker cannot run: a queue
+    of the other facade (``wanted``: the driver's Queue class) or a handler that is not
+    callable."""
+    if not isinstance(queue, wanted) or getattr(queue, "is_async", None) != wanted.is_async:
+        raise InputTypeError("emqfast.Worker needs an emqfast.Queue, emqfast.aio.Worker an "
+                             f"emqfast.aio.Queue (got {type(queue).__name__})")
+    if not callable(handler):
+        raise InputTypeError(f"handler must be callable, not {type(handler).__name__}")
+
+
 def refuse_async_handler(handler: Any) -> None:
     """The sync Worker runs handlers in threads: an ``async def`` handler would only ever
     return an un-awaited coroutine. Refuse it at construction."""
     if is_async_handler(handler):
-        raise TypeError("emqfast.Worker runs plain functions in threads; this handler is a "
+        raise InputTypeError("emqfast.Worker runs plain functions in threads; this handler is a "
                         "coroutine function (async def): use emqfast.aio.Worker with an "
                         "emqfast.aio.Queue for it")
 

@@ -32,8 +32,9 @@ from emqfast.core.validation import check_int
 from emqfast.worker import core, effects, signals
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable, failure,
-                                     job_group, refuse_async_handler, success)
+from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
+                                     check_worker_args, failure, job_group,
+                                     refuse_async_handler, success)
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import RunningJob, WorkerStats
@@ -88,10 +89,7 @@ class Worker(WorkerMachine):
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None, allow_eviction: bool = False):
-        if not isinstance(queue, Queue) or getattr(queue, "is_async", False):
-            raise TypeError("Worker needs an emqfast.Queue (emqfast.aio.Worker takes an aio.Queue)")
-        if not callable(handler):
-            raise TypeError("handler must be callable")
+        check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         refuse_async_handler(handler)
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
