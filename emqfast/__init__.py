@@ -15,9 +15,9 @@ from emqfast.facade.backoff import Backoff
 from emqfast.facade.bulk import promote_many
 from emqfast.server.connection import connect
 from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, EmqError, EvictionRisk,
-    InvalidInput, JobNotFound, JobStateError, KindError, LeaseLost, PartialBatch, PayloadError,
-    PermissionDenied, RangeError, ReplyLost, ServerBusy, ServerFull, Unrecoverable,
-    VersionMismatch)
+    InputTypeError, InvalidInput, JobNotFound, JobStateError, KeyTypeConflict, KindError,
+    LeaseLost, PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy,
+    ServerFull, Unrecoverable, VersionMismatch)
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Entry, Leaderboard
 from emqfast.facade.queue import Queue
@@ -28,7 +28,7 @@ from emqfast.worker.threaded import Worker, WorkerStats
 __all__ = [
     "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "EvictionRisk",
     "InvalidInput", "Job", "PartialBatch", "PermissionDenied", "ReplyLost", "ServerBusy",
-    "ServerFull",
+    "ServerFull", "InputTypeError", "KeyTypeConflict",
     "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
     "LeaseLost",
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
