@@ -138,15 +138,20 @@ if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it i
     _S = TypeVar("_S")
     _T = TypeVar("_T", covariant=True)
 
+    import redis.asyncio
+
     class _AsyncHost(Protocol):
-        """A facade whose ``_drive`` returns a coroutine: it says so (``is_async``
-        typed ``Literal[True]``) or, like :class:`emqfast.aio.Queue`, has ``aclose()``."""
+        """A facade whose ``_drive`` returns a coroutine, and says so."""
 
         @property
         def is_async(self) -> Literal[True]: ...
 
-    class _Closes(Protocol):
-        def aclose(self) -> Awaitable[None]: ...
+    class _AsyncClient(Protocol):
+        """A facade on ``redis.asyncio`` clients (:mod:`emqfast.aio`'s Queue, Leaderboard):
+        its ``_drive`` returns a coroutine."""
+
+        @property
+        def _resolve(self) -> Callable[[Any], redis.asyncio.Redis]: ...
 
     class _QueuePart(Protocol):
         """A part of a queue (its schedules, groups, workers): sync or awaited as that
@@ -166,7 +171,7 @@ if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it i
         @overload
         def __get__(self, obj: _AsyncHost, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
         @overload
-        def __get__(self, obj: _Closes, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
+        def __get__(self, obj: _AsyncClient, owner: Any) -> Callable[_P, Awaitable[_T]]: ...
         @overload
         def __get__(self, obj: _QueuePart, owner: Any) -> Callable[_P, Any]: ...
         @overload
