@@ -38,10 +38,16 @@ def make_certs(where: Path) -> Dict[str, Path]:
         subprocess.run([openssl, *args], cwd=where, check=True, capture_output=True, timeout=60)
 
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    # The extensions Python 3.13's default context (VERIFY_X509_STRICT) insists on.
     ssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-        "-subj", "/CN=emqfast test CA")
-    (where / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    (where / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+        "-subj", "/CN=emqfast test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-addext", "subjectKeyIdentifier=hash")
+    leaf = ("basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+            "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
+    (where / "server.ext").write_text(leaf + "extendedKeyUsage=serverAuth\n"
+                                      "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    (where / "client.ext").write_text(leaf + "extendedKeyUsage=clientAuth\n")
     for name, subject in (("server", "/CN=127.0.0.1"), ("client", "/CN=emqfast client")):
         ssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
         ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
