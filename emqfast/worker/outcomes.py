@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Type, Union
 
 from emqfast.core import codec
 from emqfast.core.errors import InputTypeError, LeaseLost, PayloadError, Unrecoverable
@@ -63,7 +63,7 @@ def is_async_handler(handler: Any) -> bool:
         inspect.iscoroutinefunction(getattr(handler, "__call__", None))
 
 
-def check_worker_args(queue: Any, wanted: type, handler: Any) -> None:
+def check_worker_args(queue: Any, wanted: Type[Any], handler: Any) -> None:
     """Refuse, typed (InputTypeError: a TypeError too), what a Worker cannot run: a queue
     of the other facade (``wanted``: the driver's Queue class) or a handler that is not
     callable."""
