@@ -21,7 +21,7 @@ setup: $(STAMP)
 # The docs site (mkdocs.yml, docs/) into build/site; --strict: any warning fails the build
 DOCS_STAMP := $(VENV)/.emqfast-docs-installed
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,docs]'
