@@ -21,12 +21,13 @@ _CONFIGURE = load("configure")
 
 
 class QueueControl:
-    """Writes that steer :class:`~emqfast.Queue` (``keys`` and ``_drive`` are the Queue's)."""
+    """Writes that steer :class:`~emqfast.Queue` (``keys``, ``name`` and ``_drive`` are the
+    Queue's). By-id writes follow one missing-id rule: an id the queue does not hold raises
+    :class:`~emqfast.errors.JobNotFound` (reads answer None, see ``Queue.get``)."""
 
     keys: QueueKeys
-    _drive: Callable[[Op], Any]
-
     name: str
+    _drive: Callable[[Op], Any]
 
     def _not_found(self, job_id: str) -> JobNotFound:
         """The one error of every by-id write on an id this queue does not hold."""
@@ -49,8 +50,8 @@ class QueueControl:
     def cancel(self, job_id: str) -> bool:
         """Cancel a scheduled or pending job atomically: True; it keeps a record (state
         ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished jobs).
-        False when the job has started, finished or was cancelled already (``q.get(job_id).state`` says which; nothing is written).
-        Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
+        False when the job has started, finished or was cancelled already
+        (``q.get(job_id).state`` says which; nothing is written). Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
         check_job_id(job_id)
         k = self.keys
         group, exists = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # its lane
