@@ -51,7 +51,8 @@ class QueueControl:
         """Cancel a scheduled or pending job atomically: True; it keeps a record (state
         ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished jobs).
         False when the job has started, finished or was cancelled already
-        (``q.get(job_id).state`` says which; nothing is written). Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
+        (``q.get(job_id).state`` says which; nothing is written). Raises
+        :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
         check_job_id(job_id)
         k = self.keys
         group, exists = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # its lane

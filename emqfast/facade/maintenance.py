@@ -103,8 +103,8 @@ class QueueMaintenance:
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
              max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT,
              keep_cancelled: int = 1000) -> int:
-        """Retention: delete the oldest finished (and cancelled) jobs beyond the counts (and older than
-        ``max_age_ms``, server clock); returns how many were deleted.
+        """Retention: delete the oldest finished (and cancelled) jobs beyond the counts
+        (and older than ``max_age_ms``, server clock); returns how many were deleted.
 
         At most ``limit`` jobs per finished set go in one call (in script calls of
         :data:`TRIM_BATCH`), so the Worker's beat stays short; call again for the rest.
