@@ -68,7 +68,9 @@ def check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str):
         raise InvalidInput("job id must be a str")
     if not job_id.startswith(JOB_BRAND):
-        raise KindError(f"job id must start with {JOB_BRAND!r}")
+        raise KindError(f"job id must start with {JOB_BRAND!r} (got {job_id[:40]!r}): ids "
+                        "emqfast mints do (JobRef.id); to key jobs by your own ids, enqueue "
+                        f"with job_id={JOB_BRAND!r} + your id and look them up the same way")
     if len(job_id) > MAX_NAME_BYTES:
         raise InvalidInput(f"job id longer than {MAX_NAME_BYTES} characters")
     try:
