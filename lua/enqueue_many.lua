@@ -76,18 +76,19 @@ if fresh == 0 then  -- every job a duplicate: nothing to write (no fence stamp e
 end
 local cap = emq_events_cap(KEYS[4])
 local dscore = emq_admit_score(KEYS[2], run_at, now)
-local first_key
-for i = 1, n do
-  if new[i] then first_key = KEYS[6 + i] break end
+-- The ACL of what an admission writes with (as enqueue.lua checks it, on the first new
+-- job's hash), and INCRBY, which draws the counter range here.
+local function counter_denied(acl_arg, counter)
+  local check = redis.acl_check_cmd
+  if acl_arg == '0' or not check or check('INCRBY', counter, '1') then return nil end
+  return 'NOPERM this user may not run INCRBY on the queue counter: nothing was written'
 end
-local denied = emq_admit_denied(ARGV[2], dscore, first_key, KEYS[1], KEYS[2], KEYS[3],
-                                KEYS[5], KEYS[6], cap ~= nil)
+local first_new = 1
+while not new[first_new] do first_new = first_new + 1 end
+local denied = emq_admit_denied(ARGV[2], dscore, KEYS[6 + first_new], KEYS[1], KEYS[2],
+                                KEYS[3], KEYS[5], KEYS[6], cap ~= nil)
+  or counter_denied(ARGV[2], KEYS[5])
 if denied then return redis.error_reply(denied) end
-if ARGV[2] ~= '0' and redis.acl_check_cmd and not redis.acl_check_cmd('INCRBY', KEYS[5], '1')
-    then
-  return redis.error_reply('NOPERM this user may not run INCRBY on the counter: ' ..
-    'nothing was written')
-end
 local err = emq_fence(KEYS[4], ARGV[1])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 

@@ -142,6 +142,8 @@ class _KeyFlow:
         expr = expr.strip()
         if re.fullmatch(r"KEYS\[[^\]]+\]", expr):
             return True
+        if re.fullmatch(r"unpack\(KEYS,[^()]*\)", expr):  # a range of the declared keys
+            return True
         if not _IDENT.fullmatch(expr) or expr in seen:
             return False
         # a helper passing its own parameter on under the same name adds nothing
@@ -207,6 +209,13 @@ def test_key_flow_check_catches_built_keys():
     flow = _KeyFlow(bad)
     verdicts = [flow.is_key(args[1]) and ".." not in args[1] for args in _redis_calls(bad)]
     assert verdicts == [False, False, False, True]
+
+
+def test_key_flow_takes_a_range_of_keys_but_not_of_argv():
+    """enqueue_many.lua's EXISTS over a chunk of KEYS (issue 12) passes; ARGV does not."""
+    src = "redis.call('EXISTS', unpack(KEYS, 7, 9))\nredis.call('DEL', unpack(ARGV, 1, 2))\n"
+    flow = _KeyFlow(src)
+    assert [flow.is_key(args[1]) for args in _redis_calls(src)] == [True, False]
 
 
 # --- error codes ---------------------------------------------------------------------------
