@@ -202,3 +202,23 @@ def test_a_flushed_script_cache_reloads_and_sends_every_chunk_once(backend, r, q
     assert {x.status for x in refs} == {"pending"}
     assert r.zcard(q.keys.pending) == 3 * CHUNK + 2
     assert int(r.get(q.keys.counter)) == 3 * CHUNK + 2
+
+
+@pytest.mark.parametrize("denied", ["xadd", "incrby", "hset"])
+def test_a_user_denied_a_command_it_writes_with_gets_nothing_written(backend, r, redis_url,
+                                                                     qname, denied):
+    import uuid
+
+    from emqfast.errors import PermissionDenied
+
+    user = "emq-many-" + uuid.uuid4().hex[:8]
+    r.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["emq:*"],
+                  commands=["+@all", f"-{denied}"])
+    try:
+        client = redis.Redis.from_url(redis_url, username=user, password="pw")
+        with pytest.raises(PermissionDenied):
+            Queue(qname, client).enqueue_many(["a", "b"])
+        client.close()
+        assert dump_queue(r, qname) == {}
+    finally:
+        r.acl_deluser(user)
