@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from redis.exceptions import AskError, MovedError, TryAgainError
 
 from emqfast.backends import pure_batcher
+from emqfast.backends.exchange import cut_error
 from emqfast.backends.transport import Wait
 from emqfast.core.errors import BackendUnavailable, ConnectionFailed
 from emqfast.core.ops import as_bytes, rows_per_call
@@ -82,7 +83,15 @@ class ClusterBatcher:
         todo, acked = list(range(ncalls)), None
         for _ in range(REDIRECTS):
             sub = _rows_of(columns, todo, rows, nrows)
-            got = self._on_master(slot, sha, script, numkeys, slots, sub, wait)
+            try:
+                got = self._on_master(slot, sha, script, numkeys, slots, sub, wait)
+            except ConnectionFailed as exc:
+                cut = getattr(exc, "replies", None)
+                if cut is None or len(todo) == ncalls:
+                    raise  # the first round: its replies are the whole batch's
+                for i, reply in zip(todo, cut):  # a later round: keep what landed before
+                    replies[i] = reply
+                raise cut_error(exc, replies) from exc
             if wait:
                 acked = got[-1] if acked is None else min(acked, got[-1])
                 got = got[:-1]
