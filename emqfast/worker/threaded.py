@@ -22,7 +22,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Tuple
 
-from emqfast.backends import select as backend
 from emqfast.backends.batcher import run_calls
 from emqfast.backends.scripts import run_pipeline
 from emqfast.facade.job import Job
@@ -30,7 +29,6 @@ from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.core.validation import check_int
 from emqfast.worker import core, effects, signals
-from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
                                      check_worker_args, failure, job_group,
@@ -38,6 +36,7 @@ from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import RunningJob, WorkerStats
+from emqfast.worker.thread_acker import ThreadAcker
 from emqfast.worker.wake import MarkerWaiter
 
 __all__ = ["Worker", "WorkerStats"]
@@ -51,7 +50,7 @@ _ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many 
 _ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
-class Worker(WorkerMachine):
+class Worker(ThreadAcker, WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
@@ -321,47 +320,6 @@ class Worker(WorkerMachine):
             call = core.progress_call(self._keys, job_id, token, value)
             call.script(self._redis, call.keys, call.args)
         return progress
-
-    # --- acknowledging outcomes ----------------------------------------------------
-    def _ack_loop(self) -> None:
-        """The acker thread: write batches of queued outcomes until the None sentinel."""
-        try:
-            while True:
-                batch = self._next_ack_batch()
-                if batch is None:
-                    return
-                try:
-                    if self._ack_batcher is None:  # the live backend's pipeline
-                        self._ack_batcher = backend.batcher_for(self._redis)
-                    self._write_outcomes(batch, self._ack_batcher)
-                except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
-                    self._ack_failed(batch, exc)
-        finally:
-            batcher, self._ack_batcher = self._ack_batcher, None
-            if batcher is not None:
-                batcher.close()
-
-    def _next_ack_batch(self) -> Optional[List[Outcome]]:
-        """The next batch (up to ``ACK_BATCH`` queued outcomes); None: stop."""
-        first = self._acks.get()
-        if first is None:
-            return None
-        batch = list(first)
-        while len(batch) < ACK_BATCH:
-            try:
-                item = self._acks.get_nowait()
-            except queue_mod.Empty:
-                break
-            if item is None:
-                self._acks.put(None)  # finish this batch, then exit
-                break
-            batch += item
-        return batch
-
-    def _write_outcomes(self, batch: List[Outcome], batcher: Any) -> None:
-        """Write a batch (``batcher``: the acker's), then its run times."""
-        replies = self._drive(self._write_batch(batch))
-        self._drive(self._write_run_times(batch, replies))
 
     # --- shutdown ------------------------------------------------------------------
     def _shutdown(self) -> None:
