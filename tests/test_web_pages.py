@@ -90,6 +90,7 @@ def test_overview_lists_the_queue_with_its_counts(client, qname, filled):
     assert "running" in row
     assert got.headers["content-security-policy"].startswith("default-src 'none'")
     assert got.headers["x-frame-options"] == "DENY"
+    assert got.headers["server-timing"].startswith("app;dur=")
 
 
 def test_overview_json_feeds_the_live_update(client, conn, qname, filled):

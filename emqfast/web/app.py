@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence
 from urllib.parse import urlencode
@@ -155,6 +156,7 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
     """Wrap a sync page handler ``fn(dash, request[, form])``: auth, CSRF on POST, the
     typed errors as error pages, headers. Redis is read in a worker thread."""
     async def handle(request: Request) -> Response:
+        started = time.perf_counter()
         dash: Dashboard = request.app.state.dashboard
         try:
             if not public and not dash.guard.allows(request.headers, request.cookies):
@@ -176,5 +178,7 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
             response = dash.error_page(request, 400, f"{type(exc).__name__}: {redact(str(exc))}")
         except EmqError as exc:
             response = dash.error_page(request, 502, f"{type(exc).__name__}: {redact(str(exc))}")
+        # the server's time for this page (browsers show it in their network panel)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return _finish(request, response)
     return handle
