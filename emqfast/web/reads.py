@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from emqfast.backends.drive import run
 from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
 from emqfast.core.ops import Batch, Cmd, Op, Scan
+from emqfast.core.redaction import redact
 from emqfast.facade.job import Job
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
@@ -155,7 +156,7 @@ def overview(client: Any, names: Sequence[str],
         row = QueueRow(q.name)
         failure = next((r for r in (counts, settings) if isinstance(r, Exception)), None)
         if failure is not None:
-            row.error = f"{type(failure).__name__}: {failure}"
+            row.error = redact(f"{type(failure).__name__}: {failure}")
         else:
             row.counts = counts
             row.paused, row.rate, (row.completed_total, row.failed_total) = settings
