@@ -196,7 +196,7 @@ def test_read_only_has_no_action_buttons(browser, redis_url, conn, qname):
             buttons = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "main button")]
             assert set(buttons) <= {"Find"}, buttons
             assert browser.find_elements(By.CSS_SELECTOR, "form[method=post]") == []
-        shoot(browser, "read-only-job")
+        shoot(browser, "read-only-schedules")  # the last page the loop opened
 
 
 def test_workers_page_lists_a_live_worker(browser, redis_url, conn, qname):
