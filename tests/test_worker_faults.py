@@ -84,8 +84,9 @@ def test_claim_refuses_a_fractional_count_or_lease_before_any_pop(redis_url, qna
 def test_worker_with_batches_of_5000_runs_all_6000_jobs(backend, redis_url, qname, r):
     q = make_queue(redis_url, qname)
     q.enqueue_many(list(range(6000)))
-    stats = emqfast.Worker(q, lambda job: None, batch_size=5000,
-                           prefetch=5000).run_until_idle(timeout_s=120)
+    # keep every completed job: the 5 s retention beat must not trim what is counted below
+    stats = emqfast.Worker(q, lambda job: None, batch_size=5000, prefetch=5000,
+                           keep_completed=10_000).run_until_idle(timeout_s=120)
     assert stats.completed == 6000
     assert q.counts()["completed"] == 6000 and r.zcard(q.keys.pending) == 0
     assert r.hlen(q.keys.leases) == 0
