@@ -31,11 +31,26 @@ async def _queue(redis_url, qname, **opts):
     return emq.Queue(qname, emq.connect(redis_url), **opts)
 
 
+class _Barrier:
+    """Passes its waiters ``n`` at a time (asyncio.Barrier is Python 3.11+)."""
+
+    def __init__(self, n):
+        self.n, self.waiting, self.round = n, 0, asyncio.Event()
+
+    async def wait(self):
+        passed = self.round
+        self.waiting += 1
+        if self.waiting == self.n:
+            self.waiting, self.round = 0, asyncio.Event()
+            passed.set()
+        await passed.wait()
+
+
 def test_coroutine_handlers_overlap_up_to_concurrency(redis_url, qname):
     async def main():
         q = await _queue(redis_url, qname)
         await q.enqueue_many(list(range(9)))
-        barrier = asyncio.Barrier(3)  # passes only when 3 handlers wait at once
+        barrier = _Barrier(3)  # passes only when 3 handlers wait at once
         current = peak = 0
 
         async def handler(job):

@@ -11,6 +11,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
+from emqfast.aio import cancels
 from emqfast.facade.job import Job
 from emqfast.worker import core
 from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
@@ -83,7 +84,7 @@ class JobTasks(_Host):
             running = RunningJob(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
-            running.task = asyncio.create_task(self._run_job(job, token), name=f"emq-job-{job.id}")
+            running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
 
     def _take_held(self, peek: bool = False) -> List[Held]:
         """Started jobs waiting for a handler: none to take. Jobs are started only into
@@ -145,14 +146,14 @@ class JobTasks(_Host):
         """True once the task running :meth:`run` was asked to cancel (checked as well as
         caught: redis.asyncio can swallow a cancellation that lands mid-command)."""
         task = self._run_task
-        return task is not None and task.cancelling() > self._cancels_before
+        return task is not None and cancels.requests(task) > self._cancels_before
 
     @staticmethod
     def _task_cancelled() -> bool:
         """True when the current task was asked to cancel (not a CancelledError a handler
         raised or caught from something else)."""
         task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
+        return task is not None and cancels.requests(task) > 0
 
     def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,
                    release: Optional[Held] = None) -> None:

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, List
 
+from emqfast.aio import cancels
 from emqfast.worker.resend import typed
 
 if TYPE_CHECKING:  # a checker sees what the Worker holds; at run time the base is object
@@ -103,11 +104,11 @@ class Lifecycle(_Host):
         """``task``, or a new one running ``loop_fn`` when it was cancelled (teardown).
         A cancelled task that has not ended soon swallowed its cancellation (redis.asyncio
         can, mid-command) and still runs: it is kept."""
-        if not task.done() and task.cancelling():
+        if not task.done() and cancels.requests(task):
             await asyncio.wait([task], timeout=0.1)  # an acker puts its batch back first
         if not task.done() or not task.cancelled():
             return task  # running, or ended on its own (_closing)
-        return asyncio.create_task(loop_fn(), name=name)
+        return cancels.spawn(loop_fn(), name=name)
 
     async def _grace_period(self) -> None:
         """Wait up to ``shutdown_timeout_s`` for running handlers to finish (less when a

@@ -49,6 +49,7 @@ import logging
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
+from emqfast.aio import cancels
 from emqfast.aio.handlers import JobTasks
 from emqfast.aio.lifecycle import Lifecycle
 from emqfast.aio.queue import Queue
@@ -124,7 +125,8 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         loop's teardown, shuts down the same way (see the module docstring)."""
         signals = SIGNALS.add(self, asyncio.get_running_loop())
         try:
-            await self._serve(until_idle=False, deadline=None, wait_scheduled=False)
+            await cancels.counted(self._serve(until_idle=False, deadline=None,
+                                              wait_scheduled=False))
         finally:
             if signals:
                 SIGNALS.remove(self)
@@ -140,7 +142,8 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wait_active = wait_active
         try:
-            await self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
+            await cancels.counted(self._serve(until_idle=True, deadline=deadline,
+                                              wait_scheduled=wait_scheduled))
         finally:
             self._stopping = False  # a stop requested meanwhile was honoured
         return self.stats
@@ -185,8 +188,8 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         if not self.allow_eviction:
             self._refuse_eviction(await eviction.check_async(self._redis))
         self._begin()
-        acker = asyncio.create_task(self._ack_loop(), name="emq-acker")
-        leases = asyncio.create_task(self._lease_loop(), name="emq-leases")
+        acker = cancels.spawn(self._ack_loop(), name="emq-acker")
+        leases = cancels.spawn(self._lease_loop(), name="emq-leases")
         try:
             await self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
         finally:
@@ -206,7 +209,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         self._closing = False
         self._serving = True
         task = asyncio.current_task()
-        self._run_task, self._cancels_before = task, (task.cancelling() if task else 0)
+        self._run_task, self._cancels_before = task, (cancels.requests(task) if task else 0)
 
     # --- performing the machine's effects ----------------------------------------------
     def _drive(self, logic: effects.Logic) -> Any:
