@@ -138,6 +138,10 @@ class PartialBatch(EmqError):
     """
 
     code = "EMQPARTIAL"
+    # set by enqueue_many (facade/enqueue_batch.py) for retry_partial; absent on one made
+    # elsewhere, which retry_partial refuses (it reads them with getattr)
+    batch: Any
+    queue: str
 
     def __init__(self, message: str, landed: Sequence[Any] = (), unknown: Sequence[str] = (),
                  not_sent: Sequence[str] = ()):

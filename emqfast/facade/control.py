@@ -7,7 +7,7 @@ from typing import Any, Callable
 from emqfast.backends.scripts import load
 from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Call, Cmd, Op, operation
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.scores import MAX_OFFSET_MS
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.core.times import Delay, delay_ms
@@ -47,7 +47,7 @@ class QueueControl:
         return "scheduled" if delayed is not None else "pending"
 
     @operation
-    def cancel(self, job_id: str) -> bool:
+    def cancel(self, job_id: str) -> Returns[bool]:
         """Cancel a scheduled or pending job atomically: True; it keeps a record (state
         ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished jobs).
         False when the job has started, finished or was cancelled already
@@ -64,7 +64,7 @@ class QueueControl:
                                           k.cancelled], [job_id, KEYSPACE_VERSION])))
 
     @operation
-    def retry(self, job_id: str) -> None:
+    def retry(self, job_id: str) -> Returns[None]:
         """Send a failed job back to pending with a fresh set of attempts. Raises
         :class:`~emqfast.errors.JobNotFound` for an id the queue does not hold and
         :class:`~emqfast.errors.JobStateError` naming the state of a job that is not failed."""
@@ -90,17 +90,17 @@ class QueueControl:
         lanes.combine_moves(calls, (yield Batch(calls)), lambda _: None)
 
     @operation
-    def pause(self) -> None:
+    def pause(self) -> Returns[None]:
         """Stop workers from claiming jobs (enqueues still succeed)."""
         yield Call(_PAUSE, [self.keys.meta, self.keys.marker], [1, KEYSPACE_VERSION])
 
     @operation
-    def resume(self) -> None:
+    def resume(self) -> Returns[None]:
         """Let workers claim again (wakes a blocked worker)."""
         yield Call(_PAUSE, [self.keys.meta, self.keys.marker], [0, KEYSPACE_VERSION])
 
     @operation
-    def configure_events(self, maxlen: int = events_mod.DEFAULT_EVENTS_CAP) -> None:
+    def configure_events(self, maxlen: int = events_mod.DEFAULT_EVENTS_CAP) -> Returns[None]:
         """Cap the events stream at about ``maxlen`` entries; 0 turns events off.
 
         Stored in the queue's meta hash, so it applies to every producer and worker.
@@ -110,7 +110,7 @@ class QueueControl:
                    [KEYSPACE_VERSION, "events", maxlen])
 
     @operation
-    def set_rate_limit(self, max_jobs: int, window_ms: Delay) -> None:
+    def set_rate_limit(self, max_jobs: int, window_ms: Delay) -> Returns[None]:
         """Let workers start at most ``max_jobs`` jobs of this queue in any ``window_ms``
         (ms or a ``timedelta``; a sliding window on the Redis server clock, enforced in
         claim.lua)."""
@@ -120,7 +120,7 @@ class QueueControl:
                    [KEYSPACE_VERSION, "rate_max", max_jobs, "rate_window", window_ms])
 
     @operation
-    def clear_rate_limit(self) -> None:
+    def clear_rate_limit(self) -> Returns[None]:
         """Remove the queue's rate limit (wakes a worker waiting on it)."""
         yield Call(_CONFIGURE, [self.keys.meta, self.keys.marker],
                    [KEYSPACE_VERSION, "rate_max", 0, "rate_window", 0])

@@ -11,7 +11,7 @@ from emqfast.backends import transport
 from emqfast.backends.scripts import load, map_error
 from emqfast.core.errors import ConnectionFailed, InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Columns, Op, Request, Slot
+from emqfast.core.ops import Batch, Columns, Request, Returns, Slot
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.admission import (ENCODING_COLUMN, ID_COLUMN, PAYLOAD_COLUMN, STATUS, Job,
                                       Shared, Wait, check_replicated, enqueue_call, status_of)
@@ -99,7 +99,7 @@ def per_job(batch: EnqueueBatch, send: Send, got: List[Any]) -> List[Any]:
     return out
 
 
-def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Op:
+def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Returns[List[JobRef]]:
     """Send ``batch`` in streamed chunks; its refs, or PartialBatch / the plain typed error
     (see ``Queue.enqueue_many``)."""
     replies: List[Any] = []
@@ -188,11 +188,12 @@ def partial(queue: str, batch: EnqueueBatch, replies: List[Any],
                        f"landed, {len(unknown)} unknown (sent, reply lost), "
                        f"{len(not_sent)} not written: {type(cause).__name__}: {cause}",
                        landed, unknown, not_sent)
-    err.batch, err.queue = batch, queue  # type: ignore[attr-defined]  # for retry_partial
+    err.batch, err.queue = batch, queue  # for retry_partial
     return err
 
 
-def retry_partial(k: QueueKeys, queue: str, err: PartialBatch, wait: Wait) -> Op:
+def retry_partial(k: QueueKeys, queue: str, err: PartialBatch,
+                  wait: Wait) -> Returns[List[JobRef]]:
     """Re-send what ``err`` left undone (see ``Queue.retry_partial``); refs for the whole
     original batch, in its order."""
     batch = getattr(err, "batch", None)
@@ -210,7 +211,7 @@ def retry_partial(k: QueueKeys, queue: str, err: PartialBatch, wait: Wait) -> Op
     except PartialBatch as cut:  # report the whole original batch, retryable again
         cut.landed = [done[j] for j in batch.job_ids if j in done] + cut.landed
         whole = batch.subset(range(len(batch.jobs)), again.recovering)
-        cut.batch = whole  # type: ignore[attr-defined]
+        cut.batch = whole
         raise
     done.update((ref.id, ref) for ref in refs)
     return [done[j] for j in batch.job_ids if j in done]

@@ -2,12 +2,12 @@
 settings, the events stream and metrics. A mixin of :class:`~emqfast.Queue`."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 from emqfast.backends import select as backend
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Cmd, Op, operation
+from emqfast.core.ops import Batch, Cmd, Op, Returns, operation
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.facade import events as events_mod, metrics as metrics_mod
 from emqfast.facade.job import Job
@@ -25,7 +25,7 @@ class QueueInspection:
     _drive: Callable[[Op], Any]
 
     @operation
-    def get(self, job_id: str) -> Optional[Job]:
+    def get(self, job_id: str) -> Returns[Optional[Job]]:
         """The job's state and data, or None if this queue holds no such job (never
         enqueued here, or trimmed). The missing-id rule: reading answers None, acting on
         a missing id (cancel, retry) raises :class:`~emqfast.errors.JobNotFound`, and an
@@ -36,7 +36,7 @@ class QueueInspection:
         return Job.from_hash(self.name, job_id, h, delayed) if h else None
 
     @operation
-    def counts(self) -> Dict[str, int]:
+    def counts(self) -> Returns[Dict[str, int]]:
         """Number of jobs per state (``cancelled``: the records kept of cancelled jobs).
         ``pending`` includes the jobs waiting in group lanes;
         ``grouped`` is how many of them do (one round trip without groups, two with)."""
@@ -53,7 +53,7 @@ class QueueInspection:
                 "completed": c, "failed": f, "cancelled": x}
 
     @operation
-    def job_ids(self, state: str, start: int = 0, stop: int = -1) -> List[str]:
+    def job_ids(self, state: str, start: int = 0, stop: int = -1) -> Returns[List[str]]:
         """Ids in one state, in the order they will run (or finished or were cancelled,
         newest first);
         ``start``/``stop`` index them as ZRANGE does (inclusive, negative from the end).
@@ -92,40 +92,43 @@ class QueueInspection:
         return [i for part in (yield Batch(reads)) for i in part]
 
     @operation
-    def next_due_ms(self) -> Optional[int]:
+    def next_due_ms(self) -> Returns[Optional[int]]:
         """Run-at (epoch ms) of the earliest delayed job, or None."""
         head = yield Cmd.of("ZRANGE", self.keys.delayed, 0, 0, "WITHSCORES", withscores=True)
         return backend.impl().unpack_delayed(int(head[0][1]))[0] if head else None
 
     @operation
-    def server_time_ms(self) -> int:
+    def server_time_ms(self) -> Returns[int]:
         """The Redis server's clock, epoch ms (the clock every schedule is measured on)."""
         sec, usec = yield Cmd.of("TIME")
         return int(sec) * 1000 + int(usec) // 1000
 
     @operation
-    def is_paused(self) -> bool:
+    def is_paused(self) -> Returns[bool]:
         """True while the queue is paused."""
-        return (yield Cmd.of("HGET", self.keys.meta, "paused")) == b"1"
+        paused: Optional[bytes] = yield Cmd.of("HGET", self.keys.meta, "paused")
+        return paused == b"1"
 
     @operation
-    def rate_limit(self) -> Optional[Tuple[int, int]]:
+    def rate_limit(self) -> Returns[Optional[Tuple[int, int]]]:
         """``(max_jobs, window_ms)``, or None when the queue has no rate limit."""
         got = yield Cmd.of("HMGET", self.keys.meta, "rate_max", "rate_window")
         limit = tuple(int(v) if v is not None else 0 for v in got)
-        return limit if all(limit) else None  # type: ignore[return-value]
+        return cast(Tuple[int, int], limit) if all(limit) else None  # HMGET of two fields
 
     # --- observability ---------------------------------------------------------------
     @operation
     def read_events(self, since: str = "0-0", *, count: int = 100,
-                    block_ms: Optional[int] = None) -> List[events_mod.Event]:
+                    block_ms: Optional[int] = None) -> Returns[List[events_mod.Event]]:
         """Up to ``count`` events after stream position ``since`` (one XREAD);
         ``block_ms`` waits that long for the first one (0: forever)."""
         since = events_mod.check_position(since)
         check_int(count, "count", 1, 1_000_000)
         if block_ms is not None:
             check_int(block_ms, "block_ms", 0, 1 << 40)
-        return (yield from events_mod.read_op(self.keys, since, count, block_ms))
+        got: List[events_mod.Event] = yield from events_mod.read_op(self.keys, since, count,
+                                                                     block_ms)
+        return got
 
     def events(self, since: str = "0-0", *, block_ms: Optional[int] = None,
                count: int = 100) -> Iterator[events_mod.Event]:
@@ -154,14 +157,16 @@ class QueueInspection:
                 return
 
     @operation
-    def last_event_id(self) -> str:
+    def last_event_id(self) -> Returns[str]:
         """Id of the newest event in the stream (``"0-0"`` when empty)."""
-        return (yield from events_mod.last_id_op(self.keys))
+        last: str = yield from events_mod.last_id_op(self.keys)
+        return last
 
     @operation
-    def metrics(self) -> metrics_mod.QueueMetrics:
+    def metrics(self) -> Returns[metrics_mod.QueueMetrics]:
         """Counters and latency histograms of this queue (cluster-wide, from Redis)."""
-        return (yield from metrics_mod.snapshot_op(self.keys))
+        snapshot: metrics_mod.QueueMetrics = yield from metrics_mod.snapshot_op(self.keys)
+        return snapshot
 
 
 def _slice_reads(keys: List[str], sizes: List[int], start: int, stop: int) -> List[Cmd]:

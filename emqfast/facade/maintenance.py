@@ -8,7 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from emqfast.backends.scripts import load
 from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH, batches, chunks
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Call, Cmd, Op, Scan, operation
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, Scan, operation
 from emqfast.core.scores import MAX_RUN_AT_MS
 from emqfast.core.validation import check_int
 from emqfast.core.times import Delay, delay_ms
@@ -39,7 +39,7 @@ class QueueMaintenance:
     _drive: Callable[[Op], Any]
 
     @operation
-    def promote(self, limit: int = 1000) -> int:
+    def promote(self, limit: int = 1000) -> Returns[int]:
         """Release up to ``limit`` due delayed jobs to pending (server clock); returns how
         many moved. Reads the due ids :data:`DUE_BATCH` at a time and moves them in script
         calls of at most :data:`PROMOTE_BATCH` jobs (bounded work per call)."""
@@ -68,7 +68,7 @@ class QueueMaintenance:
         return len(due.ids), lanes.combine_moves(calls, (yield Batch(calls)), sum)
 
     @operation
-    def reap(self, max_stalled: int = 1, limit: int = 1000) -> Tuple[int, int]:
+    def reap(self, max_stalled: int = 1, limit: int = 1000) -> Returns[Tuple[int, int]]:
         """Return up to ``limit`` jobs with expired leases to pending;
         ``(requeued, failed_as_stalled)``. Works in calls of at most :data:`REAP_BATCH` jobs."""
         check_int(max_stalled, "max_stalled", 0, 1_000_000)
@@ -102,7 +102,7 @@ class QueueMaintenance:
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
              max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT,
-             keep_cancelled: int = 1000) -> int:
+             keep_cancelled: int = 1000) -> Returns[int]:
         """Retention: delete the oldest finished (and cancelled) jobs beyond the counts
         (and older than ``max_age_ms``, server clock); returns how many were deleted.
 
@@ -140,7 +140,7 @@ class QueueMaintenance:
         return removed
 
     @operation
-    def obliterate(self) -> int:
+    def obliterate(self) -> Returns[int]:
         """Delete every key of this queue (jobs, schedules, meta). Returns keys deleted."""
         n = 0
         for batch in chunks(list((yield Scan(self.keys.glob(), 1000))), 500):

@@ -15,7 +15,7 @@ from emqfast.backends.drive import run
 from emqfast.core import codec, ids
 from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Op, operation
+from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.facade import admission, options, tracing
@@ -111,7 +111,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
-                group: Optional[str] = None) -> JobRef:
+                group: Optional[str] = None) -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
@@ -155,7 +155,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
                      run_at_ms: Optional[RunAt] = None,
-                     group: Optional[str] = None) -> List[JobRef]:
+                     group: Optional[str] = None) -> Returns[List[JobRef]]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
@@ -198,7 +198,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
                                       EnqueueBatch(jobs, shared, self._wait)))
 
     @operation
-    def retry_partial(self, partial: PartialBatch) -> List[JobRef]:
+    def retry_partial(self, partial: PartialBatch) -> Returns[List[JobRef]]:
         """Re-send what a :class:`~emqfast.errors.PartialBatch` raised by this queue's
         ``enqueue_many`` left undone, with the same ids, payloads and options.
 
@@ -214,9 +214,10 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
     @property
     def groups(self) -> Groups:
         """Group lanes of this queue: caps and counts (see :mod:`emqfast.groups`)."""
-        if getattr(self, "_groups", None) is None:
-            self._groups = Groups(self)
-        return self._groups  # type: ignore[return-value]
+        groups: Optional[Groups] = getattr(self, "_groups", None)
+        if groups is None:
+            groups = self._groups = Groups(self)
+        return groups
 
     @property
     def schedules(self) -> Schedules:
