@@ -8,7 +8,7 @@ swap the driver (each method returns a coroutine here) and what asyncio needs be
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, Optional
 
 from emqfast.facade import bulk
 from emqfast.facade.events import Event, Waits, block_chunk_ms, check_position
@@ -29,9 +29,13 @@ class Queue(_SyncQueue):
     """
 
     is_async = True
-    _resolve = staticmethod(resolve)
+    if TYPE_CHECKING:  # the sync resolver returns a blocking client, this one an asyncio one
+        @staticmethod
+        def _resolve(conn: Any) -> Any: ...
+    else:
+        _resolve = staticmethod(resolve)
 
-    @property  # type: ignore[override]
+    @property
     def redis(self) -> Any:
         """The client for the running event loop: the one given serves the first loop
         that uses it, others get a copy (see :class:`emqfast.aio.connection.LoopClients`),
@@ -52,6 +56,8 @@ class Queue(_SyncQueue):
     def _live_batcher(self) -> Any:  # pragma: no cover - the async driver never asks for one
         raise TypeError("emqfast.aio.Queue has no blocking Batcher")
 
+    # an async iterator where the sync Queue's is a plain one: a deliberate API difference
+    # (``async for``), not a third party; the one override the checker must be told of
     async def events(self, since: str = "0-0", *, block_ms: Optional[int] = None,  # type: ignore[override]
                      count: int = 100) -> AsyncIterator[Event]:
         """:meth:`emqfast.Queue.events` as an async iterator: ``async for ev in q.events()``."""
@@ -82,7 +88,11 @@ class Queue(_SyncQueue):
 class Leaderboard(_SyncLeaderboard):
     """:class:`emqfast.Leaderboard` over ``redis.asyncio``: ``await board.top(10)``."""
 
-    _resolve = staticmethod(resolve)
+    if TYPE_CHECKING:  # as Queue's, above
+        @staticmethod
+        def _resolve(conn: Any) -> Any: ...
+    else:
+        _resolve = staticmethod(resolve)
 
     def _drive(self, op: Op) -> Any:
         return run_async(self.redis, op)

@@ -55,7 +55,7 @@ class SignalFanout:
     def _install(self, loop: asyncio.AbstractEventLoop) -> bool:
         # the loop's own handlers (a private map of the Unix loops): put back when we leave
         handlers = getattr(loop, "_signal_handlers", {})
-        previous = {sig: handlers.get(sig) for sig in self.SIGNALS}
+        previous: Dict[int, Any] = {sig: handlers.get(sig) for sig in self.SIGNALS}
         try:
             for sig in self.SIGNALS:
                 loop.add_signal_handler(sig, self._fire, sig)
