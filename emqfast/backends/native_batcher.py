@@ -10,7 +10,7 @@ import os
 import threading
 from array import array
 from itertools import accumulate, chain
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from redis.exceptions import NoScriptError, ResponseError
 
@@ -76,7 +76,7 @@ class Batcher:
         return cls(**cls.params_from_redis(client))
 
     @staticmethod
-    def params_from_redis(client: Any) -> dict:
+    def params_from_redis(client: Any) -> Dict[str, Any]:
         """The keyword arguments :meth:`from_redis` builds a Batcher with (server,
         credentials, db, timeouts): equal dicts mean an equivalent connection."""
         import redis
@@ -250,7 +250,7 @@ class Batcher:
         return replies
 
     def _send(self, sha_b: bytes, numkeys: int, flat: Sequence[Any], argc: int,
-              argcs: Optional[List[int]]) -> Tuple[List[Any], List[Any], bool]:
+              argcs: Optional[List[int]]) -> Tuple[Sequence[Any], List[Any], bool]:
         values, blob, lens = pack_args(flat)
         if argcs is None:
             ncalls, c_argcs = len(values) // argc, ffi.NULL
@@ -292,7 +292,7 @@ class Batcher:
                 self._raise(rc)
             return self._decode()
 
-    def _cut(self, ncalls: int) -> Exception:
+    def _cut(self, ncalls: int) -> BaseException:
         """The BatchCut of a batch that failed after bytes left: the replies that arrived
         are kept (they are the only record of what landed)."""
         got, _ = self._decode()

@@ -127,9 +127,12 @@ class ClusterBatcher:
             node = self.client.nodes_manager.get_node_from_slot(slot)
             batcher = self._node_batcher(dict(self._params, host=node.host, port=node.port))
             try:
+                replies: List[Any]
                 if wait:
-                    return batcher.evalsha_columns(sha, script, numkeys, slots, columns, wait)
-                return batcher.evalsha_columns(sha, script, numkeys, slots, columns)
+                    replies = batcher.evalsha_columns(sha, script, numkeys, slots, columns, wait)
+                else:
+                    replies = batcher.evalsha_columns(sha, script, numkeys, slots, columns)
+                return replies
             except ConnectionFailed as exc:
                 if getattr(exc, "replies", None) is not None or attempt:
                     raise  # bytes left (BatchCut), or the refreshed master is down too

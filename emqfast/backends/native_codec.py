@@ -4,7 +4,7 @@ the C connection's failure codes mapped to emqfast's typed errors."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from redis.exceptions import DataError
 
@@ -15,8 +15,9 @@ from emqfast.core.errors import ConnectionFailed, InvalidInput, PermissionDenied
 try:  # redis-py's own error-reply mapping, so both Batchers return the same exceptions
     from redis._parsers.base import BaseParser as _RedisParser
 except ImportError:  # redis-py < 5
-    from redis.connection import BaseParser as _RedisParser  # type: ignore[no-redef]
-_error_reply = _RedisParser.parse_error
+    # redis-py 5+ (what mypy reads) no longer exports it here; redis-py < 5 has no other
+    from redis.connection import BaseParser as _RedisParser  # type: ignore[attr-defined]
+_error_reply: Callable[[str], Exception] = _RedisParser.parse_error  # redis-py: unannotated
 
 # walk_nodes reads the reply type codes as literals, for speed: a stale .so must not
 # number them differently.
@@ -54,7 +55,7 @@ def column_bytes(values: Sequence[Any]) -> List[bytes]:
     return [v if type(v) is bytes else encode(v) for v in values]
 
 
-def pack_args(values: Sequence[Any]) -> Tuple[List[Any], bytes, Any]:
+def pack_args(values: Sequence[Any]) -> Tuple[Sequence[Any], bytes, Any]:
     """(encoded values, their concatenation, a C size_t array of their lengths)."""
     try:
         blob = b"".join(values)
@@ -83,7 +84,8 @@ def walk_nodes(nodes: List[int], data: bytes, count: int) -> List[Any]:
     """Python values from the flat (type, a, b) node list (see emq.h); the type
     codes are literals for speed, checked against lib.EMQ_R_* at import."""
     out: List[Any] = []
-    cur, left, stack = out, count, []
+    stack: List[Tuple[List[Any], int]] = []  # (the array being filled, its items left)
+    cur, left = out, count
     i = 0
     while True:
         while left == 0:
@@ -130,7 +132,8 @@ def conn_failure(rc: int, message: str, where: str, secret: Optional[str]) -> Ex
     return ConnectionFailed(f"redis at {where}: {message}")
 
 
-def cut_again(cut: ConnectionFailed, replies: List[Any], missing: List[int]) -> Exception:
+def cut_again(cut: ConnectionFailed, replies: List[Any],
+              missing: List[int]) -> BaseException:
     """A failure while re-sending the calls that met NOSCRIPT, reported for the batch."""
     got = getattr(cut, "replies", None) or [transport.UNSENT] * len(missing)
     full = list(replies)

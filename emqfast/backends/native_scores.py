@@ -30,7 +30,7 @@ _OK, _ERANGE = lib.EMQ_OK, lib.EMQ_ERANGE
 def pack_delayed(run_at_ms: int, seq: int) -> int:
     """Delayed-set score for a job due at ``run_at_ms``; see :func:`_pure.pack_delayed`."""
     try:
-        score = lib.emq_pack_delayed(run_at_ms, seq)
+        score: int = lib.emq_pack_delayed(run_at_ms, seq)
     except (OverflowError, TypeError):
         return _pure.pack_delayed(run_at_ms, seq)
     if score < 0:
@@ -51,7 +51,7 @@ def unpack_delayed(score: int) -> Tuple[int, int]:
 def pack_priority(priority: int, counter: int) -> int:
     """Pending-set score; see :func:`_pure.pack_priority`."""
     try:
-        score = lib.emq_pack_priority(priority, counter)
+        score: int = lib.emq_pack_priority(priority, counter)
     except (OverflowError, TypeError):
         return _pure.pack_priority(priority, counter)
     if score < 0:
@@ -95,7 +95,7 @@ def _c_array(ctype: str, values: Sequence[Any]) -> Any:
 _ZEROS = array("q", [0])
 
 
-def _out(n: int) -> Tuple[array, Any]:
+def _out(n: int) -> Tuple[array[int], Any]:
     """An int64 result array and the C view of it."""
     out = _ZEROS * n
     return out, ffi.from_buffer("int64_t[]", out)
@@ -152,8 +152,8 @@ def backoff_delay(kind: int, base_ms: int, cap_ms: int, band: float, full: bool,
     c_band = _c_band(band)
     if c_band is not None:
         try:
-            delay = lib.emq_backoff_delay(kind, base_ms, cap_ms, c_band, 1 if full else 0,
-                                          attempts, seed & M64)
+            delay: int = lib.emq_backoff_delay(kind, base_ms, cap_ms, c_band,
+                                               1 if full else 0, attempts, seed & M64)
         except (OverflowError, TypeError):
             delay = -lib.EMQ_EDOMAIN
         if delay >= 0:

@@ -79,7 +79,8 @@ def _path(value: Optional[str]) -> Any:
 def open_tls(conn: Any, host: bytes, port: int, connect_timeout: float, io_timeout: float,
              tls: TlsSettings) -> int:
     """Connect ``conn`` (an ``emq_conn *``) over TLS; the C status code."""
-    return lib.emq_conn_open_tls(conn, host, port, connect_timeout, io_timeout,
-                                 _path(tls.ca_file), _path(tls.ca_path), _path(tls.cert_file),
-                                 _path(tls.key_file), int(tls.verify),
-                                 int(tls.check_hostname))
+    status: int = lib.emq_conn_open_tls(conn, host, port, connect_timeout, io_timeout,
+                                        _path(tls.ca_file), _path(tls.ca_path),
+                                        _path(tls.cert_file), _path(tls.key_file),
+                                        int(tls.verify), int(tls.check_hostname))
+    return status

@@ -2,7 +2,7 @@
 over redis-py (with the hiredis parser when installed)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import redis
 
@@ -20,7 +20,7 @@ class _Source:
         self.source = source
         self.numkeys = numkeys  # as given: a wrong count is the server's error to report
 
-    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple:
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Tuple[Any, ...]:
         return ("EVALSHA", self.sha, self.numkeys, *keys, *args)
 
 
@@ -78,7 +78,7 @@ class Batcher:
         if rows_per_call(slots) > 1:  # many rows per call: KEYS counts differ by call
             if not ncalls:
                 return [0] if wait else []
-            sources: dict = {}
+            sources: Dict[int, Any] = {}
             return send(self.client, [
                 (sources.setdefault(len(keys), _source(sha, script, len(keys))), keys, args)
                 for keys, args in column_calls(numkeys, slots, columns)], wait, raw=True)
