@@ -18,7 +18,7 @@ from emqfast.core.redaction import redact
 from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
-from emqfast.web.app import Dashboard, Problem, cookie_path, flash, link
+from emqfast.web.app import Dashboard, Handler, Problem, cookie_path, flash, link
 from emqfast.web.pages import known_queue
 from emqfast.web.reads import OPTIONAL_STATES, STATES as BASE_STATES
 from emqfast.web.security import AUTH_COOKIE
@@ -189,7 +189,7 @@ def logout(dash: Dashboard, request: Request, form: Any) -> Response:
     return response
 
 
-ROUTES = [
+ROUTES: List[Tuple[str, str, str, Handler, bool]] = [  # as pages.ROUTES
     ("/job/action", "job_action", "POST", job_action, False),
     ("/queue/action", "queue_action", "POST", queue_action, False),
     ("/schedules/remove", "schedule_remove", "POST", schedule_remove, False),

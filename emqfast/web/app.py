@@ -8,7 +8,7 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence
+from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple
 from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -95,15 +95,16 @@ def cookie_path(request: Request) -> str:
 
 def link(request: Request, name: str, **params: Any) -> str:
     """A root-relative URL of route ``name`` (works under any mount prefix)."""
-    path = request.scope.get("root_path", "") + str(request.app.url_path_for(name))
+    root: str = request.scope.get("root_path", "")
+    path = root + str(request.app.url_path_for(name))
     query = {k: v for k, v in params.items() if v is not None and v != ""}
     return path + ("?" + urlencode(query) if query else "")
 
 
 def asset(request: Request, name: str) -> str:
     """The root-relative URL of a static file of the dashboard."""
-    return request.scope.get("root_path", "") + str(request.app.url_path_for(
-        "static", path="/" + name))
+    root: str = request.scope.get("root_path", "")
+    return root + str(request.app.url_path_for("static", path="/" + name))
 
 
 def csrf_of(request: Request) -> str:
@@ -163,7 +164,7 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
                 if wants_json(request) or post:
                     raise Problem(401, "log in first (auth token needed)")
                 return _finish(request, RedirectResponse(link(request, "login"), 303))
-            args: tuple = ()
+            args: Tuple[Any, ...] = ()
             if post:
                 form = await request.form()
                 if not dash.guard.by_header(request.headers) and \

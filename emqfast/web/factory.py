@@ -2,10 +2,10 @@
 Starlette app."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from starlette.applications import Starlette
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from emqfast.web import actions, pages
@@ -24,9 +24,10 @@ def create_app(conn: Any = None, *, queues: Optional[Sequence[str]] = None,
     (``Mount("/jobs", create_app(conn))``): links are relative to the mount point.
     """
     dash = Dashboard(conn, queues, read_only, auth)
-    routes = [Route(path, endpoint(fn, post=method == "POST", public=public), name=name,
-                    methods=[method])
-              for path, name, method, fn, public in pages.ROUTES + actions.ROUTES]
+    routes: List[BaseRoute] = [
+        Route(path, endpoint(fn, post=method == "POST", public=public), name=name,
+              methods=[method])
+        for path, name, method, fn, public in pages.ROUTES + actions.ROUTES]
     routes.append(Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"))
     app = Starlette(routes=routes)
     app.state.dashboard = dash

@@ -123,7 +123,7 @@ def sparkline(values: Sequence[float], width: int = 300, height: int = 60,
 
 
 def histogram_bars(buckets: Sequence[Tuple[float, int]], width: int = 300,
-                   height: int = 80) -> List[dict]:
+                   height: int = 80) -> List[Dict[str, Any]]:
     """Bars of a cumulative histogram (``(bound ms, count)`` pairs): one per bucket with its
     own count, as SVG rect geometry plus a label."""
     counts, previous = [], 0

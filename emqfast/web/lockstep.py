@@ -17,6 +17,7 @@ import redis
 from emqfast.backends.drive import typed_failure
 from emqfast.core.ops import Batch, Cmd, Op
 
+hiredis: Any  # the module, or None without it (then redis-py's own pipeline is used)
 try:  # redis-py's own dependency when fast parsing is on (emqfast requires it)
     import hiredis
 except ImportError:  # pragma: no cover
@@ -48,7 +49,8 @@ def run_many(client: Any, ops: Sequence[Op]) -> List[Any]:
 def _plan(waiting: Dict[int, Any]) -> Tuple[List[Tuple[int, bool, int, int]], List[Cmd]]:
     """(op index, single command?, first reply, reply count) per waiting op, and the
     commands of the round in order."""
-    plan, commands = [], []
+    plan: List[Tuple[int, bool, int, int]] = []
+    commands: List[Cmd] = []
     for i, request in waiting.items():
         cmds = [request] if isinstance(request, Cmd) else list(request.items)
         plan.append((i, isinstance(request, Cmd), len(commands), len(cmds)))
@@ -67,7 +69,8 @@ def _execute(client: Any, commands: List[Cmd]) -> List[Any]:
     for c in commands:
         pipe.execute_command(*c.args, **c.options)
     try:
-        return pipe.execute(raise_on_error=False)
+        replies: List[Any] = pipe.execute(raise_on_error=False)
+        return replies
     except Exception as exc:  # the connection itself failed: every op gets the error
         return [exc] * len(commands)
 
@@ -78,7 +81,7 @@ def _execute_packed(client: redis.Redis, commands: List[Cmd]) -> List[Any]:
     the client's response callbacks as redis-py's pipeline does; an error reply stays in
     its slot. Reads only: a broken connection fails every slot (nothing re-sent)."""
     pool = client.connection_pool
-    conn = pool.get_connection()
+    conn: Any = pool.get_connection()  # redis-py's Connection methods are unannotated
     try:
         conn.send_packed_command([b"".join(hiredis.pack_command(c.args) for c in commands)],
                                  check_health=False)
@@ -129,7 +132,8 @@ def _decoded(client: redis.Redis, cmd: Cmd, raw: Any, seen: Optional[Dict[Any, A
     if seen is not None and name in seen:
         callback = seen[name]
     else:
-        callback = client.response_callbacks.get(str(name).upper())
+        callbacks: Dict[Any, Any] = client.response_callbacks  # a dict (case-insensitive)
+        callback = callbacks.get(str(name).upper())
         if seen is not None:
             seen[name] = callback
     if callback is None:

@@ -5,7 +5,7 @@ Handlers are plain functions ``(dash, request) -> Response`` run in a worker thr
 answers an unknown queue or job with a 404 page, and renders a template."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -14,7 +14,7 @@ from emqfast.core.validation import check_job_id, check_queue_name
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.web import format as fmt, reads
-from emqfast.web.app import Dashboard, Problem, link
+from emqfast.web.app import Dashboard, Handler, Problem, link
 
 STATE_NAMES = reads.STATES
 
@@ -70,7 +70,7 @@ def overview(dash: Dashboard, request: Request) -> Response:
                        queue_link=link(request, "queue"), **data)
 
 
-def _rate_text(rate: Optional[tuple]) -> List[str]:
+def _rate_text(rate: Optional[Tuple[float, float]]) -> List[str]:
     if rate is None:
         return ["—", "—"]
     return [f"{rate[0]:.1f}", f"{rate[1]:.1f}"]
@@ -176,7 +176,7 @@ def workers(dash: Dashboard, request: Request) -> Response:
     return dash.render(request, "workers.html", workers=found)
 
 
-ROUTES = [
+ROUTES: List[Tuple[str, str, str, Handler, bool]] = [  # path, name, method, handler, public
     ("/", "overview", "GET", overview, False),
     ("/queue", "queue", "GET", queue, False),
     ("/job", "job", "GET", job, False),

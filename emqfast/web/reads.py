@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.drive import run
 from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
@@ -179,7 +179,8 @@ class JobLine:
 def _line_op(keys: QueueKeys, job_id: str) -> Op:
     created, attempts, error, group = yield Cmd.of(
         "HMGET", keys.job(job_id), "created", "attempts", "error", "group")
-    text = (lambda v: v.decode("utf-8", "replace") if v is not None else None)
+    text: Callable[[Optional[bytes]], Optional[str]] = (
+        lambda v: v.decode("utf-8", "replace") if v is not None else None)
     return JobLine(job_id, int(created) if created else None, int(attempts or 0),
                    (text(error) or "")[:300] or None, text(group),
                    created is not None or attempts is not None)
@@ -260,7 +261,8 @@ def _lease_op(keys: QueueKeys, job_id: str) -> Op:
     token, deadline, (worker, group), (sec, usec) = yield Batch([
         Cmd.of("HGET", keys.leases, job_id), Cmd.of("ZSCORE", keys.active, job_id),
         Cmd.of("HMGET", keys.job(job_id), "worker", "group"), Cmd.of("TIME")])
-    text = (lambda v: v.decode("utf-8", "replace") if v is not None else None)
+    text: Callable[[Optional[bytes]], Optional[str]] = (
+        lambda v: v.decode("utf-8", "replace") if v is not None else None)
     return (text(token), int(float(deadline)) if deadline is not None else None, text(worker),
             text(group), int(sec) * 1000 + int(usec) // 1000)
 
