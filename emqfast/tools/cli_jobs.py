@@ -3,7 +3,7 @@ queue's jobs."""
 from __future__ import annotations
 
 import sys
-from typing import Any, List, NoReturn, Optional, Tuple
+from typing import Any, List, NoReturn, Optional, Tuple, cast
 
 import click
 
@@ -40,7 +40,7 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 @click.option("--full", is_flag=True,
               help="With JOB_ID: print the whole payload, result and traceback after the "
                    "table (the table shows the first 2,000 characters of each).")
-def jobs(queue: str, job_id: Optional[str], states: tuple, limit: int, as_json: bool,
+def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int, as_json: bool,
          full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
     import json
@@ -148,7 +148,9 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
         console.print(f"[green]retried {retried}[/green] {state} jobs in {queue}{note}",
                       highlight=False)
         return
-    q.retry(job_id)  # a refusal names the job's state (JobStateError) or JobNotFound
+    # job_id is given (checked above); a refusal names the job's state (JobStateError)
+    # or JobNotFound
+    q.retry(cast(str, job_id))
     console.print(f"[green]retrying[/green] {job_id} (pending again in {queue})")
 
 

@@ -162,7 +162,7 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
 @click.argument("queues", nargs=-1)
 @click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
               help="Serve the metrics over HTTP on 127.0.0.1:PORT (/metrics) until Ctrl-C.")
-def metrics(queues: tuple, port: Optional[int]) -> None:
+def metrics(queues: Tuple[str, ...], port: Optional[int]) -> None:
     """Prometheus text metrics of QUEUES (every queue when none is named)."""
     from emqfast.facade import metrics as metrics_mod
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, TypeVar
 
 import click
 import redis
@@ -17,6 +17,8 @@ from emqfast.core.redaction import redact, scrub as scrub_text
 from emqfast.facade.queue import Queue
 from emqfast.server import embedded
 from emqfast.server.connection import connect
+
+_F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, returned as given
 
 
 def _console(stderr: bool = False) -> Console:
@@ -89,14 +91,14 @@ def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> No
         ctx.ensure_object(State).verbose = True
 
 
-def verbose_option(f: Callable) -> Callable:
+def verbose_option(f: _F) -> _F:
     """``-v/--verbose``: full tracebacks with error messages (before or after the command)."""
     return click.option("--verbose", "-v", is_flag=True, callback=_set_verbose,
                         expose_value=False, is_eager=True,
                         help="Show tracebacks with errors.")(f)
 
 
-def url_option(f: Callable) -> Callable:
+def url_option(f: _F) -> _F:
     """``--url`` on a subcommand too (``emqfast stats --url ...``)."""
     return click.option("--url", callback=_set_url, expose_value=False, is_eager=True,
                         metavar="URL", help="Redis URL (overrides EMQ_REDIS_URL).")(f)

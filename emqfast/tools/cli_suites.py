@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import click
 from rich.table import Table
@@ -37,7 +37,8 @@ def load_bench() -> Optional[Callable[[List[str]], Any]]:
             if root not in sys.path:
                 sys.path.insert(0, root)
         try:
-            return importlib.import_module(name).main
+            main: Callable[[List[str]], Any] = importlib.import_module(name).main
+            return main
         except ModuleNotFoundError as exc:
             if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
                 continue  # the suite itself is absent; a missing dependency is reported
@@ -48,7 +49,7 @@ def load_bench() -> Optional[Callable[[List[str]], Any]]:
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @url_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple) -> None:
+def bench(args: Tuple[str, ...]) -> None:
     """Run the benchmark suite (extra ARGS are passed to it)."""
     main_fn = load_bench()
     if main_fn is None:

@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import click
 
@@ -15,7 +15,7 @@ from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import current_state, err_console, scrub, url_option, verbose_option
 
 
-def import_handler(spec: str, verbose: bool = False) -> Callable:
+def import_handler(spec: str, verbose: bool = False) -> Callable[..., Any]:
     """``package.module:function`` (or ``module:Class.method`` for a static or class
     method) → the callable.
 
@@ -39,7 +39,8 @@ def import_handler(spec: str, verbose: bool = False) -> Callable:
     if not callable(obj):
         raise click.BadParameter(f"{spec} is not callable", param_hint="HANDLER")
     _refuse_unbound_method(spec, owner, attr.split(".")[-1])
-    return obj
+    handler: Callable[..., Any] = obj
+    return handler
 
 
 def _import_module(module_name: str, verbose: bool) -> Any:
@@ -110,10 +111,12 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     _preflight(q)
     w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
                shutdown_timeout_s=shutdown_timeout, allow_eviction=allow_eviction)
+    # the module is callable at run time (select._CallableModule), which checkers cannot see
+    backend_name = cast(Callable[[], str], live_backend)
     # soft_wrap: one line in a log file or a narrow terminal, never wrapped by rich
     err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
                       f"({state.where()}), handler {handler}, concurrency {concurrency}, "
-                      f"backend {live_backend()}; SIGTERM/Ctrl-C stops it gracefully, "
+                      f"backend {backend_name()}; SIGTERM/Ctrl-C stops it gracefully, "
                       "a second one force-quits", soft_wrap=True, highlight=False)
     try:
         stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()

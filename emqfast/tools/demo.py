@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from rich.console import Console
 from rich.panel import Panel
@@ -63,25 +63,25 @@ class PortalHandler:
         run.result, run.detail = result, _summary(result)
         return result
 
-    def _unknown(self, job: Job, payload: dict) -> None:
+    def _unknown(self, job: Job, payload: Dict[str, Any]) -> None:
         raise Unrecoverable(f"unknown job kind in {payload!r}")
 
-    def _reminder(self, job: Job, payload: dict) -> dict:
+    def _reminder(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
         return {"to": payload["learner"], "lesson": payload["lesson"]}
 
-    def _bulk(self, job: Job, payload: dict) -> dict:
+    def _bulk(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
         time.sleep(0.015)  # stands in for handing the mail to the provider
         return {"to": payload["to"]}
 
-    def _reset(self, job: Job, payload: dict) -> dict:
+    def _reset(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
         return {"to": payload["learner"], "link": "https://portal.example/reset/…"}
 
-    def _send(self, job: Job, payload: dict) -> dict:
+    def _send(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
         if job.attempts <= SEND_FAILURES:
             raise TransientSendError("421 provider busy, try later")
         return {"to": payload["learner"], "delivered_on_attempt": job.attempts}
 
-    def _digest(self, job: Job, payload: dict) -> dict:
+    def _digest(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
         top = self.board.top(int(payload.get("top_n", TOP_N)))
         return {"course": payload.get("course"), "top": [[e.member, e.score] for e in top]}
 
@@ -277,10 +277,12 @@ def run_demo(conn: Any, console: Optional[Console] = None, quiet: bool = False,
     """Play the scenario and print the report; True when every expectation held."""
     import emqfast
 
+    # emqfast.backend is a module callable at run time (select._CallableModule)
+    backend_name = cast(Callable[[], str], emqfast.backend)
     console = console or Console()
     console.print(Panel.fit(
         Text.assemble(("Portal LMS notifications on emqfast\n", "bold"),
-                      f"Redis: {where or 'given connection'} · backend: {emqfast.backend()} · "
+                      f"Redis: {where or 'given connection'} · backend: {backend_name()} · "
                       f"queue {QUEUE!r}\n",
                       ("Time is compressed: one scenario day lasts "
                        f"{fmt_delta(DAY_MS)}, the weekly digest also runs every "

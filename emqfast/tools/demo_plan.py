@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from emqfast.facade.backoff import Backoff
 from emqfast.facade.job import Job
-from emqfast.facade.leaderboard import Leaderboard
+from emqfast.facade.leaderboard import Leaderboard, Member
 from emqfast.facade.queue import Queue
 
 QUEUE = "portal-notifications"
@@ -29,8 +29,8 @@ TOP_N = 3
 DEADLINE_S = 13.0            # the demo gives up (and fails) after this
 
 # Portal.Enrollment.Progress percent per learner (Portal.Accounts.User)
-LEARNERS = {"USR-ada": 92, "USR-alan": 64, "USR-barbara": 58, "USR-grace": 87,
-            "USR-linus": 87, "USR-margaret": 71}
+LEARNERS: Dict[Member, float] = {"USR-ada": 92, "USR-alan": 64, "USR-barbara": 58,
+                                  "USR-grace": 87, "USR-linus": 87, "USR-margaret": 71}
 LESSON_DONE = ("USR-alan", 25)  # alan finishes a lesson during the week: +25 %
 
 
