@@ -16,6 +16,8 @@ from emqfast.facade import events as events_mod, lanes
 
 _CANCEL = load("cancel")
 _RETRY = load("retry")
+_PROMOTE_ONE = load("promote_one")
+_DELETE = load("delete")
 _PAUSE = load("pause")
 _CONFIGURE = load("configure")
 
@@ -88,6 +90,60 @@ class QueueControl:
         # a grouped job rejoins its lane, its group on the ring first
         calls = [lanes.join_call(k, [group.decode()]), call]
         lanes.combine_moves(calls, (yield Batch(calls)), lambda _: None)
+
+    @operation
+    def promote_job(self, job_id: str) -> Returns[bool]:
+        """Make one job waiting on the delayed set (scheduled, or a retry waiting out its
+        backoff) due now: it joins pending, or its group lane, with its priority score kept,
+        as :meth:`promote` moves a due job; True. Raises
+        :class:`~emqfast.errors.JobStateError` naming the state of a job that is not
+        waiting there and :class:`~emqfast.errors.JobNotFound` for an id the queue does
+        not hold (nothing written either way)."""
+        check_job_id(job_id)
+        k = self.keys
+        group, delayed = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),
+                                      Cmd.of("ZSCORE", k.delayed, job_id)])
+        if delayed is None:  # refused: say why, writing nothing
+            state = yield from self._state_of(job_id)
+            if state is None:
+                raise self._not_found(job_id)
+            raise JobStateError(f"cannot promote {job_id}: it is {state}, and only a "
+                                "scheduled job (or a retry waiting on its backoff) can be "
+                                "promoted now")
+        g = "" if group is None else group.decode()
+        lane = k.pending if group is None else k.group_pending(g)
+        call = Call(_PROMOTE_ONE, [k.job(job_id), k.delayed, lane, k.marker, k.meta,
+                                   k.events], [job_id, KEYSPACE_VERSION, g])
+        if group is None:
+            yield call
+        else:  # a grouped job joins its lane, its group on the ring first
+            calls = [lanes.join_call(k, [g]), call]
+            lanes.combine_moves(calls, (yield Batch(calls)), lambda _: None)
+        return True
+
+    @operation
+    def delete(self, job_id: str) -> Returns[bool]:
+        """Delete one job that is not active, atomically: its hash and its place in
+        whichever set holds it (pending or its group lane, scheduled, completed, failed,
+        cancelled); True. Raises :class:`~emqfast.errors.JobStateError` for an active job
+        (cancel it, or wait for it to finish) and :class:`~emqfast.errors.JobNotFound` for
+        an id the queue does not hold (nothing written either way)."""
+        check_job_id(job_id)
+        k = self.keys
+        group, exists, active = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),
+                                             Cmd.of("EXISTS", k.job(job_id)),
+                                             Cmd.of("ZSCORE", k.active, job_id)])
+        if not exists:
+            raise self._not_found(job_id)
+        if active is not None:
+            raise JobStateError(f"cannot delete {job_id}: it is active (a worker runs it); "
+                                "cancel it or wait until it finishes")
+        g = "" if group is None else group.decode()
+        lane = k.pending if group is None else k.group_pending(g)
+        yield Call(_DELETE, [k.job(job_id), lane, k.delayed, k.completed, k.failed,
+                             k.cancelled, k.active, k.meta, k.events],
+                   [job_id, KEYSPACE_VERSION, g])
+        return True
 
     @operation
     def pause(self) -> Returns[None]:

@@ -1,0 +1,39 @@
+-- delete.lua: delete one job that is not active: its hash and its membership in whichever
+-- set holds it (pending or its group lane, delayed, completed, failed, cancelled). An active
+-- job is refused: its handler owns it until it ends (cancel or wait first). The dashboard's
+-- "Delete".
+--
+-- KEYS[1] job hash        emq:{q}:job:<id>
+-- KEYS[2] pending zset    emq:{q}:pending (or the job's group lane emq:{q}:g:<group>:pending)
+-- KEYS[3] delayed zset    emq:{q}:delayed
+-- KEYS[4] completed zset  emq:{q}:completed
+-- KEYS[5] failed zset     emq:{q}:failed
+-- KEYS[6] cancelled zset  emq:{q}:cancelled
+-- KEYS[7] active zset     emq:{q}:active
+-- KEYS[8] meta hash       emq:{q}:meta
+-- KEYS[9] events stream   emq:{q}:events
+-- ARGV[1] job id
+-- ARGV[2] keyspace version of the caller
+-- ARGV[3] the job's group as the caller read it ('' for none): KEYS[2] is its lane
+-- Returns: 1
+-- Errors:  EMQNOJOB unknown id; EMQSTATE the job is active (leased to a worker);
+--          EMQINPUT ARGV[3] is not the job's group (KEYS[2] the wrong set);
+--          EMQVERSION keyspace of another major version
+--@include common
+
+-- every check before the first write: a refused call writes nothing
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.error_reply('EMQNOJOB no job ' .. ARGV[1])
+end
+if redis.call('ZSCORE', KEYS[7], ARGV[1]) then
+  return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' is active')
+end
+if (redis.call('HGET', KEYS[1], 'group') or '') ~= ARGV[3] then
+  return redis.error_reply('EMQINPUT job ' .. ARGV[1] .. ' is not in group ' .. ARGV[3])
+end
+local err = emq_fence(KEYS[8], ARGV[2])
+if err then return redis.error_reply(err) end
+for i = 2, 6 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('DEL', KEYS[1])
+emq_event(KEYS[9], emq_events_cap(KEYS[8]), 'deleted', 'id', ARGV[1])
+return 1
