@@ -1,9 +1,9 @@
 """The dashboard's actions (POST + CSRF token) and the login form.
 
-Every action is a :class:`emqfast.Queue` method (retry, cancel, pause/resume, promote,
-trim, obliterate) or ``queue.schedules.remove``: the dashboard never writes a key itself.
+Every action is a :class:`emqfast.Queue` method (retry, cancel, promote_job, delete,
+pause/resume, promote, trim, obliterate) or ``queue.schedules.remove``: the dashboard never writes a key itself.
 An action refused by the job's state (retry of a job that is not failed, cancel of a
-running one) changes nothing and comes back as the typed error's message; read-only
+running one, promote of a job that is not scheduled, delete of an active one) changes nothing and comes back as the typed error's message; read-only
 mode refuses every action with 403. Each answers with a redirect (post/redirect/get)
 and a flash message."""
 from __future__ import annotations
@@ -61,11 +61,23 @@ def _retry(q: Queue, job_id: str) -> Outcome:
     return "ok", f"{job_id} is pending again"
 
 
-JOB_ACTIONS: Dict[str, Callable[[Queue, str], Outcome]] = {"retry": _retry, "cancel": _cancel}
+def _promote(q: Queue, job_id: str) -> Outcome:
+    q.promote_job(job_id)
+    return "ok", f"{job_id} is due now"
+
+
+def _delete(q: Queue, job_id: str) -> Outcome:
+    q.delete(job_id)
+    return "ok", f"deleted {job_id}"
+
+
+JOB_ACTIONS: Dict[str, Callable[[Queue, str], Outcome]] = {
+    "retry": _retry, "cancel": _cancel, "promote": _promote, "delete": _delete}
 
 
 def job_action(dash: Dashboard, request: Request, form: Any) -> Response:
-    """Retry or cancel one job; back to its page (or the queue's, once it is gone)."""
+    """Retry, cancel, promote or delete one job; back to its page (or the queue's, once
+    it is cancelled or deleted)."""
     _writable(dash)
     name = known_queue(dash, form.get("q"))
     job_id = check_job_id(str(form.get("id", "")))
@@ -73,7 +85,7 @@ def job_action(dash: Dashboard, request: Request, form: Any) -> Response:
     if action is None:
         raise Problem(400, "unknown job action")
     kind, text = _try(action, Queue(name, dash.client), job_id)
-    gone = kind == "ok" and form.get("action") == "cancel"
+    gone = kind == "ok" and form.get("action") in ("cancel", "delete")
     target = link(request, "queue", q=name) if gone else link(request, "job", q=name, id=job_id)
     return flash(RedirectResponse(target, 303), request, kind, text)
 
@@ -134,7 +146,7 @@ def queue_action(dash: Dashboard, request: Request, form: Any) -> Response:
     back = link(request, "queue", q=name, state=state if state in STATES else None)
     q = Queue(name, dash.client)
     row = str(form.get("row", ""))
-    if row:  # a per-row button of the job list: "retry:<id>" or "cancel:<id>"
+    if row:  # a per-row button of the job list: "<verb>:<id>", verb a JOB_ACTIONS key
         verb, _, job_id = row.partition(":")
         if verb not in JOB_ACTIONS:
             raise Problem(400, "unknown job action")
