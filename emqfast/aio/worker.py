@@ -57,13 +57,11 @@ from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
 from emqfast.backends.scripts import run_pipeline_async
 from emqfast.facade.job import Job
-from emqfast.core.validation import check_int
 from emqfast.server import eviction
 from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
-from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import WorkerStats
 from emqfast.worker.threaded import DEFAULT_BATCH
@@ -94,11 +92,8 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
                     max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
-                    allow_eviction=allow_eviction)
+                    allow_eviction=allow_eviction, prefetch=prefetch)
         self._is_coro = is_async_handler(handler)
-        self.prefetch = None if prefetch is None else check_int(prefetch, "prefetch", 0, 100_000)
-        self._holding = Prefetch(self.concurrency, self.prefetch)
-        self._in_hand = 0  # started jobs whose handler has not returned (slots in use)
         self._guard = contextlib.nullcontext()  # one event loop: nothing to lock
         self._outcomes: List[Outcome] = []
         self._releases: List[Held] = []  # jobs whose task was cancelled: to release
@@ -250,15 +245,10 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         claimed jobs beyond the running ones are held unstarted, and started as slots free
         up (plus the few the slots take up within the prefetch budget)."""
         slots, room = self._room()
-        if room <= 0 and not (slots and self._held):
+        if self._waits_for_room(slots, room):
             await self._wait_changed(effect.seconds)
             slots, room = self._room()
         return slots, room
-
-    def _room(self) -> Tuple[int, int]:
-        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
-        room = self._holding.capacity() - len(self._running) - len(self._held)
-        return slots, max(room, 0)
 
     async def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
         if self._idle():

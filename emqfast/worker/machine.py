@@ -35,6 +35,7 @@ from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitFo
 from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import LeaseKeeping
 from emqfast.worker.outcomes import job_group
+from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import Backoff, typed, until_done, wait_out
 from emqfast.worker.rows import JobRows
 from emqfast.worker.stats import HeldLease, RunningJob, WorkerStats
@@ -50,7 +51,8 @@ class WorkerMachine(LeaseKeeping, Acking):
     def _setup(self, queue: Any, handler: Callable[..., Any], *, concurrency: int,
                lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,
                keep_completed: int, keep_failed: int, max_age_ms: Optional[int],
-               shutdown_timeout_s: float, name: Optional[str], allow_eviction: bool) -> None:
+               shutdown_timeout_s: float, name: Optional[str], allow_eviction: bool,
+               prefetch: Optional[int] = None) -> None:
         """Check the settings and set up the state (the drivers' constructors call this).
         ``batch_size`` defaults to ``max(concurrency, batch_floor)``."""
         self.queue = queue
@@ -58,6 +60,9 @@ class WorkerMachine(LeaseKeeping, Acking):
         self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
         self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
         self.max_stalled = check_int(max_stalled, "max_stalled", 0, 1_000_000)
+        self.prefetch = None if prefetch is None else check_int(prefetch, "prefetch", 0, 100_000)
+        self._holding = Prefetch(self.concurrency, self.prefetch)
+        self._in_hand = 0  # started jobs whose handler has not returned (slots in use)
         self.batch_size = check_int(batch_size or max(self.concurrency, batch_floor),
                                     "batch_size", 1, 10_000)
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
@@ -105,6 +110,18 @@ class WorkerMachine(LeaseKeeping, Acking):
         """Stopping for longer than ``shutdown_timeout_s``: stop re-sending."""
         return self._stop_requested() and \
             time.monotonic() - self._stopped_at > self.shutdown_timeout_s
+
+    def _room(self) -> Tuple[int, int]:
+        """``(free handler slots, jobs this worker may claim now)``. Started jobs may queue
+        for a slot only as long as the prefetch budget (~2 ms): held jobs beyond that stay
+        unstarted. The claim room is the capacity minus every job held, started or not."""
+        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
+        room = self._holding.capacity() - len(self._running) - len(self._held)
+        return slots, max(room, 0)
+
+    def _waits_for_room(self, slots: int, room: int) -> bool:
+        """Neither a slot for a held job nor room to claim: wait for a change."""
+        return room <= 0 and not (slots and self._held)
 
     def _idle(self) -> bool:
         with self._guard:

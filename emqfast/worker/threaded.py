@@ -27,13 +27,11 @@ from emqfast.backends.scripts import run_pipeline
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
-from emqfast.core.validation import check_int
 from emqfast.worker import core, effects, signals
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
                                      check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
-from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import RunningJob, WorkerStats
 from emqfast.worker.thread_acker import ThreadAcker
@@ -94,12 +92,9 @@ class Worker(ThreadAcker, WorkerMachine):
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
                     max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
-                    allow_eviction=allow_eviction)
-        self.prefetch = None if prefetch is None else check_int(prefetch, "prefetch", 0, 100_000)
-        self._holding = Prefetch(self.concurrency, self.prefetch)
+                    allow_eviction=allow_eviction, prefetch=prefetch)
         self._ready: "deque[Tuple[Job, str]]" = deque()  # claimed, waiting for a handler thread
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
-        self._in_hand = 0  # started jobs whose handler has not returned (slots in use)
         self._awaiting_slot = False  # the claim loop waits for a handler to return
         self._lock = threading.Condition()
         self._guard = self._lock
@@ -202,18 +197,12 @@ class Worker(ThreadAcker, WorkerMachine):
         job nor room to claim, wait for a handler to return or an outcome to be written."""
         with self._lock:
             slots, room = self._room()
-            if room <= 0 and not (slots and self._held):
+            if self._waits_for_room(slots, room):
                 self._awaiting_slot = True
                 self._lock.wait(effect.seconds)
                 self._awaiting_slot = False
                 slots, room = self._room()
             return slots, room
-
-    def _room(self) -> Tuple[int, int]:
-        # started jobs may queue for a slot only as long as the prefetch budget (~2 ms)
-        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
-        room = self._holding.capacity() - len(self._running) - len(self._held)
-        return slots, max(room, 0)
 
     def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
         with self._lock:  # checked and waited under one lock: no notify is missed
