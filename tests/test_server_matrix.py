@@ -80,6 +80,9 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
     (failed,) = q.job_ids("failed")
     q.retry(failed)                                             # retry
     assert q.cancel(q.enqueue_in({"n": "late"}, 3_600_000).id)  # cancel
+    early = q.enqueue_in({"n": "early"}, 3_600_000).id
+    assert q.promote_job(early)                                 # promote_one
+    assert q.delete(early)                                      # delete
     q.trim(keep_completed=1, keep_failed=1)                     # trim
     assert q.schedules.remove("tick")                           # schedule_remove
 

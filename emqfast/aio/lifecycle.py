@@ -93,6 +93,7 @@ class Lifecycle(_Host):
         await self._flush(acker)
         leases.cancel()  # and _closing: see _lease_loop
         await asyncio.wait([leases], timeout=self.beat_s + 1.0)
+        await self._heartbeat.sign_off()  # gone from the Workers page now
         await self._close_connections()
 
     def _job_tasks(self) -> List["asyncio.Task[None]"]:

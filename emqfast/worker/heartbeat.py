@@ -73,21 +73,35 @@ class Heartbeat:
         m = self.machine
         return (yield beat_call(m.queue.keys, m.name, self.ttl_ms(), self.fields()))
 
+    def sign_off_op(self) -> Returns[Any]:
+        """The worker stopped: its record goes now (it would linger until it expires)."""
+        m = self.machine
+        keys = m.queue.keys
+        return (yield Batch([Cmd.of("DEL", worker_key(keys, m.name)),
+                             Cmd.of("ZREM", registry_key(keys), m.name)]))
+
     def __call__(self) -> Any:
+        return self._run(self.op(), "written")
+
+    def sign_off(self) -> Any:
+        """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""
+        return self._run(self.sign_off_op(), "removed")
+
+    def _run(self, op: Any, what: str) -> Any:
         queue = self.machine.queue
         if getattr(queue, "is_async", False):
-            return self._beat_async()
+            return self._run_async(op, what)
         try:
-            return queue._drive(self.op())
+            return queue._drive(op)
         except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
+            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
             return None
 
-    async def _beat_async(self) -> Any:
+    async def _run_async(self, op: Any, what: str) -> Any:
         try:
-            return await self.machine.queue._drive(self.op())
+            return await self.machine.queue._drive(op)
         except EmqError as exc:
-            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
+            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
             return None
 
 

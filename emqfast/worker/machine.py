@@ -98,7 +98,8 @@ class WorkerMachine(LeaseKeeping, Acking):
         self._claiming: Any = None
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
-        self.beat_hooks: List[Callable[[], Any]] = [Heartbeat(self)]  # the Workers page
+        self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
+        self.beat_hooks: List[Callable[[], Any]] = [self._heartbeat]
         self._wait_active = False  # run_until_idle(wait_active=True)
 
     # --- state ----------------------------------------------------------------------------

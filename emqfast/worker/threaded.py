@@ -329,6 +329,7 @@ class Worker(ThreadAcker, WorkerMachine):
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        self._heartbeat.sign_off()  # gone from the Workers page now, not when it expires
 
     def _wait_for_handlers(self, end: float) -> None:
         """Until every running handler has returned and its outcome is written, renewing
