@@ -20,7 +20,8 @@ class QueueKeys:
 
     __slots__ = ("name", "base", "meta", "pending", "delayed", "active", "leases",
                  "completed", "failed", "cancelled", "marker", "counter", "repeat", "events", "metrics",
-                 "rate", "groups", "gactive", "glimit", "grate")
+                 "rate", "groups", "gactive", "glimit", "grate", "waitdeps", "dependents",
+                 "outbox", "waiters", "dedupe", "expired", "cancel_channel")
 
     def __init__(self, name: str):
         self.name = check_queue_name(name)
@@ -49,6 +50,14 @@ class QueueKeys:
         self.gactive = b + "gactive"      # zset (lex): "<group>\0<id>" per active job of a capped group
         self.glimit = b + "glimit"        # hash: group -> concurrency cap
         self.grate = b + "grate"          # hash: group -> "max:window" rate limit
+        self.waitdeps = b + "waitdeps"    # zset: jobs waiting for their dependencies -> enqueue ms
+        self.dependents = b + "dependents"  # hash: job id -> number of dependent links
+        # list: "<outcome>\0<id>" per ended job with dependents, until they are told
+        self.outbox = b + "outbox"
+        self.waiters = b + "waiters"      # hash: job id -> registered waiters (ref.wait)
+        self.dedupe = b + "dedupe"        # hash: dedupe key -> job id
+        self.expired = b + "expired"      # zset: kept records of expired jobs -> expiry ms
+        self.cancel_channel = b + "cancel"  # pubsub channel: ids of active jobs asked to cancel
 
     def job(self, job_id: str) -> str:
         """Hash holding one job's payload, options and outcome."""
@@ -58,6 +67,18 @@ class QueueKeys:
         """:meth:`job` for many ids."""
         b = self.base + "job:"
         return [b + j for j in job_ids]
+
+    def job_deps(self, job_id: str) -> str:
+        """Set of a waiting job's remaining dependencies, members ``<queue>\0<id>``."""
+        return self.base + "job:" + job_id + ":deps"
+
+    def job_dependents(self, job_id: str) -> str:
+        """Set of the jobs that depend on this one, members ``<queue>\0<id>``."""
+        return self.base + "job:" + job_id + ":dependents"
+
+    def done_channel(self, job_id: str) -> str:
+        """Pub/sub channel told the outcome when the job ends for good (a channel, not a key)."""
+        return self.base + "done:" + job_id
 
     def group_pending(self, group: str) -> str:
         """Lane of one group: its waiting jobs (zset, same scores as ``pending``)."""
