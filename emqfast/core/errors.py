@@ -2,7 +2,7 @@
 the code prefix to the class below, so callers never parse strings."""
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Type
+from typing import Any, Dict, Optional, Sequence, Type
 
 
 class EmqError(Exception):
@@ -167,12 +167,73 @@ class NotReplicated(EmqError):
         self.wanted = wanted
 
 
+class Cancelled(EmqError):
+    """A job was cancelled while it ran (``q.cancel(job_id)`` on an active job) or ran past
+    its ``timeout_ms`` (then the subclass :class:`JobTimeout`). A running handler gets it
+    from ``job.raise_if_cancelled()``; ``reason`` is ``"cancelled"`` or ``"timeout"``."""
+
+    code = "EMQCANCELLED"
+    reason = "cancelled"
+
+
+class JobTimeout(Cancelled, TimeoutError):
+    """A job ran past its ``timeout_ms`` (``enqueue(..., timeout_ms=N)`` or the Worker's
+    ``job_timeout_ms``): its run is over; the job fails (or retries) with error
+    ``timeout``."""
+
+    code = "EMQTIMEOUT"
+    reason = "timeout"
+
+
 class KeyTypeConflict(EmqError, TypeError):
     """Redis refused a command because a key of the queue holds another type than emqfast
     keeps there (``WRONGTYPE``): something other than emqfast wrote under the queue's
     ``emq:{<queue>}:*`` keys. Use another queue name, or delete those keys."""
 
     code = "EMQKEYTYPE"
+
+
+class Cancelled(EmqError):
+    """the job was cancelled (``job_id`` names it when known)."""
+
+    code = "EMQCANCELLED"
+
+    def __init__(self, message: str = "the job was cancelled", job_id: str = ""):
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobFailed(EmqError):
+    """``ref.wait()``: the job failed for good (no attempt left, or ``Unrecoverable``).
+    ``error`` and ``traceback`` are what its last run recorded; ``job_id`` names it."""
+
+    code = "EMQFAILED"
+
+    def __init__(self, message: str, job_id: str = "", error: Optional[str] = None,
+                 traceback: Optional[str] = None):
+        super().__init__(message)
+        self.job_id, self.error, self.traceback = job_id, error, traceback
+
+
+class JobExpired(EmqError):
+    """``ref.wait()``: the job expired (not started within its ``expires_ms``): never run."""
+
+    code = "EMQEXPIRED"
+
+    def __init__(self, message: str, job_id: str = ""):
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class WaitTimeout(EmqError, TimeoutError):
+    """``ref.wait(timeout_s=...)`` / ``wait_all``: the time ran out before the job(s)
+    ended; ``job_ids`` names those still running or waiting (nothing was changed)."""
+
+    code = "EMQWAITTIMEOUT"
+
+    def __init__(self, message: str, job_ids: Sequence[str] = ()):
+        super().__init__(message)
+        self.job_ids = list(job_ids)
 
 
 _BY_CODE: Dict[str, Type[EmqError]] = {
