@@ -193,16 +193,6 @@ class KeyTypeConflict(EmqError, TypeError):
     code = "EMQKEYTYPE"
 
 
-class Cancelled(EmqError):
-    """the job was cancelled (``job_id`` names it when known)."""
-
-    code = "EMQCANCELLED"
-
-    def __init__(self, message: str = "the job was cancelled", job_id: str = ""):
-        super().__init__(message)
-        self.job_id = job_id
-
-
 class JobFailed(EmqError):
     """``ref.wait()``: the job failed for good (no attempt left, or ``Unrecoverable``).
     ``error`` and ``traceback`` are what its last run recorded; ``job_id`` names it."""
