@@ -7,6 +7,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional
 
 from emqfast.backends import select as backend
 from emqfast.core import codec
+from emqfast.core.errors import Cancelled, JobTimeout
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
 
@@ -68,6 +69,30 @@ class Job:
     # set by the Workers when the stored payload cannot be decoded: the job fails with it
     # (no retry) instead of its handler running, and the worker goes on with the others
     _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
+    # set by the Workers when the running job is asked to stop (issue 15): "cancelled"
+    # (q.cancel) or "timeout" (it ran past its timeout_ms)
+    _stop_reason: Optional[str] = field(default=None, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once this running job was cancelled (``q.cancel(id)``) or ran past its
+        ``timeout_ms``: a handler polls it (or calls :meth:`raise_if_cancelled`) and stops."""
+        return self._stop_reason is not None
+
+    @property
+    def cancel_reason(self) -> Optional[str]:
+        """``"cancelled"``, ``"timeout"``, or None while the job may run on."""
+        return self._stop_reason
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`emqfast.Cancelled` (:class:`emqfast.JobTimeout` for a timeout)
+        once the job was cancelled or timed out; a no-op otherwise."""
+        reason = self._stop_reason
+        if reason is None:
+            return
+        if reason == "timeout":
+            raise JobTimeout(f"job {self.id} ran past its timeout_ms")
+        raise Cancelled(f"job {self.id} was cancelled")
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes],
