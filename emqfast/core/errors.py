@@ -226,6 +226,24 @@ class WaitTimeout(EmqError, TimeoutError):
         self.job_ids = list(job_ids)
 
 
+class UnknownDependency(InvalidInput, LookupError):
+    """``enqueue(..., depends_on=[...])`` / ``Flow.enqueue()`` named a dependency that does
+    not exist; ``missing`` lists its ``(queue, job_id)`` pairs. Nothing was written."""
+
+    code = "EMQNODEP"
+
+    def __init__(self, message: str, missing: Sequence[Any] = ()):
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class DependencyCycle(InvalidInput):
+    """A :class:`emqfast.Flow` (or a job depending on itself) whose dependencies form a
+    cycle: such jobs could never run. Refused before anything is written."""
+
+    code = "EMQCYCLE"
+
+
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
