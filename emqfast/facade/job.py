@@ -11,7 +11,8 @@ from emqfast.core.errors import Cancelled, JobTimeout
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
 
-STATES = ("scheduled", "pending", "active", "completed", "failed", "cancelled")
+STATES = ("scheduled", "pending", "active", "completed", "failed", "cancelled",
+          "waiting_deps", "expired")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Job:
     # set by the Workers when the stored payload cannot be decoded: the job fails with it
     # (no retry) instead of its handler running, and the worker goes on with the others
     _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
+    # set by the Workers before a job with dependencies starts: {dep id: result}
+    _dep_results: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
     # set by the Workers when the running job is asked to stop (issue 15): "cancelled"
     # (q.cancel) or "timeout" (it ran past its timeout_ms)
     _stop_reason: Optional[str] = field(default=None, repr=False, compare=False)
@@ -124,6 +127,12 @@ class Job:
             extra=opts.extra,
             last_progress=json.loads(progress) if progress is not None else None,
         )
+
+    def dependency_results(self) -> Dict[str, Any]:
+        """From inside a handler: ``{dep_id: result}`` of the jobs this one depended on
+        (``enqueue(..., depends_on=...)``; None for a dep that did not complete, with
+        ``on_dep_failure="run"``); ``{}`` for a job without dependencies."""
+        return dict(self._dep_results or {})
 
     def extend_lease(self, ms: int) -> None:
         """From inside a handler: keep the lease for ``ms`` more (raises LeaseLost if gone)."""
