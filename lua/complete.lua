@@ -9,7 +9,10 @@
 -- KEYS[4] meta hash       emq:{q}:meta
 -- KEYS[5] events stream   emq:{q}:events
 -- KEYS[6] metrics hash    emq:{q}:metrics
--- KEYS[7..] job hashes    emq:{q}:job:<id>, one per ARGV group of six, same order
+-- KEYS[7] waiters hash    emq:{q}:waiters (ref.wait: told on the job's done channel)
+-- KEYS[8] dependents hash emq:{q}:dependents (jobs other jobs depend on)
+-- KEYS[9] outbox list     emq:{q}:outbox ("completed\0<id>" per completed job with dependents)
+-- KEYS[10..] job hashes   emq:{q}:job:<id>, one per ARGV group of six, same order
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
 --          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
@@ -20,14 +23,18 @@
 --          not known), {-1, -1} when this very token already completed the job (a re-sent
 --          ack: nothing is rewritten), or the text 'EMQLEASE ...' when the lease expired and
 --          the job was reaped, re-claimed or already ended (that job is left untouched)
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version;
+--          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write)
 --@include common
 --@include metrics
+--@include finished
 
-if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 6 then
+if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
   return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/wait ' ..
     'group per job key')
 end
+local hook, denied = emq_finish_prepare(KEYS[7], KEYS[8], KEYS[9])
+if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_now()
@@ -41,12 +48,12 @@ for s = 2, #ARGV, 6 * 2000 do
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do held[#held + 1] = v end
 end
 local out, done, scored, seen = {}, {}, {}, {}
-for i = 7, #KEYS do
-  local a = 6 * (i - 7) + 2
+for i = 10, #KEYS do
+  local a = 6 * (i - 10) + 2
   local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
   -- (a job named twice in one call: its lease is dropped only at the end, so the
   -- second mention must not pass the lease check again)
-  if not seen[id] and held[i - 6] == token then
+  if not seen[id] and held[i - 9] == token then
     seen[id] = true
     local wait, run, attempt
     local started = tonumber(ARGV[a + 4])
@@ -80,5 +87,6 @@ for s = 1, #done, 2000 do
   redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
 end
 if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
+emq_finished(hook, KEYS[7], KEYS[8], KEYS[9], done, 'completed')
 emq_trim_events(KEYS[5], cap)
 return out

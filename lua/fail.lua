@@ -11,6 +11,9 @@
 -- KEYS[8] meta hash      emq:{q}:meta
 -- KEYS[9] events stream  emq:{q}:events
 -- KEYS[10] metrics hash  emq:{q}:metrics
+-- KEYS[11] waiters hash  emq:{q}:waiters (ref.wait: told on the job's done channel)
+-- KEYS[12] dependents    emq:{q}:dependents (hash: jobs other jobs depend on)
+-- KEYS[13] outbox list   emq:{q}:outbox ("failed\0<id>" when a job with dependents fails for good)
 -- ARGV[1] job id
 -- ARGV[2] lease token from claim.lua
 -- ARGV[3] retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
@@ -23,9 +26,11 @@
 --          was lost: nothing is rewritten; the job hash's 'ftok' names the token whose fail
 --          outcome was written last)
 -- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
---          EMQVERSION keyspace of another major version
+--          EMQVERSION keyspace of another major version; NOPERM the ACL denies PUBLISH on
+--          the done channels or RPUSH (before any write)
 --@include common
 --@include metrics
+--@include finished
 
 local delay = tonumber(ARGV[3])
 if not delay or delay % 1 ~= 0 or delay < -1 then
@@ -37,6 +42,8 @@ if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   if redis.call('HGET', KEYS[1], 'ftok') == ARGV[2] then return {flag, -1, -1} end
   return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
 end
+local hook, denied = emq_finish_prepare(KEYS[11], KEYS[12], KEYS[13])
+if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[8], ARGV[6])
 if err then return redis.error_reply(err) end
 local now = emq_now()
@@ -50,6 +57,7 @@ if delay < 0 then
   redis.call('ZADD', KEYS[4], now, ARGV[1])
   redis.call('HINCRBY', KEYS[10], 'failed', 1)
   emq_event(KEYS[9], cap, 'failed', 'id', ARGV[1], 'attempt', attempt, 'error', ARGV[4])
+  emq_finished(hook, KEYS[11], KEYS[12], KEYS[13], {ARGV[1]}, 'failed')
   return {0, wait, run}
 end
 local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')

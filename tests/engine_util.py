@@ -112,7 +112,8 @@ def complete_many(q: emqfast.Queue, triples: List[tuple]) -> List[Any]:
     k = q.keys
     # no run record: the script reads each job's attempt and times from its hash
     reply = load("complete")(q.redis, [k.active, k.leases, k.completed, k.meta, k.events,
-                                       k.metrics, *k.jobs([t[0] for t in triples])],
+                                       k.metrics, k.waiters, k.dependents, k.outbox,
+                                       *k.jobs([t[0] for t in triples])],
                              [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "", "", "")]])
     for entry in reply:
         if isinstance(entry, bytes):
@@ -125,7 +126,8 @@ def fail(q: emqfast.Queue, job_id: str, token: str, delay: int = -1,
     """fail.lua with ``token`` (``delay`` -1: no retry)."""
     k = q.keys
     return load("fail")(q.redis, [k.job(job_id), k.active, k.leases, k.failed, k.delayed,
-                                  k.pending, k.marker, k.meta, k.events, k.metrics],
+                                  k.pending, k.marker, k.meta, k.events, k.metrics,
+                                  k.waiters, k.dependents, k.outbox],
                         [job_id, token, delay, error, tb, KEYSPACE_VERSION])
 
 

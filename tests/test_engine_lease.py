@@ -77,7 +77,7 @@ def test_one_complete_call_settles_each_job_by_its_own_lease(r, q, qname):
     k = q.keys
     triples = [(a, ta, b'"A"'), (b, tb + "0", b'"stolen"'), (c, tc, b'"C"'), (c, tc, b'"C2"')]
     reply = load("complete")(r, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
-                                 *k.jobs([t[0] for t in triples])],
+                                 k.waiters, k.dependents, k.outbox, *k.jobs([t[0] for t in triples])],
                              [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "", "", "")]])
     assert reply[0][1] >= 0 and reply[2][1] >= 0  # timed runs
     assert reply[1].startswith(b"EMQLEASE")
@@ -336,7 +336,7 @@ def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
     big = [outcomes.success(job(1000 + i), f"w:{i}", "x" * 600_000) for i in range(4)]
     failed = outcomes.failure(job(2000), "w:f", RuntimeError("no"), "tb")
     plan = acks.AckPlan(q.keys, [*small[:100], failed, *small[100:], *big])
-    per_call = [(len(c.keys) - 6, sum(len(a) for a in c.args[3::6])) for c in plan.calls
+    per_call = [(len(c.keys) - 9, sum(len(a) for a in c.args[3::6])) for c in plan.calls
                 if c.script.name == "complete"]
     c = acks.COMPLETE_CHUNK  # full calls of small results, then the rest shares a call
     assert [n for n, _ in per_call] == [c] * (450 // c) + [450 % c + 1, 1, 1, 1]  # with a big one

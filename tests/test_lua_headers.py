@@ -26,7 +26,8 @@ ENGINE = {"cancel", "claim", "complete", "due", "enqueue", "extend", "fail", "pa
 PACKAGE_DIR = str(Path(emqfast.__file__).resolve().parent)
 
 _DECL = re.compile(r"^-- (KEYS|ARGV)\[(\d+)(\.\.)?\]\s+\S", re.M)
-_KEYLESS = {"TIME", "PING", "ECHO"}
+# PUBLISH names a channel, not a key (no slot: Cluster broadcasts it to every node)
+_KEYLESS = {"TIME", "PING", "ECHO", "PUBLISH"}
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 
 

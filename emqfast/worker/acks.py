@@ -35,6 +35,7 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
     for o in done:
         args += (o.job.id, o.token, o.result, *run_record(o.job))
     return Call(_COMPLETE, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
+                            k.waiters, k.dependents, k.outbox,
                             *k.jobs([o.job.id for o in done])], args)
 
 
@@ -59,7 +60,8 @@ def fail_call(k: QueueKeys, outcome: Failed) -> Tuple[Call, bool]:
         delay = 1
     message = f"{type(outcome.exc).__name__}: {outcome.exc}"
     return Call(_FAIL, [k.job(job.id), k.active, k.leases, k.failed, k.delayed, k.pending,
-                        k.marker, k.meta, k.events, k.metrics],
+                        k.marker, k.meta, k.events, k.metrics, k.waiters, k.dependents,
+                        k.outbox],
                 [job.id, outcome.token, delay, message, outcome.traceback,
                  KEYSPACE_VERSION]), delay >= 0
 
