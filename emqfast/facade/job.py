@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, ClassVar, Dict, Optional
 
 from emqfast.backends import select as backend
 from emqfast.core import codec
-from emqfast.core.errors import Cancelled, JobTimeout
+from emqfast.core.errors import Cancelled, InvalidInput, JobTimeout
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
 
@@ -22,10 +22,25 @@ class JobRef:
     id: str
     status: str  # 'pending', 'scheduled' or 'duplicate'
 
+    # the Queue that made this ref (not a field: no part of ==, repr or asdict); set by
+    # Queue._bind, read by wait()
+    _queue: ClassVar[Any] = None
+
     @property
     def duplicate(self) -> bool:
         """True when the id already existed and nothing was written."""
         return self.status == "duplicate"
+
+    def wait(self, timeout_s: Optional[float] = None) -> Any:
+        """Block until the job ends for good and return its result (``await ref.wait()``
+        for refs from :mod:`emqfast.aio`); raises :class:`~emqfast.errors.JobFailed`,
+        :class:`~emqfast.errors.Cancelled`, :class:`~emqfast.errors.JobExpired`, or
+        :class:`~emqfast.errors.WaitTimeout` after ``timeout_s`` (None: no limit). Woken
+        by the job's own end (pub/sub), across processes; see :mod:`emqfast.facade.waiting`."""
+        if self._queue is None:
+            raise InvalidInput(f"JobRef {self.id} knows no queue to wait on: use "
+                               "q.ref(job_id).wait() or q.wait_many([...])")
+        return self._queue._wait_one(self.id, timeout_s)
 
 
 def _int(value: Any) -> Optional[int]:
