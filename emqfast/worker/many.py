@@ -1,0 +1,216 @@
+"""One worker, many queues (issue 15): ``Worker([q_high, q_default, q_low], handler, ...)``.
+
+Composed, not rewritten: the worker runs one ordinary single-queue Worker (the driver's
+own class, thread or asyncio) per queue, each with its own claim loop, wake marker,
+leases, beat (extend, promote, reap, trim, schedules), pause check, rate limits and
+groups, stats and heartbeat record (under its queue, listing every queue of the worker).
+What they share is made here:
+
+- one budget of ``concurrency`` handler slots (and one adaptive prefetch) across the
+  queues: :meth:`Member._room` counts every member's running and held jobs;
+- the claim order (:mod:`emqfast.worker.queue_order`): ``strict`` or ``weighted``;
+- one lock (threads) and wake-ups that reach every member (a job of one queue ending may
+  let another queue claim).
+
+Each member blocks on its own queue's marker (``BZPOPMIN``): the thread Worker in a
+thread per queue, the asyncio one in a task per queue, so queues on different Redis
+Cluster slots (or servers) wait at once and an idle worker burns no CPU: it wakes in a
+round trip when any queue gets work. A single queue (``Worker(q, ...)``) never comes here.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from emqfast.core.errors import InputTypeError, InvalidInput
+from emqfast.worker.effects import Logic
+from emqfast.worker.heartbeat import Heartbeat
+from emqfast.worker.prefetch import Prefetch
+from emqfast.worker.queue_order import QueueOrder
+from emqfast.worker.stats import WorkerStats
+
+if TYPE_CHECKING:  # a checker sees the machine it is mixed into; at run time: object
+    from emqfast.worker.machine import WorkerMachine as _Base
+else:
+    _Base = object
+
+_MEMBER_CLASSES: Dict[type, type] = {}
+
+
+class Member(_Base):
+    """Mixed before a driver class: one queue's Worker inside a :class:`Many`."""
+
+    _many: "Many"
+    _index: int
+
+    # the thread driver notifies a claim loop waiting for a slot only when this says one
+    # waits: any member's loop may be the one waiting (they share one lock)
+    @property
+    def _awaiting_slot(self) -> bool:
+        many = self.__dict__.get("_many")
+        return many is not None and bool(many.awaiting)
+
+    @_awaiting_slot.setter
+    def _awaiting_slot(self, waiting: bool) -> None:
+        many = self.__dict__.get("_many")
+        if many is not None:
+            (many.awaiting.add if waiting else many.awaiting.discard)(self._index)
+
+    def _room(self) -> Tuple[int, int]:
+        return self._many.room(self)
+
+    def _notify(self) -> None:
+        self._many.notify_all()
+
+    def _serve_loop(self, until_idle: bool, deadline: Optional[float],
+                    wait_scheduled: bool) -> Logic:
+        with self._guard:
+            self._many.order.join(self._index)
+        try:
+            yield from super()._serve_loop(until_idle, deadline, wait_scheduled)
+        finally:
+            with self._guard:
+                self._many.order.leave(self._index)
+                self._many.notify_all()
+
+    def _claim(self, n: int) -> Logic:
+        try:
+            return (yield from super()._claim(n))
+        finally:
+            with self._guard:
+                if self._many.order.claimed(self._index):
+                    self._many.notify_all()
+
+    def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
+        """An empty claim: not ready while blocked on the marker (lower queues may claim)."""
+        self._many.set_ready(self, False)
+        try:
+            yield from super()._wait_for_work(until_idle, now, status, next_due)
+        finally:
+            self._many.set_ready(self, True)
+
+
+def member_class(driver: type) -> type:
+    """``driver`` (a Worker class) with :class:`Member` mixed in, made once per driver."""
+    cls = _MEMBER_CLASSES.get(driver)
+    if cls is None:
+        cls = type(driver.__name__, (Member, driver), {"__module__": driver.__module__,
+                                                       "__qualname__": driver.__qualname__})
+        _MEMBER_CLASSES[driver] = cls
+    return cls
+
+
+class ManyHeartbeat(Heartbeat):
+    """A member's heartbeat: the record under its queue lists every queue of the worker
+    and the whole worker's concurrency and jobs in hand (the dashboard's Workers page)."""
+
+    def __init__(self, machine: Any, many: "Many"):
+        super().__init__(machine)
+        self.many = many
+
+    def fields(self) -> Dict[str, Any]:
+        fields = super().fields()
+        fields.update(queues=",".join(self.many.queue_names), concurrency=self.many.concurrency,
+                      in_hand=sum(len(m._running) for m in self.many.members))
+        return fields
+
+
+def check_queues(queues: Any) -> List[Any]:
+    """The queue list of a many-queue worker: a non-empty list of distinct queues."""
+    if not isinstance(queues, (list, tuple)):
+        raise InputTypeError(f"queues must be a list, not {type(queues).__name__}")
+    if not queues:
+        raise InvalidInput("a worker needs at least one queue")
+    names = [getattr(q, "name", None) for q in queues]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"a queue is listed twice: {names}")
+    return list(queues)
+
+
+class Many:
+    """What the members of a many-queue worker share; :mod:`emqfast.worker.many_runs`
+    adds running them (threads or asyncio)."""
+
+    def __init__(self, driver: type, queues: Sequence[Any], handler: Callable[..., Any], *,
+                 order: str = "strict", weights: Optional[Sequence[int]] = None,
+                 concurrency: int = 8, prefetch: Optional[int] = None,
+                 name: Optional[str] = None, **options: Any):
+        queues = check_queues(queues)
+        self.order = QueueOrder(len(queues), order, weights)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.awaiting: "set[int]" = set()  # members whose claim loop waits for a slot
+        self.lock = threading.Condition()  # the thread members' one lock
+        cls = member_class(driver)
+        self._wake: Callable[[Any], None] = getattr(driver, "_notify")  # the driver's own
+        self.members: List[Any] = [cls(q, handler, concurrency=concurrency, prefetch=prefetch,
+                                       name=self.name, **options) for q in queues]
+        self.queue_names: List[str] = [m.queue.name for m in self.members]
+        self.concurrency: int = self.members[0].concurrency
+        self.holding = Prefetch(self.concurrency, self.members[0].prefetch)
+        for i, m in enumerate(self.members):
+            self._adopt(i, m)
+
+    def _adopt(self, i: int, m: Any) -> None:
+        m._many, m._index = self, i
+        m._holding = self.holding
+        if hasattr(m, "_lock"):  # the thread driver: one lock, so one notify reaches all
+            m._lock = m._guard = self.lock
+        beat = ManyHeartbeat(m, self)
+        m.beat_hooks = [beat if h is m._heartbeat else h for h in m.beat_hooks]
+        m._heartbeat = beat
+
+    # --- shared by the members (called under their lock) ------------------------------
+    def room(self, m: Any) -> Tuple[int, int]:
+        """``(free handler slots, jobs it may claim)`` for member ``m``: the worker's one
+        budget, narrowed by the claim order."""
+        members = self.members
+        in_hand = sum(x._in_hand for x in members)
+        busy = sum(len(x._running) + len(x._held) for x in members)
+        slots = max(self.concurrency + self.holding.ahead() - in_hand, 0)
+        room = max(self.holding.capacity() - busy, 0)
+        holding = [bool(x._held) for x in members]
+        if not self.order.may_start(m._index, holding):
+            slots = 0
+        turn = self.order.turn
+        if not self.order.may_claim(m._index, holding):
+            room = 0
+            if self.order.turn != turn:  # a new round was drawn: wake its queue
+                self.notify_all()
+        return slots, room
+
+    def set_ready(self, m: Any, ready: bool) -> None:
+        with m._guard:
+            if self.order.set_ready(m._index, ready) and not ready:
+                self.notify_all()
+
+    def notify_all(self) -> None:
+        """Wake every member's claim loop (the caller holds the lock under threads)."""
+        for m in self.members:
+            self._wake(m)
+
+    # --- the public face --------------------------------------------------------------
+    @property
+    def queues(self) -> List[Any]:
+        return [m.queue for m in self.members]
+
+    @property
+    def stats(self) -> WorkerStats:
+        """What the whole worker did (the sum over its queues; ``stats_by_queue``: each)."""
+        total = WorkerStats()
+        for m in self.members:
+            for field in vars(total):
+                setattr(total, field, getattr(total, field) + getattr(m.stats, field))
+        return total
+
+    @property
+    def stats_by_queue(self) -> Dict[str, WorkerStats]:
+        return {m.queue.name: m.stats for m in self.members}
+
+    def stop(self) -> None:
+        """Stop claiming on every queue (graceful, as for one queue)."""
+        self._stopping = True
+        for m in self.members:
+            m.stop()

@@ -1,0 +1,137 @@
+"""One worker, many queues (issue 15): ``Worker([q_high, q_default, q_low], handler)``
+with ``order="strict"`` or ``order="weighted"``, blocking on every queue's marker at once;
+each queue keeps its own leases, pause, stats and heartbeat record."""
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections import Counter
+from typing import Any, List, Tuple
+
+import pytest
+
+import emqfast
+from emqfast.worker.heartbeat import QueueWorkers
+from engine_util import blocked_on_marker, make_queue, running_worker
+from waiting import wait_until
+
+
+def _queues(redis_url: str, n: int = 3, client_name: str = "") -> List[emqfast.Queue]:
+    base = "mq-" + uuid.uuid4().hex[:8]
+    return [make_queue(redis_url, f"{base}-{i}", client_name=client_name or None)
+            for i in range(n)]
+
+
+def _recorder() -> Tuple[List[str], Any]:
+    seen: List[str] = []
+
+    def handler(job: emqfast.Job) -> None:
+        seen.append(job.payload["q"])
+    return seen, handler
+
+
+def test_strict_order_serves_every_higher_job_before_a_lower_one(redis_url):
+    qs = _queues(redis_url)
+    for i, q in enumerate(qs):
+        q.enqueue_many([{"q": i}] * 40)
+    seen, handler = _recorder()
+    w = emqfast.Worker(qs, handler, concurrency=1)
+    stats = w.run_until_idle(timeout_s=60)
+    assert seen == [0] * 40 + [1] * 40 + [2] * 40
+    assert stats.completed == 120
+    assert {name: s.completed for name, s in w.stats_by_queue.items()} == \
+        {q.name: 40 for q in qs}
+    assert all(q.counts()["completed"] == 40 for q in qs)
+
+
+def test_strict_with_prefetch_and_concurrency_still_serves_higher_queues_first(redis_url):
+    qs = _queues(redis_url)
+    for i, q in enumerate(qs):
+        q.enqueue_many([{"q": i}] * 300)
+    seen, handler = _recorder()
+    emqfast.Worker(qs, handler, concurrency=4).run_until_idle(timeout_s=60)
+    assert sorted(seen) == seen  # started in queue order: starts are ordered, ends may not be
+    assert Counter(seen) == {0: 300, 1: 300, 2: 300}
+
+
+def test_weighted_order_claims_in_proportion_to_the_weights(redis_url):
+    qs = _queues(redis_url)
+    for i, q in enumerate(qs):
+        q.enqueue_many([{"q": i}] * 200)
+    seen, handler = _recorder()
+    w = emqfast.Worker(qs, handler, order="weighted", weights=[3, 2, 1], concurrency=1,
+                       prefetch=0)
+    w.order.rng = random.Random(7)
+    with running_worker(w):
+        wait_until(lambda: len(seen) >= 300, what="300 jobs run")
+    share = Counter(seen[:300])
+    for i, expected in enumerate((0.5, 1 / 3, 1 / 6)):
+        assert abs(share[i] / 300 - expected) < 0.07, share
+
+
+def test_an_idle_worker_blocks_on_every_marker_and_wakes_for_a_lower_queue(redis_url, r):
+    name = "mq-idle-" + uuid.uuid4().hex[:6]
+    qs = _queues(redis_url, client_name=name)
+    seen, handler = _recorder()
+    w = emqfast.Worker(qs, handler)
+    with running_worker(w):
+        wait_until(lambda: sum(c.get("name") == name and c.get("cmd") == "bzpopmin"
+                               for c in r.client_list()) == 3,
+                   what="one blocked BZPOPMIN per queue")
+        assert blocked_on_marker(r, name)
+        qs[2].enqueue({"q": 2})
+        wait_until(lambda: seen == [2], timeout=5, what="the low queue's job runs")
+        qs[0].enqueue({"q": 0})
+        wait_until(lambda: seen == [2, 0], timeout=5, what="the high queue's job runs")
+
+
+def test_pausing_one_queue_stops_only_that_queue(redis_url):
+    qs = _queues(redis_url)
+    seen, handler = _recorder()
+    w = emqfast.Worker(qs, handler, concurrency=2)
+    qs[0].pause()
+    with running_worker(w):
+        for i, q in enumerate(qs):
+            q.enqueue_many([{"q": i}] * 5)
+        wait_until(lambda: Counter(seen) == {1: 5, 2: 5}, what="the other queues served")
+        assert qs[0].counts()["pending"] == 5
+        qs[0].resume()
+        wait_until(lambda: Counter(seen)[0] == 5, what="the resumed queue served")
+
+
+def test_each_queue_lists_the_worker_and_the_stats_add_up(redis_url):
+    qs = _queues(redis_url, 2)
+    gate = threading.Event()
+    w = emqfast.Worker(qs, lambda job: gate.wait(10), name="multi-" + uuid.uuid4().hex[:6],
+                       lease_ms=1000)
+    with running_worker(w):
+        qs[1].enqueue({"q": 1})
+        for q in qs:
+            wait_until(lambda q=q: any(i.token == w.name for i in QueueWorkers(q).list()),
+                       what=f"the worker listed under {q.name}")
+            info = [i for i in QueueWorkers(q).list() if i.token == w.name][0]
+            assert info.queues == [x.name for x in qs]
+        gate.set()
+        wait_until(lambda: w.stats.completed == 1, what="the job completes")
+    assert w.stats_by_queue[qs[1].name].completed == 1
+    # signed off under every queue at the shutdown
+    assert all(not QueueWorkers(q).list() for q in qs)
+
+
+def test_bad_arguments_are_typed_errors(redis_url):
+    qs = _queues(redis_url, 2)
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker([], print)
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker([qs[0], qs[0]], print)
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker(qs, print, order="random")
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker(qs, print, order="weighted", weights=[1])
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker(qs, print, order="weighted", weights=[1, 0])
+    with pytest.raises(emqfast.InvalidInput):
+        emqfast.Worker(qs, print, weights=[1, 2])  # weights are for order="weighted"
+    with pytest.raises(TypeError):
+        emqfast.Worker([qs[0], "not a queue"], print)
