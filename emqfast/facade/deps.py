@@ -1,0 +1,358 @@
+"""Dependencies between jobs (issue 15): ``enqueue(..., depends_on=[...])``, and the step
+that releases (or fails) waiting jobs when their dependencies end.
+
+The protocol, one atomic script per slot and every step safe to send again:
+
+1. **Check** (reads only): every dependency exists, else :class:`UnknownDependency` and
+   nothing is written.
+2. **Write** the dependent in its own slot as ``waiting_deps`` (``dep_enqueue.lua``): its
+   hash, ``waitdeps``, its set of remaining dependencies, and a mark on ``deplink`` (the
+   queue's zset of jobs whose links are not all sent yet; key ``emq:{q}:deplink``).
+3. **Link** it in each dependency's slot (``dep_link.lua``: idempotent). A dependency that
+   has already ended is not linked: the dependent is resolved at once
+   (``dep_resolve.lua``). Then the mark is cleared.
+4. When a linked dependency ends for good, the finish hook (``includes/finished.lua``)
+   queues ``"<outcome>\\0<id>"`` on its queue's ``outbox``. :func:`settle_op` (the Workers
+   after their acks and on their beat, ``q.settle_dependencies()``) drains it: each
+   dependent (SSCAN of the dependency's dependents set) gets ``dep_resolve.lua`` in its
+   own slot, then the entry and the set are deleted. A dependent failed there (``"fail"``)
+   is queued on its own queue's outbox by the same hook: the cascade, drained in the same
+   call when it stays within :data:`DRAIN_ROUNDS`.
+5. **Repair**: a producer that died between steps 2 and 3 leaves its mark; :func:`settle_op`
+   re-sends the links of jobs marked longer than :data:`REPAIR_GRACE_MS` (idempotent),
+   :data:`REPAIR_BATCH` per call.
+
+A dependency that vanished (deleted, trimmed before a late link) counts as not completed
+(outcome ``missing``). A job waiting for dependencies has no delay and no group
+(refused together, :class:`~emqfast.errors.InvalidInput`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
+
+from emqfast.backends.scripts import load
+from emqfast.core import codec
+from emqfast.core.errors import DependencyCycle, InputTypeError, InvalidInput, UnknownDependency
+from emqfast.core.keys import QueueKeys
+from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
+from emqfast.core.validation import check_int, check_job_id, check_queue_name
+from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.facade import options
+from emqfast.facade.admission import Job, Shared
+from emqfast.facade.job import JobRef
+
+DEP_ENQUEUE = load("dep_enqueue")
+DEP_LINK = load("dep_link")
+DEP_RESOLVE = load("dep_resolve")
+DEP_STALE = load("dep_stale")
+
+MAX_DEPS = 1000          # dependencies per job (dep_enqueue.lua refuses more too)
+DRAIN_ENTRIES = 100      # outbox entries read per round
+DRAIN_ROUNDS = 20        # outbox reads per settle call (the cascade included)
+SCAN_COUNT = 200         # dependents read per SSCAN
+REPAIR_GRACE_MS = 5000   # a mark older than this is a producer that died between steps
+REPAIR_BATCH = 50        # jobs re-linked per settle call
+ON_DEP_FAILURE = ("fail", "run")
+# dep_resolve.lua's replies
+RELEASED, FAILED = 1, 2
+
+Dep = Tuple[str, str]  # (queue name, job id)
+
+
+def deplink_key(k: QueueKeys) -> str:
+    """zset of the queue's jobs whose dependency links are not all sent: id -> enqueue ms."""
+    return k.base + "deplink"
+
+
+def member(queue: str, job_id: str) -> str:
+    """How a job is named in a deps / dependents set: ``<queue>\\0<job id>``."""
+    return queue + "\0" + job_id
+
+
+def split_member(raw: Any) -> Dep:
+    """Inverse of :func:`member` (bytes or str)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    queue, _, job_id = text.partition("\0")
+    return queue, job_id
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --- input ----------------------------------------------------------------------------------
+
+def parse_deps(depends_on: Any, own_queue: str) -> List[Dep]:
+    """Validate ``depends_on``: a list of JobRefs (this queue's unless the ref names its
+    queue), job ids of this queue, or ``(queue_name, job_id)`` pairs. Duplicates go."""
+    if isinstance(depends_on, (str, bytes, bytearray, dict)) or not _iterable(depends_on) \
+            or _is_pair(depends_on):
+        raise InputTypeError("depends_on takes a list of dependencies (JobRefs, job ids or "
+                             f"(queue, job_id) pairs), not {type(depends_on).__name__}")
+    deps: List[Dep] = []
+    for item in depends_on:
+        dep = _one_dep(item, own_queue)
+        if dep not in deps:
+            deps.append(dep)
+    if len(deps) > MAX_DEPS:
+        raise InvalidInput(f"a job takes at most {MAX_DEPS} dependencies, got {len(deps)}")
+    return deps
+
+
+def _one_dep(item: Any, own_queue: str) -> Dep:
+    if isinstance(item, JobRef) or (hasattr(item, "id") and not isinstance(item, tuple)):
+        queue = getattr(item, "queue", None)
+        return check_queue_name(queue) if queue else own_queue, check_job_id(item.id)
+    if isinstance(item, str):
+        return own_queue, check_job_id(item)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(x, str)
+                                                                  for x in item):
+        return check_queue_name(item[0]), check_job_id(item[1])
+    raise InputTypeError("a dependency is a JobRef, a job id (str) or a (queue, job_id) pair, "
+                         f"not {type(item).__name__}")
+
+
+def _is_pair(value: Any) -> bool:
+    """A lone ``(queue, job_id)`` pair passed where a list of them is taken."""
+    return isinstance(value, tuple) and len(value) == 2 and \
+        all(isinstance(x, str) for x in value) and not value[0].startswith("JOB")
+
+
+def _iterable(value: Any) -> bool:
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
+def check_on_dep_failure(value: Any) -> str:
+    """``"fail"`` or ``"run"``."""
+    if value not in ON_DEP_FAILURE:
+        raise InvalidInput(f"on_dep_failure must be 'fail' or 'run', not {value!r}")
+    return str(value)
+
+
+def with_deps(opts: bytes, deps: Sequence[Dep]) -> bytes:
+    """The job's options with its dependency list (``"d"``), which the Worker reads to
+    hand the handler :meth:`~emqfast.Job.dependency_results`."""
+    decoded = json.loads(opts) if opts else dict(options.DEFAULT_OPTIONS)
+    decoded["d"] = [list(dep) for dep in deps]
+    return json.dumps(decoded, separators=(",", ":")).encode()
+
+
+# --- calls ----------------------------------------------------------------------------------
+
+def write_call(k: QueueKeys, job: Job, opts: bytes, priority: int, deps: Sequence[Dep],
+               on_dep_failure: str) -> Call:
+    """dep_enqueue.lua: the dependent, written as waiting_deps in its own slot."""
+    return Call(DEP_ENQUEUE, [k.job(job.id), k.waitdeps, k.job_deps(job.id), deplink_key(k),
+                              k.meta, k.counter, k.events],
+                [job.id, job.data, job.enc, opts, priority, on_dep_failure, KEYSPACE_VERSION,
+                 *(member(q, j) for q, j in deps)])
+
+
+def link_call(dep: Dep, dependent: str) -> Call:
+    """dep_link.lua: ``dependent`` (a member) linked in the slot of ``dep``."""
+    dk = QueueKeys(dep[0])
+    return Call(DEP_LINK, [dk.job(dep[1]), dk.job_dependents(dep[1]), dk.dependents, dk.meta],
+                [dep[1], dependent, KEYSPACE_VERSION])
+
+
+def resolve_call(k: QueueKeys, job_id: str, dep_member: str, outcome: str) -> Call:
+    """dep_resolve.lua: the dependency ``dep_member`` of ``job_id`` ended with ``outcome``."""
+    return Call(DEP_RESOLVE, [k.job(job_id), k.job_deps(job_id), k.waitdeps, deplink_key(k),
+                              k.pending, k.failed, k.marker, k.meta, k.events, k.metrics,
+                              k.waiters, k.dependents, k.outbox],
+                [job_id, dep_member, outcome, KEYSPACE_VERSION])
+
+
+def _raise_any(replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+# --- enqueue --------------------------------------------------------------------------------
+
+def enqueue_op(k: QueueKeys, job: Job, shared: Shared, depends_on: Any, on_dep_failure: Any,
+               wait: Any = None) -> Returns[JobRef]:
+    """Enqueue ``job`` waiting for ``depends_on`` (see the module docstring); its status
+    is ``waiting_deps``, or ``pending`` / ``failed`` when its dependencies had all ended,
+    or ``duplicate`` (a re-run: its unsent links are sent now)."""
+    deps = parse_deps(depends_on, k.name)
+    odf = check_on_dep_failure(on_dep_failure)
+    if shared.group is not None or shared.when.mode != b"now" or wait is not None:
+        raise InvalidInput("depends_on cannot be combined with a delay, a group or "
+                           "wait_replicas (yet)")
+    if (k.name, job.id) in deps:
+        raise DependencyCycle(f"job {job.id} cannot depend on itself")
+    if not deps:
+        raise InvalidInput("depends_on is empty: enqueue without it")
+    yield from check_exist(deps)
+    opts = with_deps(shared.opts, deps)
+    written = int((yield write_call(k, job, opts, shared.priority, deps, odf)))
+    if written == 0:
+        return JobRef(job.id, "duplicate")
+    status = yield from link_op(k, job.id, deps)
+    return JobRef(job.id, status if written == 1 else "duplicate")
+
+
+def check_exist(deps: Sequence[Dep]) -> Op:
+    """Raise :class:`UnknownDependency` unless every dependency's job hash exists."""
+    found = yield Batch([Cmd.of("EXISTS", QueueKeys(q).job(j)) for q, j in deps])
+    missing = [dep for dep, n in zip(deps, found) if not int(n)]
+    if missing:
+        named = ", ".join(f"{q}/{j}" for q, j in missing[:5])
+        raise UnknownDependency(f"unknown dependency: {named} (nothing was written)", missing)
+    return None
+
+
+def link_op(k: QueueKeys, job_id: str, deps: Sequence[Dep]) -> Op:
+    """Link ``job_id`` in every dependency's slot, resolve those already ended, clear its
+    mark. Returns its status: ``waiting_deps``, ``pending`` or ``failed``."""
+    me = member(k.name, job_id)
+    status = "waiting_deps"
+    for at in range(0, len(deps), SCAN_COUNT):
+        chunk = deps[at:at + SCAN_COUNT]
+        states = yield Batch([link_call(dep, me) for dep in chunk])
+        _raise_any(states)
+        ended = [(dep, _text(s)) for dep, s in zip(chunk, states) if _text(s) != "linked"]
+        if ended:
+            replies = yield Batch([resolve_call(k, job_id, member(*dep), outcome)
+                                   for dep, outcome in ended])
+            _raise_any(replies)
+            for reply in replies:
+                if int(reply) == RELEASED:
+                    status = "pending"
+                elif int(reply) == FAILED:
+                    status = "failed"
+    yield Cmd.of("ZREM", deplink_key(k), job_id)
+    return status
+
+
+# --- settling: the outbox drain and the repair -------------------------------------------------
+
+@dataclass
+class Settled:
+    """What one :func:`settle_op` did."""
+
+    told: int = 0       # outbox entries handled (dependencies that ended)
+    released: int = 0   # dependents released to pending
+    failed: int = 0     # dependents failed ('dependency failed')
+    relinked: int = 0   # waiting jobs whose unsent links the repair sent
+    busy: bool = False  # the queue has dependency links in play (worth draining often)
+
+
+def settle_op(k: QueueKeys, grace_ms: int = REPAIR_GRACE_MS) -> Returns[Settled]:
+    """Drain ``k``'s outbox (and, for the cascade, the outboxes of queues whose jobs it
+    failed) and repair unsent links; bounded by :data:`DRAIN_ROUNDS` reads."""
+    done = Settled()
+    yield from _drain(k, done)
+    yield from repair_op(k, grace_ms, done)
+    return done
+
+
+def _drain(k: QueueKeys, done: Settled) -> Op:
+    todo: List[QueueKeys] = [k]
+    rounds = 0
+    while todo and rounds < DRAIN_ROUNDS:
+        qk = todo.pop(0)
+        rounds += 1
+        entries, links = yield Batch([Cmd.of("LRANGE", qk.outbox, 0, DRAIN_ENTRIES - 1),
+                                      Cmd.of("HLEN", qk.dependents)])
+        if qk is k:
+            done.busy = done.busy or bool(entries) or bool(int(links))
+        cascaded: Set[str] = set()
+        for raw in entries:
+            cascaded |= yield from _tell_dependents(qk, raw, done)
+        if len(entries) == DRAIN_ENTRIES:
+            cascaded.add(qk.name)
+        todo += [QueueKeys(name) for name in sorted(cascaded)
+                 if name not in {t.name for t in todo}]
+    return None
+
+
+def _tell_dependents(qk: QueueKeys, raw: Any, done: Settled) -> Returns[Set[str]]:
+    """Resolve every dependent of one outbox entry, then delete the entry and the set."""
+    outcome, _, dep_id = _text(raw).partition("\0")
+    dep = member(qk.name, dep_id)
+    key = qk.job_dependents(dep_id)
+    cascaded: Set[str] = set()
+    cursor: Any = 0
+    while True:
+        cursor, found = yield Cmd.of("SSCAN", key, cursor, "COUNT", SCAN_COUNT)
+        targets = [split_member(m) for m in found]
+        if targets:
+            replies = yield Batch([resolve_call(QueueKeys(q), j, dep, outcome)
+                                   for q, j in targets])
+            _raise_any(replies)
+            for (queue, _), reply in zip(targets, replies):
+                done.released += int(reply) == RELEASED
+                if int(reply) == FAILED:
+                    done.failed += 1
+                    cascaded.add(queue)
+        if int(cursor) == 0:
+            break
+    yield Batch([Cmd.of("DEL", key), Cmd.of("LREM", qk.outbox, 1, raw)])
+    done.told += 1
+    return cascaded
+
+
+def repair_op(k: QueueKeys, grace_ms: int, done: Settled) -> Op:
+    """Re-send the links of jobs marked on ``deplink`` for longer than ``grace_ms``."""
+    stale = yield Call(DEP_STALE, [deplink_key(k)], [grace_ms, REPAIR_BATCH])
+    for raw in stale:
+        job_id = _text(raw)
+        state, deps = yield Batch([Cmd.of("HGET", k.job(job_id), "state"),
+                                   Cmd.of("SMEMBERS", k.job_deps(job_id))])
+        if state == b"waiting_deps" and deps:
+            yield from link_op(k, job_id, [split_member(m) for m in deps])
+            done.relinked += 1
+        else:  # released, failed or gone meanwhile: nothing left to link
+            yield Cmd.of("ZREM", deplink_key(k), job_id)
+    return None
+
+
+# --- results for the handler ------------------------------------------------------------------
+
+def deps_of(extra: Dict[str, Any]) -> List[Dep]:
+    """A running job's dependencies, from its options (``"d"``)."""
+    return [(str(q), str(j)) for q, j in extra.get("d") or ()]
+
+
+def results_op(jobs: Sequence[Any]) -> Op:
+    """Read the results of the dependencies of ``jobs`` (running :class:`~emqfast.Job` s
+    with a ``"d"`` option) into each job's ``dependency_results()``: one pipeline."""
+    wanted = [(job, dep) for job in jobs for dep in deps_of(job.extra)]
+    if not wanted:
+        return None
+    rows = yield Batch([Cmd.of("HMGET", QueueKeys(q).job(j), "state", "result")
+                        for _, (q, j) in wanted])
+    found: Dict[int, Dict[str, Any]] = {id(job): {} for job in jobs}
+    for (job, (_, dep_id)), (state, result) in zip(wanted, rows):
+        found[id(job)][dep_id] = codec.decode_result(result) if state == b"completed" \
+            else None
+    for job in jobs:
+        job._dep_results = found[id(job)]
+    return None
+
+
+class QueueDependencies:
+    """The dependency step of :class:`~emqfast.Queue` (a mixin: ``keys`` and ``_drive``
+    are the Queue's)."""
+
+    keys: QueueKeys
+    _drive: Callable[[Op], Any]
+
+    @operation
+    def settle_dependencies(self, grace_ms: int = REPAIR_GRACE_MS) -> Returns[Settled]:
+        """Release (or fail) the jobs waiting on dependencies of this queue that ended:
+        drain its outbox, and re-send the links a producer that died between its steps
+        left unsent for longer than ``grace_ms``. The Workers run it after their acks and
+        on their beat; safe to call any time, from anywhere, as often as you like."""
+        check_int(grace_ms, "grace_ms", 0, 1 << 40)
+        settled: Settled = yield from settle_op(self.keys, grace_ms)
+        return settled

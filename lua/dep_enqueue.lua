@@ -1,0 +1,78 @@
+-- dep_enqueue.lua: write a job that waits for its dependencies (state waiting_deps): the
+-- first step of an enqueue with depends_on (issue 15). The job's hash, its entry on the
+-- waitdeps set, the set of its remaining dependencies and its mark on deplink (links not
+-- all sent yet) are written at once, in the job's own slot; the caller then links each
+-- dependency in that dependency's slot (dep_link.lua) and clears the mark. A crash in
+-- between leaves the mark, and the repair (emqfast/facade/deps.py) re-sends the links.
+--
+-- KEYS[1] job hash        emq:{q}:job:<id>
+-- KEYS[2] waitdeps zset   emq:{q}:waitdeps (id -> enqueue ms, server clock)
+-- KEYS[3] deps set        emq:{q}:job:<id>:deps
+-- KEYS[4] deplink zset    emq:{q}:deplink (id -> enqueue ms while its links are unsent)
+-- KEYS[5] meta hash       emq:{q}:meta
+-- KEYS[6] counter         emq:{q}:counter
+-- KEYS[7] events stream   emq:{q}:events
+-- ARGV[1] job id (must start with JOB)
+-- ARGV[2] payload bytes
+-- ARGV[3] payload encoding: 'j' JSON text (not stored), 'b' raw bytes
+-- ARGV[4] options (JSON, opaque here; '' = the library defaults, stored as no field)
+-- ARGV[5] priority, integer 0 .. 2^21-1 (its pending score is minted now)
+-- ARGV[6] on_dep_failure: 'fail' or 'run'
+-- ARGV[7] keyspace version of the caller
+-- ARGV[8..] its dependencies, "<queue>\0<job id>" each, 1 to 1000
+-- Returns: 1 written (waiting_deps); 2 the id exists and its links are still unsent (a
+--          re-run after a crash: the caller links it again); 0 the id exists otherwise
+--          (a duplicate: nothing written)
+-- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority out of range; EMQINPUT bad
+--          on_dep_failure or dependency count; EMQVERSION keyspace of another major
+--          version; NOPERM the ACL denies a command it writes with. Each before any write.
+--@include common
+--@include deps
+
+local id = ARGV[1]
+if string.sub(id, 1, 3) ~= 'JOB' then
+  return redis.error_reply('EMQKIND job id must start with JOB')
+end
+local priority = tonumber(ARGV[5])
+if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
+  return redis.error_reply('EMQRANGE priority must be an integer in [0, 2097151]')
+end
+if ARGV[6] ~= 'fail' and ARGV[6] ~= 'run' then
+  return redis.error_reply('EMQINPUT on_dep_failure must be fail or run')
+end
+if #ARGV < 8 or #ARGV - 7 > EMQ_MAX_DEPS then
+  return redis.error_reply('EMQINPUT a job takes 1 to ' .. EMQ_MAX_DEPS .. ' dependencies')
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('ZSCORE', KEYS[4], id) then return 2 end
+  return 0
+end
+local cap = emq_events_cap(KEYS[5])
+local denied = emq_deps_denied({{'INCR', KEYS[6]}, {'HSET', KEYS[1], 'f', 'v'},
+  {'ZADD', KEYS[2], '0', 'm'}, {'ZADD', KEYS[4], '0', 'm'}, {'SADD', KEYS[3], 'm'}})
+if not denied and cap then denied = emq_deps_denied({{'XADD', KEYS[7], '*', 'f', 'v'}}) end
+if denied then return redis.error_reply(denied) end
+local now = emq_now()
+local err = emq_fence(KEYS[5], ARGV[7])
+if err then return redis.error_reply(err) end
+
+local seq = redis.call('INCR', KEYS[6])
+local ps = priority * 4294967296 + (seq % 4294967296)
+local fields = {'payload', ARGV[2], 'ps', emq_int(ps), 'created', emq_int(now),
+  'state', 'waiting_deps', 'odf', ARGV[6]}
+if ARGV[3] ~= 'j' then
+  fields[#fields + 1] = 'enc'
+  fields[#fields + 1] = ARGV[3]
+end
+if ARGV[4] ~= '' then
+  fields[#fields + 1] = 'opts'
+  fields[#fields + 1] = ARGV[4]
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('ZADD', KEYS[2], now, id)
+redis.call('ZADD', KEYS[4], now, id)
+for s = 8, #ARGV, 500 do  -- chunked: Lua's unpack() has a stack limit
+  redis.call('SADD', KEYS[3], unpack(ARGV, s, math.min(s + 499, #ARGV)))
+end
+emq_event(KEYS[7], cap, 'enqueued', 'id', id, 'state', 'waiting_deps')
+return 1
