@@ -18,7 +18,7 @@ from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_job_id
-from emqfast.facade import admission, options, tracing
+from emqfast.facade import admission, deps, options, tracing
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 from emqfast.facade.control import QueueControl
@@ -33,7 +33,7 @@ from emqfast.server.connection import resolve
 __all__ = ["Queue"]
 
 
-class Queue(QueueInspection, QueueControl, QueueMaintenance):
+class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependencies):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
@@ -111,7 +111,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
-                group: Optional[str] = None) -> Returns[JobRef]:
+                group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
+                on_dep_failure: str = "fail") -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
@@ -120,10 +121,15 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance):
         Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
         enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
         With ``group`` the job waits in that group's lane (see :mod:`emqfast.groups`).
+        With ``depends_on`` (JobRefs, ids of this queue, ``(queue, id)`` pairs) it waits
+        as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        if depends_on is not None:  # waits for other jobs first (facade/deps.py)
+            return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
+                                               depends_on, on_dep_failure, self._wait))
         call = admission.enqueue_call(self.keys, Job(job_id, data, enc), shared)
         if self._wait is None:
             reply = yield call
