@@ -34,6 +34,7 @@ from emqfast.worker.acking import Acking
 from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
 from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import LeaseKeeping
+from emqfast.worker.outbox import DependencyStep
 from emqfast.worker.outcomes import job_group
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import Backoff, typed, until_done, wait_out
@@ -107,7 +108,8 @@ class WorkerMachine(LeaseKeeping, Acking):
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
         self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
-        self.beat_hooks: List[Callable[[], Any]] = [self._heartbeat]
+        self._deps = DependencyStep(self)  # settles dependencies on the beat and after acks
+        self.beat_hooks: List[Callable[[], Any]] = [self._heartbeat, self._deps]
         self._wait_active = False  # run_until_idle(wait_active=True)
 
     # --- state ----------------------------------------------------------------------------
@@ -148,6 +150,12 @@ class WorkerMachine(LeaseKeeping, Acking):
         """After the shutdown: raise the permanent error the acker met, if any."""
         if self._fatal is not None:
             raise self._fatal
+
+    def _write_batch(self, batch: List[Any]) -> Logic:
+        """Acking's, then release the jobs that waited on these (issue 15)."""
+        replies = yield from super()._write_batch(batch)
+        yield from self._deps.after_acks()
+        return replies
 
     # --- the claim loop -----------------------------------------------------------------
     def _serve_loop(self, until_idle: bool, deadline: Optional[float],
@@ -370,4 +378,5 @@ class WorkerMachine(LeaseKeeping, Acking):
             return
         started = core.started_jobs(self._rows, pairs, rows)
         if started:
+            yield from self._deps.load_results(started)  # job.dependency_results()
             self._hand_out(started)
