@@ -59,6 +59,13 @@ class ThreadMany(Many):
         for m in self.members:
             m._stop.clear()
 
+    def stop(self) -> None:
+        """Stop claiming on every queue (graceful, as for one queue); a claim loop waiting
+        for a handler slot (strict: a lower queue's) hears it now, not on its beat."""
+        super().stop()
+        with self.lock:
+            self.notify_all()
+
     def run(self) -> WorkerStats:
         """Serve every queue until :meth:`stop` or SIGTERM/SIGINT (see the module)."""
         restore = signals.install(self.stop, self.name, worker=self)
