@@ -3,7 +3,10 @@ with ``order="strict"`` or ``order="weighted"``, blocking on every queue's marke
 each queue keeps its own leases, pause, stats and heartbeat record."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -15,6 +18,8 @@ import emqfast
 from emqfast.worker.heartbeat import QueueWorkers
 from engine_util import blocked_on_marker, make_queue, running_worker
 from waiting import wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _queues(redis_url: str, n: int = 3, client_name: str = "") -> List[emqfast.Queue]:
@@ -135,3 +140,52 @@ def test_bad_arguments_are_typed_errors(redis_url):
         emqfast.Worker(qs, print, weights=[1, 2])  # weights are for order="weighted"
     with pytest.raises(TypeError):
         emqfast.Worker([qs[0], "not a queue"], print)
+
+
+HANDLER = '''
+import time
+
+def handle(job):
+    return {"q": job.payload["q"], "at": time.time()}
+'''
+
+
+def _cli(*args: str, cwd: Any) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("EMQ_REDIS_URL", None)
+    return subprocess.run([sys.executable, "-m", "emqfast", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_worker_with_repeated_queue_option_serves_them_in_order(redis_url, tmp_path):
+    (tmp_path / "mq_handlers.py").write_text(HANDLER)
+    qs = _queues(redis_url)
+    refs = [q.enqueue_many([{"q": i}] * 5) for i, q in enumerate(qs)]
+    out = _cli("--url", redis_url, "worker", "mq_handlers:handle", "-q", qs[0].name,
+               "-q", qs[1].name, "-q", qs[2].name, "--concurrency", "1", "--burst",
+               cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "completed 15" in out.stderr
+    assert ", ".join(q.name for q in qs) in out.stderr
+    finished = [[q.get(r.id).result["at"] for r in batch] for q, batch in zip(qs, refs)]
+    assert max(finished[0]) <= min(finished[1]) and max(finished[1]) <= min(finished[2])
+
+
+def test_cli_worker_weighted_order_and_bad_weights(redis_url, tmp_path):
+    (tmp_path / "mq_handlers.py").write_text(HANDLER)
+    qs = _queues(redis_url, 2)
+    for i, q in enumerate(qs):
+        q.enqueue_many([{"q": i}] * 3)
+    names = ["-q", qs[0].name, "-q", qs[1].name]
+    out = _cli("--url", redis_url, "worker", "mq_handlers:handle", *names, "--order",
+               "weighted", "--weights", "1,4", "--burst", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "completed 6" in out.stderr
+    for bad in (["--weights", "1,x", "--order", "weighted"], ["--weights", "1,2"]):
+        out = _cli("--url", redis_url, "worker", "mq_handlers:handle", *names, *bad,
+                   "--burst", cwd=tmp_path)
+        assert out.returncode != 0 and "--weights" in out.stderr, out.stderr
+    out = _cli("--url", redis_url, "worker", "mq_handlers:handle", *names, "--order",
+               "weighted", "--weights", "1,2,3", "--burst", cwd=tmp_path)
+    assert out.returncode != 0 and "3 weights for 2 queues" in out.stderr, out.stderr
+    assert all(q.counts()["pending"] == 0 for q in qs)

@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 import click
 
@@ -79,7 +79,16 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
 @click.command()
 @url_option
 @click.argument("handler", metavar="MODULE:FUNCTION")
-@click.option("--queue", "-q", "queue_name", required=True, help="Queue to work on.")
+@click.option("--queue", "-q", "queue_names", required=True, multiple=True,
+              help="Queue to work on; repeat it to serve several (-q high -q default -q low: "
+                   "the first listed first, see --order).")
+@click.option("--order", type=click.Choice(["strict", "weighted"]), default="strict",
+              show_default=True,
+              help="With several queues: strict serves a queue only while those listed "
+                   "before it have nothing ready; weighted draws each claim round among "
+                   "queues with work, in proportion to --weights.")
+@click.option("--weights", default=None, metavar="W1,W2,...",
+              help="With --order weighted: one positive integer per queue (default all 1).")
 @click.option("--concurrency", "-c", default=8, show_default=True, type=click.IntRange(1, 10_000),
               help="Handlers running at once.")
 @click.option("--lease-ms", default=30_000, show_default=True, type=click.IntRange(50),
@@ -97,9 +106,9 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
               help="With --burst: also wait for jobs active under other workers' leases, "
                    "running those of a dead worker once their lease lapses.")
 @verbose_option
-def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
-           shutdown_timeout: float, allow_eviction: bool, burst: bool,
-           wait_active: bool) -> None:
+def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Optional[str],
+           concurrency: int, lease_ms: int, shutdown_timeout: float, allow_eviction: bool,
+           burst: bool, wait_active: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from emqfast.backends import select as live_backend  # callable: the live backend name
     from emqfast.worker.threaded import Worker
@@ -107,10 +116,13 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     _log_to_stderr()
     state = current_state()
     fn = import_handler(handler, verbose=state.verbose)
-    q = state.queue(queue_name)
-    _preflight(q)
-    w = Worker(q, fn, concurrency=concurrency, lease_ms=lease_ms,
-               shutdown_timeout_s=shutdown_timeout, allow_eviction=allow_eviction)
+    queues = [state.queue(name) for name in queue_names]
+    for q in queues:
+        _preflight(q)
+    w = _make_worker(Worker, queues, fn, order, weights, concurrency=concurrency,
+                     lease_ms=lease_ms, shutdown_timeout_s=shutdown_timeout,
+                     allow_eviction=allow_eviction)
+    queue_name = ", ".join(queue_names)
     # the module is callable at run time (select._CallableModule), which checkers cannot see
     backend_name = cast(Callable[[], str], live_backend)
     # soft_wrap: one line in a log file or a narrow terminal, never wrapped by rich
@@ -127,6 +139,30 @@ def worker(handler: str, queue_name: str, concurrency: int, lease_ms: int,
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
                       f"released {stats_.released}", soft_wrap=True, highlight=False)
+
+
+def _make_worker(make: Callable[..., Any], queues: List[Queue], fn: Callable[..., Any],
+                 order: str, weights: Optional[str], **options: Any) -> Any:
+    """One queue: the plain Worker, as ever; several: the many-queue worker
+    (:mod:`emqfast.worker.many`) in ``order``."""
+    if len(queues) == 1:
+        if weights is not None:
+            raise click.BadParameter("--weights needs several queues", param_hint="--weights")
+        return make(queues[0], fn, **options)
+    return make(queues, fn, order=order, weights=_weights(weights, order), **options)
+
+
+def _weights(text: Optional[str], order: str) -> Optional[List[int]]:
+    """``--weights 3,2,1`` as a list of ints (checked by the Worker: one per queue, >= 1)."""
+    if text is None:
+        return None
+    if order != "weighted":
+        raise click.BadParameter("weights apply to --order weighted", param_hint="--weights")
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected integers like 3,2,1, got {text!r}",
+                                 param_hint="--weights") from None
 
 
 def _force_quit(w: Any) -> None:
