@@ -37,20 +37,21 @@ class QueueInspection:
 
     @operation
     def counts(self) -> Returns[Dict[str, int]]:
-        """Number of jobs per state (``cancelled``: the records kept of cancelled jobs).
+        """Number of jobs per state (``cancelled``: the records kept of cancelled jobs;
+        ``waiting_deps``: jobs waiting for their dependencies).
         ``pending`` includes the jobs waiting in group lanes;
         ``grouped`` is how many of them do (one round trip without groups, two with)."""
         k = self.keys
-        s, p, a, c, f, x, ring = yield Batch(
+        s, p, a, c, f, x, w, ring = yield Batch(
             [Cmd.of("ZCARD", key) for key in (k.delayed, k.pending, k.active, k.completed,
-                                              k.failed, k.cancelled)]
+                                              k.failed, k.cancelled, k.waitdeps)]
             + [Cmd.of("ZRANGE", k.groups, 0, -1)])
         grouped = 0
         if ring:  # a lane holding jobs keeps its group on the ring, so these are all of them
             lanes = yield Batch([Cmd.of("ZCARD", k.group_pending(g.decode())) for g in ring])
             grouped = sum(int(n) for n in lanes)
         return {"scheduled": s, "pending": p + grouped, "grouped": grouped, "active": a,
-                "completed": c, "failed": f, "cancelled": x}
+                "completed": c, "failed": f, "cancelled": x, "waiting_deps": w}
 
     @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> Returns[List[str]]:
@@ -64,10 +65,10 @@ class QueueInspection:
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
                "active": self.keys.active, "completed": self.keys.completed,
                "failed": self.keys.failed, "cancelled": self.keys.cancelled,
-               }.get(state) if isinstance(state, str) else None
+               "waiting_deps": self.keys.waitdeps}.get(state) if isinstance(state, str) else None
         if key is None:
             raise InvalidInput(f"unknown state {state!r}: one of scheduled, pending, active, "
-                               "completed, failed, cancelled")
+                               "completed, failed, cancelled, waiting_deps")
         check_int(start, "start", *_INT64)
         check_int(stop, "stop", *_INT64)
         if state in ("completed", "failed", "cancelled"):
