@@ -65,13 +65,14 @@ class QueueInspection:
         key = {"scheduled": self.keys.delayed, "pending": self.keys.pending,
                "active": self.keys.active, "completed": self.keys.completed,
                "failed": self.keys.failed, "cancelled": self.keys.cancelled,
-               "waiting_deps": self.keys.waitdeps}.get(state) if isinstance(state, str) else None
+               "waiting_deps": self.keys.waitdeps, "expired": self.keys.expired,
+               }.get(state) if isinstance(state, str) else None
         if key is None:
             raise InvalidInput(f"unknown state {state!r}: one of scheduled, pending, active, "
-                               "completed, failed, cancelled, waiting_deps")
+                               "completed, failed, cancelled, waiting_deps, expired")
         check_int(start, "start", *_INT64)
         check_int(stop, "stop", *_INT64)
-        if state in ("completed", "failed", "cancelled"):
+        if state in ("completed", "failed", "cancelled", "expired"):
             raw = yield Cmd.of("ZREVRANGE", key, start, stop)
         elif state == "pending":
             raw = yield from self._pending_ids(start, stop)
