@@ -1,0 +1,254 @@
+"""The pub/sub side of ``ref.wait()`` for the sync facade: one connection per client and
+process, shared by every wait (issue 15).
+
+A :class:`Registry` owns one redis-py ``PubSub`` and the one thread that reads it; no other
+thread touches that socket (a TLS socket must not be read and written by two threads at
+once). Waits hand it SUBSCRIBE/UNSUBSCRIBE requests; it sends them when it wakes, and a
+wait that needs a new channel wakes it by PUBLISHing to the registry's own wake channel
+``emq:wake:<random>`` (on the normal connection; the reader is subscribed to it). So the
+reader blocks on its socket alone: no poll of Redis, no timer loop while nothing happens
+(it wakes every :data:`LINGER_S` to leave once unused).
+
+Each wait is a :class:`Waiter`: its channels, which of them Redis confirmed, the outcomes
+that arrived. A channel is SUBSCRIBEd once however many waiters want it (1,000 refs of one
+process waited together: one connection, one SUBSCRIBE of their channels), and
+UNSUBSCRIBEd when its last waiter leaves. "Confirmed" means Redis has processed the
+latest SUBSCRIBE of the channel (replies come in order: a count of the ones still due).
+
+When the connection drops the reader opens a new one, re-subscribes every channel, and
+tells each waiter to re-read its jobs once confirmed again (:meth:`Waiter.take`'s
+``recheck``): an end published while it was down is not missed.
+
+A Cluster client's pub/sub connection goes to one node: PUBLISH is broadcast to all.
+Per process: a forked child makes its own registry (the parent's thread is not there).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import redis
+
+LINGER_S = 5.0  # an unused reader waits this long for a new wait before it closes
+RETRY_S = (0.05, 2.0)  # re-connect backoff after a dropped pub/sub connection: first, most
+
+
+class Waiter:
+    """One wait's channels and what happened on them (thread-safe)."""
+
+    def __init__(self, channels: List[bytes]):
+        self.cond = threading.Condition()
+        self.unconfirmed: Set[bytes] = set(channels)
+        self.arrived: Dict[bytes, bytes] = {}  # channel -> outcome published
+        self.stale: Set[bytes] = set()  # re-subscribed after a drop: re-read once confirmed
+
+    def confirmed(self, channel: bytes) -> None:
+        with self.cond:
+            self.unconfirmed.discard(channel)
+            self.cond.notify_all()
+
+    def message(self, channel: bytes, outcome: bytes) -> None:
+        with self.cond:
+            self.arrived[channel] = outcome
+            self.cond.notify_all()
+
+    def lost(self, channel: bytes) -> None:
+        with self.cond:
+            self.unconfirmed.add(channel)
+            self.stale.add(channel)
+
+    def wait_confirmed(self, deadline: Optional[float]) -> bool:
+        """Block until Redis confirmed every channel (False: the deadline passed first)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: not self.unconfirmed, _left(deadline))
+
+    def _ready(self) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
+        arrived, self.arrived = self.arrived, {}
+        stale = {c for c in self.stale if c not in self.unconfirmed}
+        self.stale -= stale
+        return arrived, stale
+
+    def take(self, deadline: Optional[float]) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
+        """Block until an outcome arrived or a re-subscribed channel is confirmed; returns
+        (arrived: channel -> outcome, recheck: channels to re-read); both empty: timed out."""
+        with self.cond:
+            arrived, stale = self._ready()
+            while not arrived and not stale:
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    break
+                self.cond.wait(left)
+                arrived, stale = self._ready()
+            return arrived, stale
+
+
+def _left(deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def node_client(client: Any) -> Any:
+    """The client whose connection reads the channels: ``client`` itself, or for a
+    Cluster one node's (messages are broadcast to every node)."""
+    if isinstance(client, redis.RedisCluster):
+        return client.get_redis_connection(client.get_default_node())
+    return client
+
+
+class Registry:
+    """Every wait of one client in this process, over one pub/sub connection."""
+
+    def __init__(self, client: Any):
+        # (weak: the registries map is keyed by the client, which must be free to go)
+        self._client = weakref.ref(client)
+        self.pid = os.getpid()
+        self.wake = ("emq:wake:" + uuid.uuid4().hex).encode()
+        self._lock = threading.Lock()
+        self._chans: Dict[bytes, List[Waiter]] = {}
+        self._due: Dict[bytes, int] = {}  # channel -> SUBSCRIBE replies still to come
+        self._todo: List[Tuple[str, List[bytes]]] = []
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def client(self) -> Any:
+        client = self._client()
+        if client is None:  # pragma: no cover - a wait holds its queue, which holds it
+            raise redis.ConnectionError("the client of this wait is gone")
+        return client
+
+    def add(self, waiter: Waiter, channels: List[bytes]) -> None:
+        """Subscribe ``waiter`` to ``channels`` (each confirmed to it when Redis has it)."""
+        new, ready = [], []
+        with self._lock:
+            for ch in channels:
+                if ch in self._chans:
+                    self._chans[ch].append(waiter)
+                    if not self._due.get(ch):
+                        ready.append(ch)
+                else:
+                    self._chans[ch] = [waiter]
+                    self._due[ch] = self._due.get(ch, 0) + 1
+                    new.append(ch)
+            if new:
+                self._todo.append(("subscribe", new))
+            started = self._thread is None
+            if started:
+                self._thread = threading.Thread(target=self._run, name="emqfast-waiters",
+                                                daemon=True)
+                self._thread.start()
+        for ch in ready:
+            waiter.confirmed(ch)
+        if new and not started:  # the running reader is blocked on its socket: wake it
+            self.client.publish(self.wake, b"")
+
+    def remove(self, waiter: Waiter, channels: List[bytes]) -> None:
+        """Drop ``waiter``; channels nobody waits on any more are unsubscribed when the
+        reader next wakes (a message on them meanwhile is dropped)."""
+        with self._lock:
+            gone = []
+            for ch in channels:
+                lst = self._chans.get(ch)
+                if lst is not None and waiter in lst:
+                    lst.remove(waiter)
+                    if not lst:
+                        del self._chans[ch]
+                        gone.append(ch)
+            if gone:
+                self._todo.append(("unsubscribe", gone))
+
+    # --- the reader thread -----------------------------------------------------------------
+    def _open(self, lost: bool) -> Any:
+        """A new pub/sub connection subscribed to the wake channel and every channel
+        waited on (re-subscribed after a drop: their waiters re-read once confirmed)."""
+        with self._lock:
+            self._todo = []
+            chans = {ch: list(ws) for ch, ws in self._chans.items()}
+            self._due = {ch: 1 for ch in chans}
+        if lost:
+            for ch, waiters in chans.items():
+                for w in waiters:
+                    w.lost(ch)
+        pubsub = node_client(self.client).pubsub()
+        pubsub.subscribe(self.wake, *chans)
+        return pubsub
+
+    def _run(self) -> None:
+        pubsub, lost, pause = None, False, RETRY_S[0]
+        try:
+            while True:
+                try:
+                    if pubsub is None:
+                        pubsub = self._open(lost)
+                    if not self._step(pubsub):
+                        return
+                    pause = RETRY_S[0]
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    _close(pubsub)
+                    pubsub, lost = None, True
+                    with self._lock:
+                        if not self._chans:  # nobody waits: leave, not re-connect
+                            self._thread = None
+                            return
+                    time.sleep(pause)  # the server is away: back off, then re-open
+                    pause = min(pause * 2, RETRY_S[1])
+        finally:
+            _close(pubsub)
+
+    def _step(self, pubsub: Any) -> bool:
+        """Send what waits asked for, then read one message (or time out); False when the
+        reader is unused and has left."""
+        with self._lock:
+            todo, self._todo = self._todo, []
+        for verb, chans in todo:
+            getattr(pubsub, verb)(*chans)
+        msg = pubsub.get_message(timeout=LINGER_S)
+        if msg is None:
+            with self._lock:
+                if not self._chans and not self._todo:
+                    self._thread = None  # the next add starts a new reader
+                    return False
+            return True
+        self._dispatch(msg)
+        return True
+
+    def _dispatch(self, msg: Dict[str, Any]) -> None:
+        kind, ch = msg.get("type"), msg.get("channel")
+        if ch == self.wake or not isinstance(ch, bytes):
+            return
+        with self._lock:
+            waiters = list(self._chans.get(ch, ()))
+            if kind == "subscribe" and self._due.get(ch):
+                self._due[ch] -= 1
+                if self._due[ch]:
+                    waiters = []  # a later SUBSCRIBE of it is still on its way
+        if kind == "subscribe":
+            for w in waiters:
+                w.confirmed(ch)
+        elif kind == "message":
+            data = msg.get("data")
+            for w in waiters:
+                w.message(ch, data if isinstance(data, bytes) else str(data).encode())
+
+
+def _close(pubsub: Any) -> None:
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is gone
+            pass
+
+
+_registries: "weakref.WeakKeyDictionary[Any, Registry]" = weakref.WeakKeyDictionary()
+_registries_lock = threading.Lock()
+
+
+def registry_for(client: Any) -> Registry:
+    """The registry of ``client`` in this process (made on first use)."""
+    with _registries_lock:
+        reg = _registries.get(client)
+        if reg is None or reg.pid != os.getpid():
+            reg = _registries[client] = Registry(client)
+        return reg
