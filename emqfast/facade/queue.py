@@ -28,12 +28,14 @@ from emqfast.facade.inspection import QueueInspection
 from emqfast.facade.job import JobRef
 from emqfast.facade.maintenance import QueueMaintenance
 from emqfast.facade.schedules import Schedules
+from emqfast.facade.waiting import QueueWaiting, binds_refs
 from emqfast.server.connection import resolve
 
 __all__ = ["Queue"]
 
 
-class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependencies):
+class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependencies,
+            QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
@@ -108,6 +110,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         return admission.fixed_keys(self.keys)
 
     @operation
+    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
@@ -157,6 +160,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         return self.enqueue(payload, delay_ms=delay_ms, **opts)
 
     @operation
+    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
     def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
@@ -204,6 +208,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
                                       EnqueueBatch(jobs, shared, self._wait)))
 
     @operation
+    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
     def retry_partial(self, partial: PartialBatch) -> Returns[List[JobRef]]:
         """Re-send what a :class:`~emqfast.errors.PartialBatch` raised by this queue's
         ``enqueue_many`` left undone, with the same ids, payloads and options.
