@@ -219,17 +219,21 @@ def test_cancel_scheduled_and_pending(r, q):
     assert seen == ["keep"]
 
 
-def test_cancel_refuses_active_and_finished_jobs(r, q, qname):
+def test_cancel_refuses_finished_jobs_and_only_marks_active_ones(r, q, qname):
     done = q.enqueue("done")
     emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
     running = q.enqueue("running")
     claim(q, "w", lease_ms=60_000)
     before = dump_queue(r, qname)
-    assert q.cancel(running.id) is False
     assert q.cancel(done.id) is False
     with pytest.raises(emqfast.JobNotFound):  # the missing-id rule (issue 16 item 7)
         q.cancel("JOB-never-existed")
     assert dump_queue(r, qname) == before
+    # issue 15: an active job is only marked and its worker told (the lease holder ends
+    # it); it stays active here, with its lease
+    assert q.cancel(running.id) == emqfast.CancelResult.REQUESTED
+    assert r.hget(q.keys.job(running.id), "cancel") == b"1"
+    assert q.get(running.id).state == "active" and r.hexists(q.keys.leases, running.id)
 
 
 def test_cancel_of_a_retry_waiting_job(q):

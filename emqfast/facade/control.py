@@ -2,7 +2,8 @@
 queue-wide settings (events cap, rate limit). A mixin of :class:`~emqfast.Queue`."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from enum import Enum
+from typing import Any, Callable, Union
 
 from emqfast.backends.scripts import load
 from emqfast.core.errors import JobNotFound, JobStateError
@@ -20,6 +21,12 @@ _PROMOTE_ONE = load("promote_one")
 _DELETE = load("delete")
 _PAUSE = load("pause")
 _CONFIGURE = load("configure")
+
+
+class CancelResult(str, Enum):
+    """What :meth:`QueueControl.cancel` answers for an active job (waiting jobs: a bool)."""
+
+    REQUESTED = "requested"  # its worker was asked to stop it; it ends cancelled
 
 
 class QueueControl:
@@ -49,12 +56,22 @@ class QueueControl:
         return "scheduled" if delayed is not None else "pending"
 
     @operation
-    def cancel(self, job_id: str) -> Returns[bool]:
-        """Cancel a scheduled or pending job atomically: True; it keeps a record (state
-        ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished jobs).
-        False when the job has started, finished or was cancelled already
-        (``q.get(job_id).state`` says which; nothing is written). Raises
-        :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
+    def cancel(self, job_id: str) -> Returns[Union[bool, "CancelResult"]]:
+        """Cancel a job atomically.
+
+        - a scheduled or pending job: cancelled at once, ``True``; it keeps a record
+          (state ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished
+          jobs), and its waiters and dependents are told (outcome ``cancelled``);
+        - an active job: ``CancelResult.REQUESTED`` (the string ``"requested"``, truthy):
+          the job is marked and the Worker running it is told at once (pub/sub, any
+          process). An async handler's task is cancelled; a sync handler sees
+          ``job.cancelled`` turn True (``job.raise_if_cancelled()`` raises
+          :class:`~emqfast.Cancelled`). The job then ends ``cancelled`` (never retried,
+          whatever the handler does next) unless the handler had already finished;
+        - ``False`` when it finished or was cancelled already (``q.get(job_id).state``
+          says which; nothing is written).
+
+        Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
         check_job_id(job_id)
         k = self.keys
         group, exists = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # its lane
@@ -62,8 +79,10 @@ class QueueControl:
         if not exists:
             raise self._not_found(job_id)
         pending = k.pending if group is None else k.group_pending(group.decode())
-        return bool((yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events,
-                                          k.cancelled], [job_id, KEYSPACE_VERSION])))
+        reply = yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events,
+                                     k.cancelled, k.active, k.waiters, k.dependents, k.outbox],
+                           [job_id, KEYSPACE_VERSION, k.cancel_channel])
+        return CancelResult.REQUESTED if int(reply) == 2 else int(reply) == 1
 
     @operation
     def retry(self, job_id: str) -> Returns[None]:

@@ -36,6 +36,13 @@ class Failed(NamedTuple):
     may_retry: bool
 
 
+class CancelledRun(Failed):
+    """A run stopped by ``q.cancel`` (issue 15): written by cancel_active.lua as a kept
+    ``cancelled`` record, never retried (a Failed too: ``may_retry`` is False)."""
+
+    __slots__ = ()
+
+
 Outcome = Union[Done, Failed]
 
 

@@ -28,6 +28,8 @@ from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.worker import core, effects, signals
+from emqfast.worker.cancels import DEFAULT_GRACE_MS
+from emqfast.worker.thread_stops import ThreadStops
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
                                      check_worker_args, failure, job_group,
@@ -48,7 +50,7 @@ _ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many 
 _ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
-class Worker(ThreadAcker, WorkerMachine):
+class Worker(ThreadAcker, ThreadStops, WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
@@ -78,6 +80,17 @@ class Worker(ThreadAcker, WorkerMachine):
     until the handler returns, its outcome is written, then :meth:`run` returns (a warning
     names such jobs when the timeout passes). Handler threads cannot be interrupted; a
     process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
+
+    Cancels and timeouts (issue 15): ``q.cancel(id)`` on a job this Worker runs reaches it
+    at once (a pub/sub listener thread; the beat re-reads the cancel marks in case a
+    message was lost): ``job.cancelled`` turns True and ``job.raise_if_cancelled()``
+    raises :class:`emqfast.Cancelled`; the job ends ``cancelled`` (never retried) however
+    the handler ends. A job enqueued with ``timeout_ms`` (else ``job_timeout_ms``; None:
+    no limit) is signalled the same way when its run passes it, and fails with
+    :class:`emqfast.JobTimeout` (retried per its attempts/backoff). A handler still running
+    ``cancel_grace_ms`` after either is abandoned: its outcome is written then (the lease
+    ends), its late return is ignored, and its thread keeps its handler slot until it
+    returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
     """
 
     def __init__(self, queue: Queue, handler: Handler, *, concurrency: int = 8,
@@ -85,9 +98,12 @@ class Worker(ThreadAcker, WorkerMachine):
                  prefetch: Optional[int] = None,
                  keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
-                 name: Optional[str] = None, allow_eviction: bool = False):
+                 name: Optional[str] = None, allow_eviction: bool = False,
+                 job_timeout_ms: Optional[int] = None,
+                 cancel_grace_ms: int = DEFAULT_GRACE_MS):
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         refuse_async_handler(handler)
+        self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
@@ -103,6 +119,7 @@ class Worker(ThreadAcker, WorkerMachine):
         self._stop = threading.Event()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._acker: Optional[threading.Thread] = None
+        self._setup_listening()
 
     # --- public control -------------------------------------------------------
     def run(self) -> WorkerStats:
@@ -154,6 +171,7 @@ class Worker(ThreadAcker, WorkerMachine):
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
         self._acker.start()
+        self._start_listening()
         try:
             self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
         finally:
@@ -223,6 +241,7 @@ class Worker(ThreadAcker, WorkerMachine):
         for job, token in started:
             job._extend = self._extender(job.id, token)
             job._progress = self._progresser(job.id, token)
+            self._arm_timeout(job, token, now)
         with self._lock:
             for job, token in started:
                 self._running[job.id] = RunningJob(job, token, now)
@@ -263,14 +282,16 @@ class Worker(ThreadAcker, WorkerMachine):
                     self._drainers -= 1
                     return
             started = clock()
-            done.append(self._run_one(job, token))
+            outcome = self._settle_run(self._run_one(job, token))  # a stopped run: by its stop
             ended = clock()
+            if outcome is not None:  # (None: abandoned, its outcome written already)
+                done.append(outcome)
             with self._lock:  # a handler slot is free: the claim loop may start a held job
                 self._in_hand -= 1
                 if self._awaiting_slot:
                     self._lock.notify_all()
             self._holding.observe(ended - started)
-            if len(done) == 1:
+            if len(done) == 1 and outcome is not None:
                 flush_at = ended + _ACK_FLUSH_S
             if len(done) >= _ACK_FLUSH or ended >= flush_at:
                 self._hand_over(done)
@@ -324,6 +345,7 @@ class Worker(ThreadAcker, WorkerMachine):
             self._waiter.close()
             self._waiter = None
         self._wait_for_handlers(end)
+        self._stop_listening()  # before the acker's sentinel: an abandoned run's outcome
         self._acks.put(None)
         if self._acker is not None:
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))

@@ -1,0 +1,129 @@
+"""The thread Worker's ears for cancels and its timer for timeouts (issue 15).
+
+:class:`CancelListener`: one pub/sub connection per Worker, on a thread of its own,
+subscribed to its queues' cancel channels (``emq:{q}:cancel``; cancel.lua publishes the
+id of an active job asked to stop). Each id heard is handed to ``on_cancel`` at once.
+A lost connection is re-made with backoff; after every (re-)subscribe ``on_subscribed``
+re-reads the cancel marks of the running jobs, as the beat does, so a message published
+while nobody listened is not missed.
+
+:class:`TimeoutTimer`: a thread started on the first job with a timeout, sleeping until
+the soonest deadline (:class:`~emqfast.worker.cancels.Deadlines`) and handing each due
+one to ``on_due``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from emqfast.worker.cancels import Deadlines
+from emqfast.worker.resend import Backoff, typed
+
+log = logging.getLogger("emqfast.worker")
+
+_POLL_S = 0.5  # how often an idle listener checks whether it was closed
+
+
+class CancelListener:
+    """Hears the cancel channels ``channels`` on ``client`` (sync redis-py, or Cluster)."""
+
+    def __init__(self, client: Any, channels: Sequence[str], on_cancel: Callable[[str], None],
+                 on_subscribed: Callable[[], None], who: str):
+        self._client, self._channels = client, list(channels)
+        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._closed = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
+
+    def start(self) -> None:
+        self._closed.clear()
+        self._thread = threading.Thread(target=self._run, name="emq-cancels", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (returns once the thread ended, or after a couple of seconds)."""
+        self._closed.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=_POLL_S * 4)
+
+    def _run(self) -> None:
+        backoff = Backoff(0.05, 2.0)
+        while not self._closed.is_set():
+            try:
+                self._listen()
+                return
+            except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
+                self.subscribed.clear()
+                wait = backoff()
+                log.warning("%s: cancel listener lost its connection (%s); re-subscribing "
+                            "in %.2fs", self._who, type(typed(exc)).__name__, wait)
+                self._closed.wait(wait)
+
+    def _listen(self) -> None:
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(*self._channels)
+            self.subscribed.set()
+            self._on_subscribed()
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=_POLL_S)
+                if message and message.get("type") == "message":
+                    data = message["data"]
+                    self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+        finally:
+            self.subscribed.clear()
+            try:
+                pubsub.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+
+
+class TimeoutTimer:
+    """Hands each passed deadline ``(job id, token, kind)`` to ``on_due`` (its thread)."""
+
+    def __init__(self, on_due: Callable[[str, str, str], None]):
+        self._on_due = on_due
+        self._deadlines = Deadlines()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, at: float, job_id: str, token: str, kind: str) -> None:
+        """``on_due(job_id, token, kind)`` at ``at`` (monotonic s)."""
+        with self._cond:
+            if self._closed:
+                return
+            if self._deadlines.add(at, job_id, token, kind):
+                self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="emq-timeouts",
+                                                daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due: List[Tuple[str, str, str]] = []
+                while not self._closed and not due:
+                    due = self._deadlines.due(time.monotonic())
+                    if not due:
+                        nxt = self._deadlines.next_at()
+                        self._cond.wait(None if nxt is None else max(nxt - time.monotonic(), 0))
+                if self._closed:
+                    return
+            for job_id, token, kind in due:
+                try:
+                    self._on_due(job_id, token, kind)
+                except Exception:  # noqa: BLE001 - one job's stop must not end the timer
+                    log.exception("stopping timed-out job %s failed", job_id)
