@@ -19,6 +19,7 @@ from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, EmqError,
     LeaseLost, PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy,
     ServerFull, Unrecoverable, VersionMismatch)
 from emqfast.core.errors import Cancelled, JobTimeout  # issue 15: cancelling running jobs
+from emqfast.facade.control import CancelResult
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Entry, Leaderboard
 from emqfast.facade.queue import Queue
@@ -35,7 +36,7 @@ __all__ = [
     "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
     "WorkerStats", "__version__", "backend", "connect", "embedded", "errors", "metrics",
     "promote_many", "redaction",
-    "Cancelled", "JobTimeout",
+    "Cancelled", "CancelResult", "JobTimeout",
 ]
 
 # The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,
