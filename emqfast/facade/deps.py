@@ -93,7 +93,7 @@ def parse_deps(depends_on: Any, own_queue: str) -> List[Dep]:
                              f"(queue, job_id) pairs), not {type(depends_on).__name__}")
     deps: List[Dep] = []
     for item in depends_on:
-        dep = _one_dep(item, own_queue)
+        dep = one_dep(item, own_queue)
         if dep not in deps:
             deps.append(dep)
     if len(deps) > MAX_DEPS:
@@ -101,7 +101,8 @@ def parse_deps(depends_on: Any, own_queue: str) -> List[Dep]:
     return deps
 
 
-def _one_dep(item: Any, own_queue: str) -> Dep:
+def one_dep(item: Any, own_queue: str) -> Dep:
+    """One validated dependency (see :func:`parse_deps`)."""
     if isinstance(item, JobRef) or (hasattr(item, "id") and not isinstance(item, tuple)):
         queue = getattr(item, "queue", None)
         return check_queue_name(queue) if queue else own_queue, check_job_id(item.id)
@@ -184,14 +185,26 @@ def enqueue_op(k: QueueKeys, job: Job, shared: Shared, depends_on: Any, on_dep_f
     or ``duplicate`` (a re-run: its unsent links are sent now)."""
     deps = parse_deps(depends_on, k.name)
     odf = check_on_dep_failure(on_dep_failure)
-    if shared.group is not None or shared.when.mode != b"now" or wait is not None:
-        raise InvalidInput("depends_on cannot be combined with a delay, a group or "
-                           "wait_replicas (yet)")
+    check_shared(shared, wait)
     if (k.name, job.id) in deps:
         raise DependencyCycle(f"job {job.id} cannot depend on itself")
     if not deps:
         raise InvalidInput("depends_on is empty: enqueue without it")
     yield from check_exist(deps)
+    ref: JobRef = yield from admit_op(k, job, shared, deps, odf)
+    return ref
+
+
+def check_shared(shared: Shared, wait: Any = None) -> None:
+    """What a job with dependencies cannot have (yet): a delay, a group, wait_replicas."""
+    if shared.group is not None or shared.when.mode != b"now" or wait is not None:
+        raise InvalidInput("depends_on cannot be combined with a delay, a group or "
+                           "wait_replicas (yet)")
+
+
+def admit_op(k: QueueKeys, job: Job, shared: Shared, deps: Sequence[Dep],
+             odf: str) -> Returns[JobRef]:
+    """Write ``job`` as waiting_deps and link it (its dependencies known to exist)."""
     opts = with_deps(shared.opts, deps)
     written = int((yield write_call(k, job, opts, shared.priority, deps, odf)))
     if written == 0:

@@ -1,0 +1,171 @@
+"""``emqfast.Flow``: a graph of jobs across queues, admitted so that no job of it runs
+while one of its dependencies is missing (issue 15).
+
+    flow = emqfast.Flow(conn)
+    a = flow.add(grading, {"lesson": 1})
+    b = flow.add(grading, {"lesson": 2})
+    flow.add(certificates, {"learner": 7}, after=[a, b])
+    refs = flow.enqueue()
+
+How it stays safe without one transaction (on a Cluster the queues live in different
+slots):
+
+- every job's id is minted by :meth:`Flow.add`, so the graph is fixed before anything is
+  sent, and a re-run of :meth:`Flow.enqueue` (after a crash, or twice) admits the very same
+  jobs: an id that exists is a no-op, and a waiting job whose links were not all sent gets
+  them now;
+- a cycle is a :class:`~emqfast.errors.DependencyCycle` and a dependency outside the flow
+  that does not exist an :class:`~emqfast.errors.UnknownDependency`, both before any write;
+- jobs are admitted in topological order: a job is written only after all its
+  dependencies are, and waits as ``waiting_deps`` until they completed. A crash part-way
+  leaves a prefix of the graph, each admitted job with all its dependencies, so nothing
+  runs early; a crash between a waiting job's write and its links is repaired by the
+  Workers (:func:`emqfast.facade.deps.settle_op`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional
+
+from emqfast.backends.drive import run
+from emqfast.core import codec, ids
+from emqfast.core.errors import DependencyCycle, InputTypeError, InvalidInput
+from emqfast.core.keys import QueueKeys
+from emqfast.core.ops import Op, Returns, operation
+from emqfast.core.validation import check_job_id
+from emqfast.facade import admission, deps
+from emqfast.facade.admission import ADMITTED, Job, Shared
+from emqfast.facade.backoff import Backoff
+from emqfast.facade.job import JobRef
+from emqfast.server.connection import resolve
+
+__all__ = ["Flow", "FlowJob"]
+
+
+@dataclass(frozen=True)
+class FlowJob:
+    """One job of a :class:`Flow` (what :meth:`Flow.add` returns): its queue and id; pass
+    it in ``after=[...]`` of the jobs that depend on it."""
+
+    queue: str
+    id: str
+    flow_id: int = field(repr=False, compare=False, default=0)
+
+
+@dataclass
+class _Node:
+    keys: QueueKeys
+    job: Job
+    shared: Shared
+    odf: str
+    after: List[int]                # indexes of the flow jobs it depends on
+    outside: List[deps.Dep]         # dependencies outside the flow
+
+
+class Flow:
+    """A DAG of jobs across queues (see the module docstring). ``conn`` is what
+    :class:`emqfast.Queue` takes (a client, URL or None); on a Cluster, one cluster
+    client reaches every queue."""
+
+    _resolve = staticmethod(resolve)
+
+    def __init__(self, conn: Any = None):
+        self.redis = self._resolve(conn)
+        self._nodes: List[_Node] = []
+        self._by_id: Dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def _drive(self, op: Op) -> Any:
+        return run(self.redis, op)
+
+    def add(self, queue: Any, payload: Any, *, after: Iterable[Any] = (),
+            job_id: Optional[str] = None, priority: int = 0, attempts: Optional[int] = None,
+            backoff: Optional[Backoff] = None, on_dep_failure: str = "fail") -> FlowJob:
+        """Add a job of ``queue`` (an :class:`emqfast.Queue` or ``emqfast.aio.Queue``)
+        depending on ``after``: jobs of this flow, or JobRefs / ids / ``(queue, id)``
+        pairs of jobs already enqueued. Nothing is sent until :meth:`enqueue`."""
+        if not isinstance(getattr(queue, "keys", None), QueueKeys):
+            raise InputTypeError(f"Flow.add takes an emqfast Queue, not {type(queue).__name__}")
+        job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        if job_id in self._by_id:
+            raise InvalidInput(f"job id {job_id} is already in this flow")
+        data, enc = codec.encode(payload, queue.max_payload_bytes)
+        shared = queue._shared(priority, attempts, backoff, None, None, None)
+        node = _Node(queue.keys, Job(job_id, data, enc), shared,
+                     deps.check_on_dep_failure(on_dep_failure), [], [])
+        self._link(node, after)
+        self._by_id[job_id] = len(self._nodes)
+        self._nodes.append(node)
+        return FlowJob(queue.keys.name, job_id, id(self))
+
+    def depend(self, job: FlowJob, on: Iterable[Any]) -> None:
+        """Make ``job`` (of this flow) depend on ``on`` too (as ``after`` does). This is
+        how a graph gains an edge to a job added later, so it may close a cycle:
+        :meth:`enqueue` refuses that."""
+        self._link(self._nodes[self._index(job)], on)
+
+    def _index(self, job: FlowJob) -> int:
+        if not isinstance(job, FlowJob) or job.flow_id != id(self) or job.id not in self._by_id:
+            raise InvalidInput(f"{job!r} is not a job of this flow")
+        return self._by_id[job.id]
+
+    def _link(self, node: _Node, after: Iterable[Any]) -> None:
+        if isinstance(after, (str, bytes, FlowJob)) or deps._is_pair(after):
+            raise InputTypeError("after takes a list of jobs")
+        for item in after:
+            if isinstance(item, FlowJob) and item.flow_id == id(self):
+                index = self._index(item)
+                if index not in node.after:
+                    node.after.append(index)
+            else:
+                dep = deps.one_dep(item, node.keys.name)
+                if dep not in node.outside:
+                    node.outside.append(dep)
+        if len(node.after) + len(node.outside) > deps.MAX_DEPS:
+            raise InvalidInput(f"a job takes at most {deps.MAX_DEPS} dependencies")
+
+    def order(self) -> List[int]:
+        """The jobs' indexes in admission order (each after its dependencies; ties in the
+        order they were added); :class:`DependencyCycle` when there is none."""
+        waiting = {i: set(n.after) for i, n in enumerate(self._nodes)}
+        out: List[int] = []
+        ready = [i for i, after in waiting.items() if not after]
+        while ready:
+            i = ready.pop(0)
+            out.append(i)
+            del waiting[i]
+            for j, after in waiting.items():
+                if i in after:
+                    after.discard(i)
+                    if not after and j not in ready:
+                        ready.append(j)
+            ready.sort()
+        if waiting:
+            stuck = ", ".join(self._nodes[i].job.id for i in sorted(waiting)[:5])
+            raise DependencyCycle(f"the flow's dependencies form a cycle through: {stuck}")
+        return out
+
+    @operation
+    def enqueue(self) -> Returns[List[JobRef]]:
+        """Admit the whole flow (topological order; see the module docstring). Returns a
+        ref per job in the order they were added; safe to call again after a crash."""
+        order = self.order()  # a cycle: refused before anything is sent
+        outside = [d for n in self._nodes for d in n.outside]
+        if outside:
+            yield from deps.check_exist(sorted(set(outside)))
+        refs: Dict[int, JobRef] = {}
+        for i in order:
+            refs[i] = yield from self._admit(self._nodes[i])
+        return [refs[i] for i in range(len(self._nodes))]
+
+    def _admit(self, node: _Node) -> Returns[JobRef]:
+        if not node.after and not node.outside:
+            reply = yield admission.enqueue_call(node.keys, node.job, node.shared)
+            return JobRef(node.job.id, ADMITTED.get(int(reply), "duplicate"))
+        found = [(self._nodes[j].keys.name, self._nodes[j].job.id) for j in node.after]
+        ref: JobRef = yield from deps.admit_op(node.keys, node.job, node.shared,
+                                               found + node.outside, node.odf)
+        return ref
+
