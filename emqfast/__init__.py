@@ -20,6 +20,8 @@ from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, EmqError,
     ServerFull, Unrecoverable, VersionMismatch)
 from emqfast.core.errors import Cancelled, JobTimeout  # issue 15: cancelling running jobs
 from emqfast.facade.control import CancelResult
+from emqfast.core.errors import DependencyCycle, UnknownDependency  # issue 15: dependencies
+from emqfast.facade.flow import Flow, FlowJob
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Entry, Leaderboard
 from emqfast.facade.queue import Queue
@@ -37,6 +39,7 @@ __all__ = [
     "WorkerStats", "__version__", "backend", "connect", "embedded", "errors", "metrics",
     "promote_many", "redaction",
     "Cancelled", "CancelResult", "JobTimeout",
+    "DependencyCycle", "Flow", "FlowJob", "UnknownDependency",
 ]
 
 # The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,
