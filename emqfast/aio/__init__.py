@@ -16,7 +16,8 @@ is the sync one (an :mod:`emqfast.ops` generator) run by an asyncio driver,
 so it returns a coroutine.
 """
 from emqfast.aio.connection import connect
+from emqfast.aio.flow import Flow
 from emqfast.aio.queue import Leaderboard, Queue, promote_many
 from emqfast.aio.worker import Worker
 
-__all__ = ["Leaderboard", "Queue", "Worker", "connect", "promote_many"]
+__all__ = ["Flow", "Leaderboard", "Queue", "Worker", "connect", "promote_many"]
