@@ -13,6 +13,7 @@ import json
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 from emqfast.core.errors import PayloadError
+from emqfast.core.validation import check_int
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 
 DEFAULT_ATTEMPTS = 3
@@ -52,3 +53,19 @@ def decode(raw: Optional[bytes]) -> Options:
     except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         # edited or corrupted outside emqfast: typed, never guessed at
         raise PayloadError(f"stored job options are malformed: {exc}") from None
+
+
+TIMEOUT_KEY = "t"  # issue 15: a run's time limit in ms (enqueue(..., timeout_ms=N))
+MAX_TIMEOUT_MS = 1 << 40
+
+
+def with_timeout(opts: bytes, timeout_ms: Optional[int]) -> bytes:
+    """``opts`` (an encoded blob, ``b""`` for the defaults) with the job's ``timeout_ms``
+    (an int of 1 .. 2**40 ms; None: no limit, ``opts`` unchanged). Workers stop a run that
+    passes it (:mod:`emqfast.worker.cancels`). Bad input: typed, before anything is sent."""
+    if timeout_ms is None:
+        return opts
+    check_int(timeout_ms, "timeout_ms", 1, MAX_TIMEOUT_MS)
+    decoded = json.loads(opts) if opts else dict(DEFAULT_OPTIONS)
+    decoded[TIMEOUT_KEY] = timeout_ms
+    return json.dumps(decoded, separators=(",", ":")).encode()
