@@ -174,7 +174,7 @@ def test_worker_completes_fails_retries_and_records_results(conn, names):
         assert d.state == "failed" and d.attempts == 2 and "attempt 2" in d.error
         assert q.counts() == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
                               "completed": 2, "failed": 1,
-                              "cancelled": 0, "waiting_deps": 0}
+                              "cancelled": 0, "waiting_deps": 0, "expired": 0}
         q.retry(doomed.id)  # back to pending with fresh attempts
         assert q.get(doomed.id).state == "pending" and q.counts()["failed"] == 0
 

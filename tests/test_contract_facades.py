@@ -131,7 +131,7 @@ def test_enqueue_get_counts_and_duplicate(q, facade):
     assert (job.state, job.payload, job.attempts) == ("pending", {"to": "ada"}, 0)
     assert q.get("JOB-missing") is None
     assert q.counts() == {"scheduled": 0, "pending": 1, "grouped": 0, "active": 0,
-                          "completed": 0, "failed": 0, "cancelled": 0, "waiting_deps": 0}
+                          "completed": 0, "failed": 0, "cancelled": 0, "waiting_deps": 0, "expired": 0}
 
 
 def test_priority_order_then_arrival(q):

@@ -74,7 +74,7 @@ def _populate(q: emqfast.Queue) -> dict:
     ids = {"pending": q.enqueue("p").id, "scheduled": q.enqueue_in("s", 3_600_000).id,
            "completed": done, "failed": doomed}
     assert q.counts() == {"scheduled": 1, "pending": 1, "grouped": 0, "active": 0,
-                          "completed": 1, "failed": 1, "cancelled": 0, "waiting_deps": 0}
+                          "completed": 1, "failed": 1, "cancelled": 0, "waiting_deps": 0, "expired": 0}
     return ids
 
 

@@ -151,7 +151,7 @@ def test_stalls_beyond_max_stalled_fail_the_job(r, q):
     assert (job.state, job.error, job.stalls) == ("failed", "stalled", 2)
     assert q.job_ids("failed") == [ref.id]
     assert q.counts() == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
-                          "completed": 0, "failed": 1, "cancelled": 0, "waiting_deps": 0}
+                          "completed": 0, "failed": 1, "cancelled": 0, "waiting_deps": 0, "expired": 0}
     assert r.hlen(q.keys.leases) == 0
 
 

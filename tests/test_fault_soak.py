@@ -189,7 +189,7 @@ def verdict(direct: redis.Redis, qname: str, ids: Sequence[str], execs: Counter,
     counts = q.counts()
     result.counts_ok = counts == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
                                   "completed": len(ids), "failed": 0,
-                                  "cancelled": 0, "waiting_deps": 0}
+                                  "cancelled": 0, "waiting_deps": 0, "expired": 0}
     if not result.counts_ok:
         result.not_completed["counts"] = counts  # type: ignore[assignment]
     return result

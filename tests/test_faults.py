@@ -161,7 +161,7 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_what_they_held(redis_url, 
     assert lost == 0 and completed == set(ids)
     assert counts == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
                       "completed": n_jobs, "failed": 0, "cancelled": 0,
-                      "waiting_deps": 0}
+                      "waiting_deps": 0, "expired": 0}
     assert set(execs) == set(ids)  # every job ran at least once
     # a job re-runs only if a worker died holding it, at most once per such death
     assert all(reruns[j] <= held[j] for j in reruns), \

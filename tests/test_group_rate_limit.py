@@ -153,7 +153,7 @@ def test_counts_include_jobs_waiting_in_group_lanes(redis_url, qname, backend):
     q.enqueue_many(list(range(4)), group="A")
     q.enqueue_many(list(range(5)), group="B")
     assert q.counts() == {"scheduled": 0, "pending": 12, "grouped": 9, "active": 0,
-                          "completed": 0, "failed": 0, "cancelled": 0, "waiting_deps": 0}
+                          "completed": 0, "failed": 0, "cancelled": 0, "waiting_deps": 0, "expired": 0}
     _, _, _, pairs = _claim_once(q, ["A", "B"], n=4)
     assert len(pairs) == 4
     c = q.counts()

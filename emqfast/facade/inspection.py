@@ -38,20 +38,22 @@ class QueueInspection:
     @operation
     def counts(self) -> Returns[Dict[str, int]]:
         """Number of jobs per state (``cancelled``: the records kept of cancelled jobs;
-        ``waiting_deps``: jobs waiting for their dependencies).
+        ``waiting_deps``: jobs waiting for their dependencies; ``expired``: the records kept
+        of jobs discarded unstarted past their ``expires_ms``).
         ``pending`` includes the jobs waiting in group lanes;
         ``grouped`` is how many of them do (one round trip without groups, two with)."""
         k = self.keys
-        s, p, a, c, f, x, w, ring = yield Batch(
+        s, p, a, c, f, x, w, e, ring = yield Batch(
             [Cmd.of("ZCARD", key) for key in (k.delayed, k.pending, k.active, k.completed,
-                                              k.failed, k.cancelled, k.waitdeps)]
+                                              k.failed, k.cancelled, k.waitdeps, k.expired)]
             + [Cmd.of("ZRANGE", k.groups, 0, -1)])
         grouped = 0
         if ring:  # a lane holding jobs keeps its group on the ring, so these are all of them
             lanes = yield Batch([Cmd.of("ZCARD", k.group_pending(g.decode())) for g in ring])
             grouped = sum(int(n) for n in lanes)
         return {"scheduled": s, "pending": p + grouped, "grouped": grouped, "active": a,
-                "completed": c, "failed": f, "cancelled": x, "waiting_deps": w}
+                "completed": c, "failed": f, "cancelled": x, "waiting_deps": w,
+                "expired": e}
 
     @operation
     def job_ids(self, state: str, start: int = 0, stop: int = -1) -> Returns[List[str]]:
