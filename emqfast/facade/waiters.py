@@ -185,7 +185,9 @@ class Registry:
                     if not self._step(pubsub):
                         return
                     pause = RETRY_S[0]
-                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                # (any failure: a dropped socket, a pool closed under it: TypeError in
+                # redis-py's poll of a closed socket) is a broken connection: re-open
+                except Exception:  # noqa: BLE001
                     _close(pubsub)
                     pubsub, lost = None, True
                     with self._lock:

@@ -1,0 +1,263 @@
+"""``await ref.wait()`` and ``await emqfast.aio.wait_all(refs)``: the asyncio twin of
+:mod:`emqfast.facade.waiting` (the same :class:`~emqfast.facade.waiting.WaitPlan`, the
+same scripts; issue 15).
+
+Per event loop and client, one :class:`AioRegistry` holds one ``redis.asyncio`` pub/sub
+connection and one reader task. Waits SUBSCRIBE/UNSUBSCRIBE on it themselves (one thread:
+a write beside the reader's pending read is safe under asyncio), and the reader task hands
+each confirmation and message to the :class:`AioWaiter` s that want it. A channel is
+subscribed once however many waits want it; the connection closes :data:`LINGER_S` after
+its last wait left. A dropped connection is re-opened by the reader, every channel
+re-subscribed, and each waiter told to re-read its jobs once Redis confirms them again.
+A Cluster client's pub/sub connection goes to one node (PUBLISH reaches every node).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+import redis
+import redis.asyncio as aredis
+
+from emqfast.facade.job import JobRef
+from emqfast.facade.waiters import LINGER_S, RETRY_S
+from emqfast.facade.waiting import QueueWaiting, WaitPlan
+
+
+class AioWaiter:
+    """One wait's channels and what happened on them (one event loop)."""
+
+    def __init__(self, channels: Iterable[bytes]):
+        self.unconfirmed: Set[bytes] = set(channels)
+        self.arrived: Dict[bytes, bytes] = {}
+        self.stale: Set[bytes] = set()
+        self.changed = asyncio.Event()
+
+    def confirmed(self, channel: bytes) -> None:
+        self.unconfirmed.discard(channel)
+        self.changed.set()
+
+    def message(self, channel: bytes, outcome: bytes) -> None:
+        self.arrived[channel] = outcome
+        self.changed.set()
+
+    def lost(self, channel: bytes) -> None:
+        self.unconfirmed.add(channel)
+        self.stale.add(channel)
+
+    async def _until(self, deadline: Optional[float]) -> bool:
+        """Wait for a change (False: the deadline passed)."""
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self.changed.wait(), left)
+        except asyncio.TimeoutError:
+            return False
+        self.changed.clear()
+        return True
+
+    async def wait_confirmed(self, deadline: Optional[float]) -> bool:
+        while self.unconfirmed:
+            if not await self._until(deadline):
+                return not self.unconfirmed
+        return True
+
+    def _ready(self) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
+        arrived, self.arrived = self.arrived, {}
+        stale = {c for c in self.stale if c not in self.unconfirmed}
+        self.stale -= stale
+        return arrived, stale
+
+    async def take(self, deadline: Optional[float]) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
+        arrived, stale = self._ready()
+        while not arrived and not stale and await self._until(deadline):
+            arrived, stale = self._ready()
+        return arrived, stale
+
+
+async def node_client(client: Any) -> Any:
+    """``client``, or for a Cluster a plain client of one node (messages are broadcast)."""
+    if not isinstance(client, aredis.RedisCluster):
+        return client
+    await client.initialize()
+    node = client.get_default_node()
+    return aredis.Redis(connection_pool=aredis.ConnectionPool(
+        connection_class=node.connection_class, **node.connection_kwargs))
+
+
+class AioRegistry:
+    """Every wait of one asyncio client on one loop, over one pub/sub connection."""
+
+    def __init__(self, client: Any):
+        self._client = weakref.ref(client)
+        self._chans: Dict[bytes, List[AioWaiter]] = {}
+        self._due: Dict[bytes, int] = {}
+        self._pubsub: Any = None
+        self._reader: Optional["asyncio.Task[None]"] = None
+        self._linger: Optional[asyncio.TimerHandle] = None
+        self._opening = asyncio.Lock()
+
+    async def _ensure_open(self) -> Any:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        async with self._opening:  # two first waits: one connection
+            if self._pubsub is None:
+                self._pubsub = (await node_client(self._client())).pubsub()
+        return self._pubsub
+
+    async def add(self, waiter: AioWaiter, channels: List[bytes]) -> None:
+        new = []
+        for ch in channels:
+            if ch in self._chans:
+                self._chans[ch].append(waiter)
+                if not self._due.get(ch):
+                    waiter.confirmed(ch)
+            else:
+                self._chans[ch] = [waiter]
+                self._due[ch] = self._due.get(ch, 0) + 1
+                new.append(ch)
+        if new:
+            pubsub = await self._ensure_open()
+            await pubsub.subscribe(*new)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def remove(self, waiter: AioWaiter, channels: List[bytes]) -> None:
+        gone = []
+        for ch in channels:
+            lst = self._chans.get(ch)
+            if lst is not None and waiter in lst:
+                lst.remove(waiter)
+                if not lst:
+                    del self._chans[ch]
+                    gone.append(ch)
+        if gone and self._pubsub is not None:
+            try:
+                await self._pubsub.unsubscribe(*gone)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                pass  # the reader re-opens without them
+        if not self._chans and self._pubsub is not None and self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._linger = None
+        if self._chans or self._pubsub is None:
+            return
+        pubsub, self._pubsub = self._pubsub, None
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        asyncio.get_running_loop().create_task(_aclose(pubsub))
+
+    async def _read(self) -> None:
+        pause, broken = RETRY_S[0], False
+        while self._pubsub is not None:
+            try:
+                if broken:
+                    await self._reopen()
+                    broken = False
+                msg = await self._pubsub.get_message(timeout=None)
+                pause = RETRY_S[0]
+            except Exception:  # noqa: BLE001 - any failure of the connection: re-open it
+                broken = True
+                await asyncio.sleep(pause)  # the server is away: back off, then re-open
+                pause = min(pause * 2, RETRY_S[1])
+                continue
+            if msg:
+                self._dispatch(msg)
+
+    async def _reopen(self) -> None:
+        """A new connection re-subscribed to every channel; their waiters re-read once
+        Redis confirms them again."""
+        if self._pubsub is None:
+            return
+        await _aclose(self._pubsub)
+        self._pubsub = (await node_client(self._client())).pubsub()
+        self._due = {ch: 1 for ch in self._chans}
+        for ch, waiters in self._chans.items():
+            for w in waiters:
+                w.lost(ch)
+        if self._chans:
+            await self._pubsub.subscribe(*self._chans)
+
+    def _dispatch(self, msg: Dict[str, Any]) -> None:
+        kind, ch = msg.get("type"), msg.get("channel")
+        if not isinstance(ch, bytes):
+            return
+        waiters = list(self._chans.get(ch, ()))
+        if kind == "subscribe":
+            if self._due.get(ch):
+                self._due[ch] -= 1
+                if self._due[ch]:
+                    return  # a later SUBSCRIBE of it is still on its way
+            for w in waiters:
+                w.confirmed(ch)
+        elif kind == "message":
+            data = msg.get("data")
+            for w in waiters:
+                w.message(ch, data if isinstance(data, bytes) else str(data).encode())
+
+
+async def _aclose(pubsub: Any) -> None:
+    try:
+        await pubsub.aclose()
+    except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is gone
+        pass
+
+
+_registries: "weakref.WeakKeyDictionary[Any, AioRegistry]" = weakref.WeakKeyDictionary()
+
+
+def registry_for(client: Any) -> AioRegistry:
+    """The registry of ``client`` (an asyncio client serves one loop: emqfast.aio's
+    LoopClients gives each loop its own)."""
+    reg = _registries.get(client)
+    if reg is None:
+        reg = _registries[client] = AioRegistry(client)
+    return reg
+
+
+async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
+                   return_exceptions: bool = False) -> List[Any]:
+    """:func:`emqfast.wait_all` for refs of :class:`emqfast.aio.Queue` s, awaited."""
+    plan = WaitPlan(refs, timeout_s, is_async=True)
+    waiter = AioWaiter(plan.channel_of)
+    added = []
+    try:
+        for q, idxs in plan.groups:
+            reg = registry_for(q.redis)
+            added.append((reg, plan.channels(idxs)))
+            await reg.add(waiter, plan.channels(idxs))
+        if await waiter.wait_confirmed(plan.deadline):
+            for q, idxs in plan.groups:
+                plan.took_register(idxs, await q._wait_register(plan.ids(idxs)))
+            while plan.pending():
+                arrived, recheck = await waiter.take(plan.deadline)
+                if not arrived and not recheck:
+                    break  # the deadline passed
+                for q, idxs in plan.to_read([*arrived, *recheck]):
+                    plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), arrived)
+    finally:
+        for reg, chans in added:
+            await reg.remove(waiter, chans)
+        for q, ids in plan.to_unregister():
+            await q._wait_unregister(ids)
+    return plan.outcome(return_exceptions)
+
+
+class AioQueueWaiting(QueueWaiting):
+    """The awaited ``ref.wait()`` and ``q.wait_many()`` of :class:`emqfast.aio.Queue`."""
+
+    async def _wait_one(self, job_id: str, timeout_s: Optional[float]) -> Any:
+        return (await wait_all([self.ref(job_id)], timeout_s))[0]
+
+    async def wait_many(self, refs: Iterable[Any],  # type: ignore[override]
+                        timeout_s: Optional[float] = None, *,
+                        return_exceptions: bool = False) -> List[Any]:
+        """:meth:`emqfast.Queue.wait_many`, awaited."""
+        return await wait_all([r if isinstance(r, JobRef) else self.ref(r) for r in refs],
+                              timeout_s, return_exceptions=return_exceptions)
