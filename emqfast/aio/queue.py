@@ -18,9 +18,10 @@ from emqfast.backends.drive import run_async
 from emqfast.facade.queue import Queue as _SyncQueue
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
+from emqfast.aio.waiting import AioQueueWaiting
 
 
-class Queue(_SyncQueue):
+class Queue(AioQueueWaiting, _SyncQueue):
     """:class:`emqfast.Queue` over ``redis.asyncio``: ``await q.enqueue(...)``.
 
     Bulk enqueue goes through ``redis.asyncio`` pipelines, not the C Batcher
