@@ -22,6 +22,8 @@ from emqfast.core.errors import Cancelled, JobTimeout  # issue 15: cancelling ru
 from emqfast.facade.control import CancelResult
 from emqfast.core.errors import DependencyCycle, UnknownDependency  # issue 15: dependencies
 from emqfast.facade.flow import Flow, FlowJob
+from emqfast.core.errors import JobExpired, JobFailed, WaitTimeout  # issue 15: ref.wait()
+from emqfast.facade.waiting import wait_all
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Entry, Leaderboard
 from emqfast.facade.queue import Queue
@@ -40,6 +42,7 @@ __all__ = [
     "promote_many", "redaction",
     "Cancelled", "CancelResult", "JobTimeout",
     "DependencyCycle", "Flow", "FlowJob", "UnknownDependency",
+    "JobExpired", "JobFailed", "WaitTimeout", "wait_all",
 ]
 
 # The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,
