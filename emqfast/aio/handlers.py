@@ -72,6 +72,11 @@ def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
 class JobTasks(_Host):
     """How :class:`emqfast.aio.Worker` runs its handlers (mixed into it)."""
 
+    if TYPE_CHECKING:  # issue 15: AioStops' (emqfast.aio.cancel_listener)
+        def _arm_timeout(self, job: Job, token: str) -> None: ...
+        def _disarm(self, job_id: str, token: str) -> None: ...
+        def _settle_run(self, outcome: Outcome) -> Optional[Outcome]: ...
+
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """A task per started job (bounded by the semaphore)."""
         now = time.monotonic()
@@ -85,6 +90,7 @@ class JobTasks(_Host):
             self._running[job.id] = running
             self._in_hand += 1
             running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
+            self._arm_timeout(job, token)  # issue 15: stopped when it passes its timeout
 
     def _take_held(self, peek: bool = False) -> List[Held]:
         """Started jobs waiting for a handler: none to take. Jobs are started only into
@@ -99,11 +105,15 @@ class JobTasks(_Host):
         try:
             outcome = await self._outcome_of(job, token)
         except BaseException:
+            self._disarm(job.id, token)
             self._slot_freed()
             self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
             raise
+        self._disarm(job.id, token)
         self._slot_freed()
-        self._queue_ack(job.id, token, outcome=outcome)
+        settled = self._settle_run(outcome)  # a stopped run ends by its stop (issue 15)
+        if settled is not None:  # (None: abandoned, its outcome queued already)
+            self._queue_ack(job.id, token, outcome=settled)
 
     def _slot_freed(self) -> None:
         """A handler returned: the claim loop may start a held job."""
@@ -121,8 +131,9 @@ class JobTasks(_Host):
                 self._holding.observe(time.perf_counter() - began)
                 return success(job, token, result)
             except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
-                if self._task_cancelled():
+                if self._task_cancelled() and job._stop_reason is None:
                     raise  # our shutdown or the loop's teardown: released by _run_job
+                # (stopped by a cancel or a timeout: _run_job ends it by its stop)
                 # the handler raised it itself (or awaited something cancelled): a failure
                 return failure(job, token, exc, traceback.format_exc())
             except BaseException as exc:  # noqa: BLE001 - a handler's failure is data

@@ -50,6 +50,7 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from emqfast.aio import cancels
+from emqfast.aio.cancel_listener import AioStops
 from emqfast.aio.handlers import JobTasks
 from emqfast.aio.lifecycle import Lifecycle
 from emqfast.aio.queue import Queue
@@ -60,6 +61,7 @@ from emqfast.facade.job import Job
 from emqfast.server import eviction
 from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
+from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
 from emqfast.worker.resend import raise_typed
@@ -71,12 +73,21 @@ log = logging.getLogger("emqfast.worker")
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
-class Worker(JobTasks, Lifecycle, WorkerMachine):
+class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
     """Runs ``await handler(job)`` for jobs of an :class:`emqfast.aio.Queue`.
 
     Arguments mean what they mean for :class:`emqfast.Worker`. Inside a
     coroutine handler use ``await job.extend_lease_async(ms)``; a plain
     (executor) handler may call ``job.extend_lease(ms)`` as in sync code.
+
+    Cancels and timeouts (issue 15; ``job_timeout_ms``, ``cancel_grace_ms`` as for
+    :class:`emqfast.Worker`): ``q.cancel(id)`` on a job this Worker runs cancels a
+    coroutine handler's task at once (a plain handler sees ``job.cancelled``); the job ends
+    ``cancelled``, never retried, however the handler ends. Past its ``timeout_ms`` the
+    same happens and the job fails with :class:`emqfast.JobTimeout` (retried per its
+    attempts). A handler that has not ended ``cancel_grace_ms`` later (it swallowed the
+    cancellation, or runs in a thread) is abandoned: its outcome is written, its task keeps
+    its slot until it ends (see :mod:`emqfast.aio.cancel_listener`).
     """
 
     _label = "aio worker"
@@ -86,8 +97,11 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
                  prefetch: Optional[int] = None, keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
-                 name: Optional[str] = None, allow_eviction: bool = False):
+                 name: Optional[str] = None, allow_eviction: bool = False,
+                 job_timeout_ms: Optional[int] = None,
+                 cancel_grace_ms: int = DEFAULT_GRACE_MS):
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
+        self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
@@ -112,6 +126,7 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         # enough for leases to lapse (renewed a third used, checked every quarter)
         self.stall_warn_s = self.lease_ms * 0.4 / 1000.0
         self._last_stall = 0.0  # monotonic s a handler step's stall was last reported
+        self._setup_listening()  # issue 15: cancels heard, timeouts armed
 
     # --- public control ----------------------------------------------------------------
     async def run(self) -> WorkerStats:
@@ -185,10 +200,14 @@ class Worker(JobTasks, Lifecycle, WorkerMachine):
         self._begin()
         acker = cancels.spawn(self._ack_loop(), name="emq-acker")
         leases = cancels.spawn(self._lease_loop(), name="emq-leases")
+        self._start_listening()
         try:
-            await self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
-        finally:
-            await self._finish(acker, leases)
+            try:
+                await self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
+            finally:
+                await self._finish(acker, leases)
+        finally:  # after the shutdown: a cancel still stops a handler it waits for
+            await self._stop_listening()
         self._raise_fatal()
 
     def _begin(self) -> None:

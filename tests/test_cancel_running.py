@@ -1,0 +1,242 @@
+"""Issue 15: cancelling running jobs. ``q.cancel(id)`` on an active job marks it and tells
+the Worker running it (pub/sub, any process); the handler stops (a coroutine's task is
+cancelled, a sync handler sees ``job.cancelled``), and the job ends in a kept
+``cancelled`` state, never retried, whatever the handler does next. No timed asserts:
+the delay from cancel to handler is printed (bench/cancel_latency.py measures its p99)."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import emqfast
+import emqfast.aio
+from conftest import dump_queue
+from waiting import wait_until, wait_until_async
+
+PROCS = str(Path(__file__).with_name("cancel_procs.py"))
+
+
+def _start(mode: str, redis_url: str, qname: str, prefix: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, PROCS, mode, redis_url, qname, prefix],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _ended_cancelled(q, r, job_id: str) -> None:
+    """The kept record of a job cancelled while it ran (never retried)."""
+    job = q.get(job_id)
+    assert job.state == "cancelled" and job.finished_ms is not None
+    assert job_id in q.job_ids("cancelled")
+    for state in ("pending", "scheduled", "active", "failed", "completed"):
+        assert job_id not in q.job_ids(state)
+    assert not r.hexists(q.keys.leases, job_id)
+    assert job.result is None  # a handler's late return is never recorded
+    assert int(r.hget(q.keys.metrics, "cancelled") or 0) >= 1
+
+
+@pytest.mark.parametrize("mode", ["thread", "aio"])
+@pytest.mark.parametrize("do", ["poll", "swallow"])
+def test_cancel_reaches_a_running_handler_in_another_process(redis_url, qname, r, mode, do):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    prefix = f"test:{qname}"
+    proc = _start(mode, redis_url, qname, prefix)
+    try:
+        wait_until(lambda: r.get(prefix + ":ready"), 60, "the worker's cancel listener")
+        ref = q.enqueue({"do": do}, attempts=3)
+        wait_until(lambda: r.hget(prefix + ":started", ref.id), 30, "the handler started")
+        asked = time.time()
+        assert q.cancel(ref.id) == emqfast.CancelResult.REQUESTED == "requested"
+        seen = float(wait_until(lambda: r.hget(prefix + ":seen", ref.id), 30, "handler saw it"))
+        print(f"{mode}/{do}: cancel -> handler saw it in {(seen - asked) * 1000:.1f} ms")
+        wait_until(lambda: q.get(ref.id).state == "cancelled", 30, "job cancelled")
+        # the worker goes on; the cancelled job never runs again (3 attempts allowed)
+        after = q.enqueue({"do": "quick"})
+        wait_until(lambda: q.get(after.id).state == "completed", 30, "next job completed")
+        _ended_cancelled(q, r, ref.id)
+        assert r.hget(prefix + ":runs", ref.id) == b"1" and q.get(ref.id).attempts == 1
+        assert q.cancel(ref.id) is False  # cancelled already
+        events = [e.get(b"event") for _, e in r.xrange(q.keys.events)]
+        assert b"cancel_requested" in events and b"cancelled" in events
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+
+
+def _serve(w) -> threading.Thread:
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    wait_until(lambda: w._listener is not None and w._listener.subscribed.is_set(), 30,
+               "listener subscribed")
+    return t
+
+
+@pytest.mark.parametrize("ending", ["raises", "returns", "other_error"])
+def test_a_sync_handler_ends_cancelled_however_it_ends(redis_url, qname, r, ending):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+
+    def handler(job):
+        while not job.cancelled:
+            time.sleep(0.001)
+        assert job.cancel_reason == "cancelled"
+        if ending == "raises":
+            job.raise_if_cancelled()
+        if ending == "other_error":
+            raise RuntimeError("cleanup went wrong")
+        return "my result"
+
+    w = emqfast.Worker(q, handler, concurrency=2)
+    t = _serve(w)
+    try:
+        ref = q.enqueue("x", attempts=5, backoff=emqfast.Backoff.fixed(1))
+        wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+        assert q.cancel(ref.id) == "requested"
+        wait_until(lambda: q.get(ref.id).state == "cancelled", 30, "job cancelled")
+    finally:
+        w.stop()
+        t.join(30)
+    _ended_cancelled(q, r, ref.id)
+    assert q.get(ref.id).attempts == 1 and w.stats.failed == w.stats.retried == 0
+
+
+def test_a_sync_handler_that_ignores_the_cancel_is_abandoned_and_keeps_its_slot(
+        redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    gate = threading.Event()
+    began = []
+
+    def handler(job):
+        began.append(job.payload)
+        if job.payload == "stubborn":
+            gate.wait(30)  # never looks at job.cancelled
+            return "late result"
+        return job.payload
+
+    w = emqfast.Worker(q, handler, concurrency=1, prefetch=0, cancel_grace_ms=100)
+    t = _serve(w)
+    try:
+        stubborn = q.enqueue("stubborn")
+        wait_until(lambda: began == ["stubborn"], 30, "stubborn handler running")
+        assert q.cancel(stubborn.id) == "requested"
+        # ended after the grace although the handler still runs: the lease is not left
+        wait_until(lambda: q.get(stubborn.id).state == "cancelled", 30, "abandoned")
+        _ended_cancelled(q, r, stubborn.id)
+        nxt = q.enqueue("next")
+        # the abandoned thread still holds the only slot: the next job waits for it
+        wait_until(lambda: r.zcard(q.keys.pending) == 0 or began != ["stubborn"], 5,
+                   "next job claimed or started")
+        assert began == ["stubborn"]
+        gate.set()  # its late return is ignored; the slot frees
+        wait_until(lambda: q.get(nxt.id).state == "completed", 30, "next job ran")
+    finally:
+        gate.set()
+        w.stop()
+        t.join(30)
+    assert q.get(stubborn.id).state == "cancelled" and q.get(stubborn.id).result is None
+
+
+def test_a_lost_cancel_message_is_caught_on_the_beat(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+
+    def handler(job):
+        while not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+
+    w = emqfast.Worker(q, handler, lease_ms=1000)  # a beat every 250 ms
+    t = _serve(w)
+    try:
+        ref = q.enqueue("x")
+        wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+        r.hset(q.keys.job(ref.id), "cancel", 1)  # marked, as cancel.lua does, unpublished
+        wait_until(lambda: q.get(ref.id).state == "cancelled", 30, "found on the beat")
+    finally:
+        w.stop()
+        t.join(30)
+    _ended_cancelled(q, r, ref.id)
+
+
+def test_cancel_of_a_waiting_job_is_unchanged(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    ref = q.enqueue("x")
+    assert q.cancel(ref.id) is True
+    before = dump_queue(r, qname)
+    assert q.cancel(ref.id) is False
+    assert dump_queue(r, qname) == before
+
+
+def test_a_grouped_job_cancelled_while_running_frees_its_group_slot(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    q.groups.set_concurrency("g", 1)
+    ran = []
+
+    def handler(job):
+        ran.append(job.payload)
+        while job.payload == "first" and not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+        return job.payload
+
+    w = emqfast.Worker(q, handler, concurrency=2)
+    t = _serve(w)
+    try:
+        first = q.enqueue("first", group="g")
+        second = q.enqueue("second", group="g")
+        wait_until(lambda: q.get(first.id).state == "active", 30, "first running")
+        assert q.cancel(first.id) == "requested"
+        wait_until(lambda: q.get(second.id).state == "completed", 30, "second ran")
+    finally:
+        w.stop()
+        t.join(30)
+    assert q.get(first.id).state == "cancelled" and ran == ["first", "second"]
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+def test_an_async_handler_task_is_cancelled(redis_url, qname, r, swallow):
+    async def main():
+        q = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+        began = asyncio.Event()
+
+        async def handler(job):
+            began.set()
+            try:
+                await asyncio.sleep(600)
+            except asyncio.CancelledError:
+                assert job.cancelled and job.cancel_reason == "cancelled"
+                if swallow:
+                    return "my result"
+                raise
+
+        w = emqfast.aio.Worker(q, handler, concurrency=2)
+        task = asyncio.ensure_future(w.run())
+        await wait_until_async(lambda: w.cancel_listening is not None
+                               and w.cancel_listening.is_set(), 30, "listener subscribed")
+        ref = await q.enqueue("x", attempts=3)
+        await asyncio.wait_for(began.wait(), 30)
+        assert await q.cancel(ref.id) == "requested"
+
+        async def ended():
+            return (await q.get(ref.id)).state == "cancelled"
+        await wait_until_async(ended, 30, "job cancelled")
+        w.stop()
+        await task
+        return ref.id, w.stats
+    job_id, stats = asyncio.run(main())
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    _ended_cancelled(q, r, job_id)
+    assert q.get(job_id).attempts == 1 and stats.failed == stats.retried == 0
