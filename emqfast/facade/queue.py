@@ -99,10 +99,11 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
 
     def _shared(self, priority: int, attempts: Optional[int], backoff: Optional[Backoff],
                 delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
-                group: Optional[str]) -> Shared:
+                group: Optional[str], timeout_ms: Optional[int] = None) -> Shared:
         """Validate and encode what every job of one enqueue call shares."""
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
-        opts = tracing.stamp(self._options(priority, attempts, backoff, group))
+        opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
+                                                                group), timeout_ms))
         return Shared(opts, priority, admission.when(delay_ms, run_at_ms), group)
 
     def _fixed_keys(self) -> List[str]:
@@ -115,7 +116,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
                 group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
-                on_dep_failure: str = "fail") -> Returns[JobRef]:
+                on_dep_failure: str = "fail",
+                timeout_ms: Optional[int] = None) -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
@@ -126,9 +128,12 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         With ``group`` the job waits in that group's lane (see :mod:`emqfast.groups`).
         With ``depends_on`` (JobRefs, ids of this queue, ``(queue, id)`` pairs) it waits
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
+        ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
+        :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
-        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group)
+        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
+                              timeout_ms)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
@@ -165,7 +170,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
                      run_at_ms: Optional[RunAt] = None,
-                     group: Optional[str] = None) -> Returns[List[JobRef]]:
+                     group: Optional[str] = None,
+                     timeout_ms: Optional[int] = None) -> Returns[List[JobRef]]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
@@ -193,7 +199,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
                                f"one payload ({type(payloads).__name__}): use enqueue for one")
         encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
                                             for p in payloads]
-        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group)
+        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
+                              timeout_ms)
         if job_ids is None:
             job_ids = ids.new_ids(len(encoded))
         elif isinstance(job_ids, str) or not _iterable(job_ids):
