@@ -60,7 +60,7 @@ if fails then
   redis.call('ZADD', KEYS[6], now, id)
   redis.call('HINCRBY', KEYS[10], 'failed', 1)
   emq_event(KEYS[9], cap, 'failed', 'id', id, 'attempt', '0', 'error', 'dependency failed')
-  emq_finished(hook, {id}, 'failed')
+  emq_finished(hook, KEYS[11], KEYS[12], KEYS[13], {id}, 'failed')
   return 2
 end
 redis.call('SREM', KEYS[2], ARGV[2])
