@@ -7,6 +7,9 @@
 -- KEYS[5] meta hash      emq:{q}:meta
 -- KEYS[6] counter        emq:{q}:counter
 -- KEYS[7] events stream  emq:{q}:events
+-- KEYS[8..] only with a dedupe key (ARGV[11..14]), three more: KEYS[8] the dedupe hash
+--         emq:{q}:dedupe, KEYS[9] the holder's hash emq:{q}:job:<ARGV[12]> (KEYS[1] again
+--         when ARGV[12] is ''), KEYS[10] the active zset emq:{q}:active
 -- ARGV[1] job id (must start with JOB)
 -- ARGV[2] payload bytes
 -- ARGV[3] payload encoding: 'j' JSON text (the default: not stored), 'b' raw bytes
@@ -19,33 +22,73 @@
 -- ARGV[8] keyspace version of the caller
 -- ARGV[9] acl: '0' skips the ACL check of the commands it writes with (a batch checks them
 --         in its first call on the connection); anything else, or absent, checks
+-- ARGV[10..] optional extras (includes/dedupe.lua): ARGV[10] expires ms ('' none: a job
+--          not started by its run-at + this is discarded as expired by start.lua); then,
+--          with KEYS[8..10]: ARGV[11] the dedupe key (1..1024 bytes), ARGV[12] the job id
+--          the caller read in the dedupe hash for it ('' none), ARGV[13] the key's window
+--          ms ('' none: while its job waits or runs), ARGV[14] the dedupe mode: 'drop',
+--          'replace' or 'extend'
 -- Returns: 1 admitted as pending (due now or already past), 2 admitted as scheduled
---          (parked on the delayed set), 0 duplicate id (idempotent no-op, nothing written)
+--          (parked on the delayed set), 0 duplicate id (idempotent no-op, nothing written),
+--          3 deduplicated (the key's job ARGV[12] holds it; nothing written but, with
+--          'extend', its window), 4 replaced (the key's waiting job ARGV[12] took the new
+--          payload and run-at), 5 stale (the dedupe hash no longer names ARGV[12]: nothing
+--          written; read it again and re-send)
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number; EMQVERSION keyspace of another major version;
+--          EMQINPUT malformed mode/number/extras, or a replace whose waiting job is in
+--          another group's lane; EMQVERSION keyspace of another major version;
 --          NOPERM the user's ACL denies a command it writes with. Each before any write.
 --@include common
 --@include admit
+--@include dedupe
 
 local id = ARGV[1]
 -- Every read and check that can fail comes before the first write (bad input, a denied
 -- command, ...): Redis does not roll back a script that errors half-way.
 local bad, priority, run_at, now = emq_check_admission(id, ARGV[5], ARGV[6], ARGV[7])
 if bad then return redis.error_reply(bad) end
+local xbad, x = emq_extras(10)  -- expiry and dedupe (nil: a plain job, nothing more to do)
+if xbad then return redis.error_reply(xbad) end
+local keyed = x ~= nil and x.key ~= nil
+if keyed and #KEYS ~= 10 then
+  return redis.error_reply('EMQINPUT a dedupe key needs the dedupe, holder and active keys')
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
+end
+local verdict = 'admit'
+if keyed then
+  local verr
+  verdict, verr = emq_dedupe_verdict(x, KEYS[8], KEYS[9], KEYS[10], KEYS[2], KEYS[3], now)
+  if verr then return redis.error_reply(verr) end
+  if verdict == 'stale' then return 5 end
+  if verdict == 'drop' or (verdict == 'extend' and not x.window) then return 3 end
 end
 local cap = emq_events_cap(KEYS[5])
 local dscore = emq_admit_score(KEYS[3], run_at, now)
 local denied = emq_admit_denied(ARGV[9], dscore, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6],
                                 KEYS[7], cap ~= nil)
+if not denied and keyed then denied = emq_dedupe_denied(ARGV[9], KEYS[8], KEYS[9], KEYS[2],
+                                                        KEYS[3]) end
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[5], ARGV[8])  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 
+if verdict == 'extend' then
+  redis.call('HSET', KEYS[9], 'ddu', emq_int(now + x.window))
+  return 3
+end
+if verdict == 'replace' then
+  local st = emq_dedupe_replace(x, KEYS[9], x.expected, KEYS[2], KEYS[3], KEYS[4], ARGV[2],
+    ARGV[3], run_at, now, dscore)
+  emq_event(KEYS[7], cap, 'replaced', 'id', x.expected, 'state', st)
+  return 4
+end
+
 -- the caller's mode does not say where the job went ('at' in the past is pending)
 local state = emq_admit(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6], id, ARGV[2], ARGV[3],
   ARGV[4], priority, run_at, now, dscore)
+if x then emq_extras_keep(x, KEYS[8], KEYS[1], id, run_at, now) end
 emq_event(KEYS[7], cap, 'enqueued', 'id', id, 'state', state)
 if state == 'scheduled' then
   return 2

@@ -15,6 +15,13 @@
 -- pause() returned is not started after it (issue 18 item 8).
 -- A lease on a job whose hash is gone (evicted, deleted by hand) is dropped and counted:
 -- metrics 'orphaned' and an 'orphaned' event, never silently.
+-- Expiry (issue 15): a job enqueued with expires_ms holds `exp` (its run-at + E, server
+-- ms). Claimed for its first run after that instant, it is not started: it ends as
+-- `expired` (state, `finished`, its record on the expired zset, trimmed by retention like
+-- cancelled), an 'expired' event and metrics counter, its lease dropped and its rate
+-- window place given back; the reply row is 0, so the worker never runs it. The finish
+-- hook (includes/finished.lua) tells its waiters and dependents. A job that ran once
+-- (a retry) no longer expires.
 --
 -- KEYS[1] active zset    emq:{q}:active
 -- KEYS[2] leases hash    emq:{q}:leases
@@ -25,7 +32,11 @@
 -- KEYS[7] delayed zset   emq:{q}:delayed
 -- KEYS[8] marker zset    emq:{q}:marker
 -- KEYS[9] grate hash     emq:{q}:grate    (group -> "max:window")
--- KEYS[10..] job hashes  emq:{q}:job:<id>, one per claimed job, in ARGV pair order, then
+-- KEYS[10] waiters hash  emq:{q}:waiters  (the finish hook's keys, for expired jobs)
+-- KEYS[11] dependents    emq:{q}:dependents
+-- KEYS[12] outbox list   emq:{q}:outbox
+-- KEYS[13] expired zset  emq:{q}:expired
+-- KEYS[14..] job hashes  emq:{q}:job:<id>, one per claimed job, in ARGV pair order, then
 --          optionally one rate zset emq:{q}:g:<group>:rate per group name after the pairs
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
@@ -34,19 +45,23 @@
 --          the lease holds (enc, opts, run_at nil when the hash omits them; started =
 --          the start instant, server ms, which the Worker hands back to complete.lua), or 0
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
---          queue is paused: the job waits on the delayed set)
--- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version
+--          queue is paused: the job waits on the delayed set; or it expired: ended)
+-- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
+--          version; NOPERM the finish hook's PUBLISH/RPUSH denied (before any write)
 --@include common
 --@include rate
+--@include finished
 
 -- J jobs (a key and two ARGV each) and G groups (a key and a name each)
-local njobs = #ARGV - #KEYS + 8
-local ngroups = #KEYS - 9 - njobs
+local njobs = #ARGV - #KEYS + 12
+local ngroups = #KEYS - 13 - njobs
 if #ARGV < 1 or njobs < 0 or ngroups < 0 then
   return redis.error_reply('EMQINPUT start needs one id/token pair per job key and one ' ..
     'name per group rate key')
 end
-local last_job = 9 + njobs
+local last_job = 13 + njobs
+local hook, hook_err = emq_finish_prepare(KEYS[10], KEYS[11], KEYS[12])
+if hook_err then return redis.error_reply(hook_err) end
 local err = emq_fence(KEYS[3], ARGV[1])
 if err then return redis.error_reply(err) end
 local now = emq_now()
@@ -54,7 +69,7 @@ local stamp = emq_int(now)
 local cap = emq_events_cap(KEYS[3])
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
-for i = 10, last_job do ids[#ids + 1] = ARGV[2 * (i - 9)] end
+for i = 14, last_job do ids[#ids + 1] = ARGV[2 * (i - 13)] end
 local held = {}
 for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))) do
@@ -111,16 +126,28 @@ local function defer(id, gw)
   emq_wake_at(KEYS[8], open)
 end
 
+-- Past its expiry before its first start: ended as expired, never started.
+local expired = {}
+local function expire(id, key, token)
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  if limited then redis.call('ZREM', KEYS[6], token) end  -- its claim used no start
+  redis.call('HSET', key, 'state', 'expired', 'finished', stamp)
+  redis.call('ZADD', KEYS[13], now, id)
+  emq_event_untrimmed(KEYS[4], cap, 'expired', 'id', id)
+  expired[#expired + 1] = id
+end
+
 local out = {}
 local orphaned = 0
-for i = 10, last_job do
-  local id, token = ARGV[2 * (i - 9)], ARGV[2 * (i - 9) + 1]
+for i = 14, last_job do
+  local id, token = ARGV[2 * (i - 13)], ARGV[2 * (i - 13) + 1]
   local key = KEYS[i]
   local row = 0
-  if held[i - 9] == token then
+  if held[i - 13] == token then
     -- one read of what the handler needs; no payload field means the hash is gone
     local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
-      'worker', 'started')
+      'worker', 'started', 'exp')
     if not h[1] then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', KEYS[2], id)
@@ -130,6 +157,8 @@ for i = 10, last_job do
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
       row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp)}
+    elseif h[9] and not h[5] and now > (tonumber(h[9]) or now) then
+      expire(id, key, token)
     else
       local admitted, gw = window_admits(token, h[3])
       if admitted then
@@ -146,5 +175,9 @@ for i = 10, last_job do
   out[#out + 1] = row
 end
 if orphaned > 0 then redis.call('HINCRBY', KEYS[5], 'orphaned', orphaned) end
+if #expired > 0 then
+  redis.call('HINCRBY', KEYS[5], 'expired', #expired)
+  emq_finished(hook, KEYS[10], KEYS[11], KEYS[12], expired, 'expired')
+end
 emq_trim_events(KEYS[4], cap)
 return out

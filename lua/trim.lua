@@ -1,13 +1,18 @@
--- trim.lua: retention: delete the oldest jobs of a completed, failed or cancelled set,
+-- trim.lua: retention: delete the oldest jobs of a completed, failed, cancelled or expired set,
 -- together with their hashes, while the set holds more than `keep` jobs or the job
 -- finished more than `max_age` ms ago (server clock). The caller lists the set's head
 -- (ZRANGE 0 n-1, oldest first); each id is re-checked here, so a stale list or a
 -- concurrent trimmer never deletes a job the retention rule keeps. At most 4000 ids
 -- per call (bounded work); the caller loops while the reply says "more".
+-- A deleted job that still holds a dedupe key (its hash's `ddk`, issue 15) gives it up:
+-- the dedupe hash entry goes with the job's record, so that hash stays as bounded as the
+-- kept records. Free (one HLEN per call) while the dedupe hash is empty.
 --
--- KEYS[1] finished zset  emq:{q}:completed, emq:{q}:failed or emq:{q}:cancelled
+-- KEYS[1] finished zset  emq:{q}:completed, emq:{q}:failed, emq:{q}:cancelled or
+--         emq:{q}:expired
 -- KEYS[2] meta hash      emq:{q}:meta
--- KEYS[3..] job hashes   emq:{q}:job:<id>, one per ARGV[4..] id, same order
+-- KEYS[3] dedupe hash    emq:{q}:dedupe
+-- KEYS[4..] job hashes   emq:{q}:job:<id>, one per ARGV[4..] id, same order
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2] keep: integer >= 0, the newest jobs never deleted by count
 -- ARGV[3] max_age ms: integer >= 0, or -1 for no age rule
@@ -19,14 +24,15 @@
 --@include common
 
 local keep, max_age = tonumber(ARGV[2]), tonumber(ARGV[3])
-if #ARGV < 3 or #ARGV - 3 ~= #KEYS - 2 then
-  return redis.error_reply('EMQINPUT trim needs keep, max_age and one job key per id')
+if #ARGV - 3 > EMQ_MAX_BATCH then
+  return redis.error_reply('EMQINPUT trim takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
+end
+if #ARGV < 3 or #ARGV - 3 ~= #KEYS - 3 then
+  return redis.error_reply('EMQINPUT trim needs keep, max_age, the dedupe hash and one job ' ..
+    'key per id')
 end
 if not keep or keep < 0 or keep % 1 ~= 0 or not max_age or max_age < -1 or max_age % 1 ~= 0 then
   return redis.error_reply('EMQINPUT trim needs an integer keep >= 0 and max_age >= -1')
-end
-if #ARGV - 3 > EMQ_MAX_BATCH then
-  return redis.error_reply('EMQINPUT trim takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
 local err = emq_fence(KEYS[2], ARGV[1])
 if err then return redis.error_reply(err) end
@@ -34,6 +40,13 @@ local cutoff = nil
 if max_age >= 0 then cutoff = emq_now() - max_age end
 local card = redis.call('ZCARD', KEYS[1])
 local n = 0
+-- the dedupe hash is not empty: deleted jobs may hold keys
+local keyed = redis.call('HLEN', KEYS[3]) > 0
+-- A deleted job's dedupe key goes with it, unless a newer job holds it now.
+local function give_up_key(dedupe, key, id)
+  local ddk = redis.call('HGET', key, 'ddk')
+  if ddk and redis.call('HGET', dedupe, ddk) == id then redis.call('HDEL', dedupe, ddk) end
+end
 for i = 4, #ARGV do
   -- only jobs still in the finished set: a retried or concurrently trimmed job has left it
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
@@ -42,7 +55,8 @@ for i = 4, #ARGV do
       return {n, 0}  -- the rule keeps this job, and every newer one
     end
     redis.call('ZREM', KEYS[1], ARGV[i])
-    redis.call('DEL', KEYS[i - 1])
+    if keyed then give_up_key(KEYS[3], KEYS[i], ARGV[i]) end
+    redis.call('DEL', KEYS[i])
     card = card - 1
     n = n + 1
   end

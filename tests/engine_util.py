@@ -95,7 +95,8 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
     if pairs:
         ids = [i for i, _ in pairs]
         rows = load("start")(q.redis, [k.active, k.leases, k.meta, k.events, k.metrics, k.rate,
-                                       k.delayed, k.marker, k.grate, *k.jobs(ids)],
+                                       k.delayed, k.marker, k.grate, k.waiters,
+                                       k.dependents, k.outbox, k.expired, *k.jobs(ids)],
                              [KEYSPACE_VERSION, *[x for p in pairs for x in p]])
         assert all(rows), rows
     return pairs

@@ -262,12 +262,12 @@ def test_trim_script_rechecks_a_stale_list_and_keeps_what_the_rule_keeps(redis_u
     ids = _finish(q, 10, q.keys.completed)
     trim = load("trim")
     k = q.keys
-    assert trim(r, [k.completed, k.meta, *k.jobs(ids[:8])], [KEYSPACE_VERSION, 5, -1, *ids[:8]]) \
-        == [5, 0]
+    assert trim(r, [k.completed, k.meta, k.dedupe, *k.jobs(ids[:8])],
+                [KEYSPACE_VERSION, 5, -1, *ids[:8]]) == [5, 0]
     assert q.job_ids("completed") == ids[5:][::-1]
     # a stale list (ids already gone) deletes nothing more
-    assert trim(r, [k.completed, k.meta, *k.jobs(ids[:8])], [KEYSPACE_VERSION, 5, -1, *ids[:8]]) \
-        == [0, 0]
+    assert trim(r, [k.completed, k.meta, k.dedupe, *k.jobs(ids[:8])],
+                [KEYSPACE_VERSION, 5, -1, *ids[:8]]) == [0, 0]
     assert r.zcard(k.completed) == 5
 
 
@@ -281,7 +281,7 @@ def test_a_script_refuses_more_than_4000_ids_and_touches_nothing(redis_url, qnam
     fixed = {"promote": ([k.delayed, k.pending, k.marker, k.meta, k.events], [KEYSPACE_VERSION]),
              "reap": ([k.active, k.leases, k.pending, k.failed, k.marker, k.meta, k.events,
                        k.metrics], [1, KEYSPACE_VERSION]),
-             "trim": ([k.completed, k.meta], [KEYSPACE_VERSION, 0, -1])}[name]
+             "trim": ([k.completed, k.meta, k.dedupe], [KEYSPACE_VERSION, 0, -1])}[name]
     with pytest.raises(InvalidInput, match="at most 4000"):
         load(name)(r, [*fixed[0], *k.jobs(ids)], [*fixed[1], *ids])
     with pytest.raises(InvalidInput):

@@ -16,7 +16,7 @@ from emqfast.core.scores import MAX_OFFSET_MS, MAX_RUN_AT_MS, PRIORITY_MAX
 from emqfast.core.times import Delay, RunAt, delay_ms as check_delay, run_at_ms as check_run_at
 from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.facade import options
+from emqfast.facade import dedupe, options
 from emqfast.facade.backoff import Backoff
 from emqfast.facade.job import JobRef
 
@@ -24,9 +24,10 @@ ENQUEUE = load("enqueue")
 ENQUEUE_GROUP = load("enqueue_group")
 
 MAX_ATTEMPTS = 1_000_000
-# enqueue.lua's reply -> JobRef.status (0 = the id already existed)
+# enqueue.lua's reply -> JobRef.status (0 = the id already existed; 3 and 4 name the job
+# holding the dedupe key: facade/dedupe.py)
 ADMITTED = {1: "pending", 2: "scheduled"}
-STATUS = {**ADMITTED, 0: "duplicate"}
+STATUS = {**ADMITTED, 0: "duplicate", **dedupe.STATUSES}
 
 Wait = Optional[Tuple[int, int]]  # (replicas, timeout_ms) for WAIT after the writes, or None
 
@@ -90,20 +91,24 @@ class Shared(NamedTuple):
     priority: int
     when: When
     group: Optional[str]
+    extras: Optional[dedupe.Extras] = None  # expiry / dedupe options (issue 15), if any
 
 
-def enqueue_call(k: QueueKeys, job: Job, shared: Shared, check_acl: bool = True) -> Call:
+def enqueue_call(k: QueueKeys, job: Job, shared: Shared, check_acl: bool = True,
+                 key: Optional[str] = None, holder: Optional[str] = None) -> Call:
     """The call admitting ``job``: enqueue.lua, or enqueue_group.lua into its group's lane.
     ``check_acl=False`` skips the script's ACL check (see
-    :func:`emqfast.facade.enqueue_batch.sends`)."""
+    :func:`emqfast.facade.enqueue_batch.sends`). With a dedupe ``key``, ``holder`` is the
+    job the caller read in the dedupe hash for it (None: no entry)."""
     acl = 1 if check_acl else 0
     head = [job.id, job.data, job.enc, shared.opts, shared.priority, shared.when.mode,
             shared.when.value, KEYSPACE_VERSION]
+    more_keys, more = dedupe.extra_keys_args(k, job.id, shared.extras, key, holder)
     if shared.group is None:
-        return Call(ENQUEUE, [k.job(job.id), *fixed_keys(k)], [*head, acl])
+        return Call(ENQUEUE, [k.job(job.id), *fixed_keys(k), *more_keys], [*head, acl, *more])
     return Call(ENQUEUE_GROUP, [k.job(job.id), k.group_pending(shared.group), k.delayed,
-                                k.marker, k.meta, k.counter, k.events, k.groups],
-                [*head, shared.group, acl])
+                                k.marker, k.meta, k.counter, k.events, k.groups, *more_keys],
+                [*head, shared.group, acl, *more])
 
 
 # --- a bulk of enqueue.lua calls, framed as columns ------------------------------------------

@@ -5,16 +5,18 @@ re-sends from. Sans-IO: each function is (or builds a step of) an operation gene
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, NamedTuple, Sequence, Set
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Set
 
 from emqfast.backends import transport
 from emqfast.backends.scripts import load, map_error
 from emqfast.core.errors import ConnectionFailed, InvalidInput, PartialBatch
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Columns, Request, Returns, Slot
+from emqfast.core.ops import Batch, Columns, Op, Request, Returns, Slot
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.admission import (ENCODING_COLUMN, ID_COLUMN, PAYLOAD_COLUMN, STATUS, Job,
                                       Shared, Wait, check_replicated, enqueue_call, status_of)
+from emqfast.facade import keyed
+from emqfast.facade.dedupe import STATUSES
 from emqfast.facade.job import JobRef
 
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
@@ -58,14 +60,27 @@ class EnqueueBatch:
     shared: Shared
     wait: Wait = None
     recovering: Set[str] = field(default_factory=set)  # unknown ids of an earlier try
+    dedupe_keys: Optional[List[Optional[str]]] = None  # per job (issue 15), None: no keys
+    # job index -> the job holding its key, for jobs deduplicated or replaced (their refs)
+    holders: Dict[int, str] = field(default_factory=dict)
 
     @property
     def job_ids(self) -> List[str]:
         return [job.id for job in self.jobs]
 
+    @property
+    def per_call(self) -> bool:
+        """Whether each job is its own script call (enqueue.lua / enqueue_group.lua):
+        grouped jobs, and jobs with expiry or dedupe keys (enqueue_many.lua admits only
+        plain jobs, so they pay nothing for these features)."""
+        return self.shared.group is not None or self.shared.extras is not None
+
     def subset(self, picks: Iterable[int], recovering: Set[str]) -> "EnqueueBatch":
         """The jobs at ``picks``, same options, with ``recovering`` ids of unknown fate."""
-        return EnqueueBatch([self.jobs[i] for i in picks], self.shared, self.wait, recovering)
+        picks = list(picks)
+        keys = None if self.dedupe_keys is None else [self.dedupe_keys[i] for i in picks]
+        return EnqueueBatch([self.jobs[i] for i in picks], self.shared, self.wait, recovering,
+                            keys)
 
 
 def many_sends(n: int) -> Iterator[Send]:
@@ -75,11 +90,16 @@ def many_sends(n: int) -> Iterator[Send]:
         yield Send(start, min(start + ENQUEUE_CHUNK, n), True)
 
 
-def chunk_request(k: QueueKeys, batch: EnqueueBatch, send: Send) -> Request:
-    """The request sending one :class:`Send` of ``batch`` (one round trip)."""
+def chunk_request(k: QueueKeys, batch: EnqueueBatch, send: Send,
+                  holders: Optional[List[Optional[str]]] = None) -> Request:
+    """The request sending one :class:`Send` of ``batch`` (one round trip); ``holders``:
+    the job holding each job's dedupe key, as read before."""
     jobs = batch.jobs[send.start:send.stop]
-    if batch.shared.group is not None:  # pipelined calls of enqueue_group.lua
-        return Batch([enqueue_call(k, job, batch.shared, send.check_acl) for job in jobs],
+    if batch.per_call:  # pipelined calls of enqueue.lua / enqueue_group.lua
+        keys = batch.dedupe_keys[send.start:send.stop] if batch.dedupe_keys else [None] * len(jobs)
+        held = holders or [None] * len(jobs)
+        return Batch([enqueue_call(k, job, batch.shared, send.check_acl, key, holder)
+                      for job, key, holder in zip(jobs, keys, held)],
                      via_batcher=True, wait=batch.wait)
     return many_columns(k, jobs, batch.shared, batch.wait)
 
@@ -87,8 +107,8 @@ def chunk_request(k: QueueKeys, batch: EnqueueBatch, send: Send) -> Request:
 def per_job(batch: EnqueueBatch, send: Send, got: List[Any]) -> List[Any]:
     """One reply per job of ``send``: enqueue_many.lua answers a whole call with a list
     of statuses; an error, LOST or UNSENT of a call stands for each of its jobs."""
-    if batch.shared.group is not None:
-        return got  # enqueue_group.lua: a reply per job already
+    if batch.per_call:
+        return got  # enqueue.lua / enqueue_group.lua: a reply per job already
     out: List[Any] = []
     for i, reply in enumerate(got):
         if isinstance(reply, list):
@@ -104,15 +124,20 @@ def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Returns[List[Jo
     (see ``Queue.enqueue_many``)."""
     replies: List[Any] = []
     acked = None
-    grouped = batch.shared.group is not None
     send = None
     try:
-        for send in (sends if grouped else many_sends)(len(batch.jobs)):
-            got = yield chunk_request(k, batch, send)
+        for send in (sends if batch.per_call else many_sends)(len(batch.jobs)):
+            holders = None
+            if batch.dedupe_keys is not None:
+                holders = yield from keyed.read_holders(
+                    k, batch.dedupe_keys[send.start:send.stop])
+            got = yield chunk_request(k, batch, send, holders)
             if batch.wait is not None:  # the replies end with WAIT's replica count
                 acked = got[-1] if acked is None else min(acked, got[-1])
                 got = got[:-1]
             got = per_job(batch, send, got)
+            if holders is not None:
+                got = yield from _settle(k, batch, send, holders, got)
             replies += got
             if send.check_acl and isinstance(got[0], Exception):
                 break  # refused (NOPERM, OOM, ...): the rest would be too; not sent
@@ -130,6 +155,20 @@ def admit_many(k: QueueKeys, queue: str, batch: EnqueueBatch) -> Returns[List[Jo
     if acked is not None:  # None: nothing was sent (an empty batch)
         check_replicated(refs, acked, batch.wait)
     return refs
+
+
+def _settle(k: QueueKeys, batch: EnqueueBatch, send: Send, holders: List[Optional[str]],
+            got: List[Any]) -> Op:
+    """Re-send the send's stale keyed jobs (:func:`keyed.settle`) and note the holder each
+    deduplicated or replaced job names."""
+    assert batch.dedupe_keys is not None
+    keys = batch.dedupe_keys[send.start:send.stop]
+    got = yield from keyed.settle(k, batch.jobs[send.start:send.stop], batch.shared, keys,
+                                  holders, got)
+    for i, (reply, holder) in enumerate(zip(got, holders)):
+        if reply in STATUSES and holder is not None:
+            batch.holders[send.start + i] = holder
+    return got
 
 
 def many_columns(k: QueueKeys, jobs: Sequence[Job], shared: Shared, wait: Wait) -> Columns:
@@ -170,6 +209,9 @@ def _refs(queue: str, batch: EnqueueBatch, replies: List[Any]) -> List[JobRef]:
     if batch.recovering:
         refs = [JobRef(r.id, "recovered") if r.status == "duplicate" and r.id in batch.recovering
                 else r for r in refs]
+    if batch.holders:  # a deduplicated or replaced job's ref names the job holding its key
+        refs = [JobRef(batch.holders[i], r.status) if i in batch.holders else r
+                for i, r in enumerate(refs)]
     return refs
 
 

@@ -102,8 +102,9 @@ class QueueMaintenance:
     @operation
     def trim(self, *, keep_completed: int = 1000, keep_failed: int = 10_000,
              max_age_ms: Optional[Delay] = None, limit: int = TRIM_LIMIT,
-             keep_cancelled: int = 1000) -> Returns[int]:
-        """Retention: delete the oldest finished (and cancelled) jobs beyond the counts
+             keep_cancelled: int = 1000, keep_expired: int = 1000) -> Returns[int]:
+        """Retention: delete the oldest finished (and cancelled, and expired) jobs beyond the
+        counts
         (and older than ``max_age_ms``, server clock); returns how many were deleted.
 
         At most ``limit`` jobs per finished set go in one call (in script calls of
@@ -114,13 +115,14 @@ class QueueMaintenance:
         check_int(keep_completed, "keep_completed", 0, 1 << 40)
         check_int(keep_failed, "keep_failed", 0, 1 << 40)
         check_int(keep_cancelled, "keep_cancelled", 0, 1 << 40)
+        check_int(keep_expired, "keep_expired", 0, 1 << 40)
         if max_age_ms is not None:  # ms or a timedelta
             max_age_ms = delay_ms(max_age_ms, "max_age_ms", 0, MAX_RUN_AT_MS)
         check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
         age = -1 if max_age_ms is None else max_age_ms
         removed = 0
         for key, keep in ((k.completed, keep_completed), (k.failed, keep_failed),
-                          (k.cancelled, keep_cancelled)):
+                          (k.cancelled, keep_cancelled), (k.expired, keep_expired)):
             removed += yield from self._trim_set(key, keep, age, limit)
         return removed
 
@@ -132,7 +134,9 @@ class QueueMaintenance:
             head = [i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, asked - 1))]
             if not head:
                 break
-            deleted, more = yield Call(_TRIM, [key, self.keys.meta, *self.keys.jobs(head)],
+            # the dedupe hash: a deleted job gives up its dedupe key (issue 15)
+            deleted, more = yield Call(_TRIM, [key, self.keys.meta, self.keys.dedupe,
+                                               *self.keys.jobs(head)],
                                        [KEYSPACE_VERSION, keep, age, *head])
             removed += int(deleted)
             if not int(more) or len(head) < asked:

@@ -22,6 +22,8 @@ from emqfast.facade import admission, deps, options, tracing
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 from emqfast.facade.control import QueueControl
+from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
+from emqfast.facade.keyed import admit_one
 from emqfast.facade.enqueue_batch import EnqueueBatch, admit_many, retry_partial
 from emqfast.facade.groups import Groups
 from emqfast.facade.inspection import QueueInspection
@@ -115,6 +117,8 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
+                dedupe_key: Optional[str] = None, dedupe_ms: Optional[Delay] = None,
+                dedupe: Optional[str] = None, expires_ms: Optional[Delay] = None,
                 group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
                 on_dep_failure: str = "fail",
                 timeout_ms: Optional[int] = None) -> Returns[JobRef]:
@@ -126,6 +130,10 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
         enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
         With ``group`` the job waits in that group's lane (see :mod:`emqfast.groups`).
+        ``dedupe_key`` (with ``dedupe_ms``, ``dedupe="drop"|"replace"|"extend"``)
+        deduplicates: the ref of a job not admitted says ``deduplicated`` / ``replaced``
+        and names the job holding the key; ``expires_ms`` discards the job as ``expired``
+        if it has not started that long after it is due (see :mod:`emqfast.facade.dedupe`).
         With ``depends_on`` (JobRefs, ids of this queue, ``(queue, id)`` pairs) it waits
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
@@ -135,6 +143,13 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms)
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        key = None if dedupe_key is None else check_key(dedupe_key)
+        extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
+        if extras is not None:  # expiry or a dedupe key (facade/dedupe.py, keyed.py)
+            if depends_on is not None:
+                raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
+            return (yield from admit_one(self.keys, Job(job_id, data, enc),
+                                         shared._replace(extras=extras), key, self._wait))
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
@@ -171,6 +186,9 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
                      backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
                      run_at_ms: Optional[RunAt] = None,
                      group: Optional[str] = None,
+                     dedupe_keys: Optional[Sequence[Optional[str]]] = None,
+                     dedupe_ms: Optional[Delay] = None, dedupe: Optional[str] = None,
+                     expires_ms: Optional[Delay] = None,
                      timeout_ms: Optional[int] = None) -> Returns[List[JobRef]]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
@@ -178,7 +196,9 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
         writes nothing. Under the C backend the batch is framed and sent by hiredis;
         under :mod:`emqfast.aio` it goes through ``redis.asyncio`` pipelines (the
         C Batcher is a blocking socket). With ``group`` every job joins that group's
-        lane (pipelined calls of enqueue_group.lua).
+        lane (pipelined calls of enqueue_group.lua). ``dedupe_keys`` (one key or None per
+        payload; ``dedupe_ms`` and ``dedupe`` shared) and ``expires_ms`` work as in
+        :meth:`enqueue`; such jobs go as pipelined enqueue.lua calls.
 
         Failures (issue 11). Nothing is re-sent blindly. When the batch fails part-way
         (the connection drops mid-batch, the server fills up, ...) this raises
@@ -211,8 +231,11 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependenc
             if len(job_ids) != len(encoded):
                 raise InvalidInput("job_ids and payloads differ in length")
         jobs = [Job(j, data, enc) for j, (data, enc) in zip(job_ids, encoded)]
+        keys = key_list(dedupe_keys, len(jobs))
+        shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
+                                                      expires_ms))
         return (yield from admit_many(self.keys, self.name,
-                                      EnqueueBatch(jobs, shared, self._wait)))
+                                      EnqueueBatch(jobs, shared, self._wait, dedupe_keys=keys)))
 
     @operation
     @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)

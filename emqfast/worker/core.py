@@ -103,10 +103,13 @@ def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) 
     """start.lua: stamp claimed jobs as started (their keys declared now that ids are known).
     ``groups``: the groups the claim served (every grouped job it claimed is in one), so a
     start also re-checks its group's rate window. Safe to re-send with the same arguments:
-    a job already started by its token is reported as started, not counted again."""
+    a job already started by its token is reported as started, not counted again. A job
+    past its expiry (issue 15) is ended as expired instead: its row is empty, as for a lost
+    lease, so it is never run."""
     ids = [i for i, _ in pairs]
     return Call(_START, [k.active, k.leases, k.meta, k.events, k.metrics, k.rate, k.delayed,
-                         k.marker, k.grate, *k.jobs(ids), *[k.group_rate(g) for g in groups]],
+                         k.marker, k.grate, k.waiters, k.dependents, k.outbox, k.expired,
+                         *k.jobs(ids), *[k.group_rate(g) for g in groups]],
                 [KEYSPACE_VERSION, *[x for pair in pairs for x in pair], *groups])
 
 
