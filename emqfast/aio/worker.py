@@ -47,7 +47,7 @@ import contextlib
 import inspect
 import logging
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from emqfast.aio import cancels
 from emqfast.aio.cancel_listener import AioStops
@@ -93,13 +93,17 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
 
-    def __init__(self, queue: Queue, handler: Callable[[Job], Any], *, concurrency: int = 8,
+    def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Callable[[Job], Any], *,
+                 concurrency: int = 8,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
                  prefetch: Optional[int] = None, keep_completed: int = 1000, keep_failed: int = 10_000,
                  max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
                  name: Optional[str] = None, allow_eviction: bool = False,
                  job_timeout_ms: Optional[int] = None,
-                 cancel_grace_ms: int = DEFAULT_GRACE_MS):
+                 cancel_grace_ms: int = DEFAULT_GRACE_MS,
+                 order: str = "strict", weights: Optional[Sequence[int]] = None):
+        # a list of queues never gets here: WorkerMachine.__new__ makes the many-queue
+        # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
