@@ -152,9 +152,17 @@ class WorkerMachine(LeaseKeeping, Acking):
             raise self._fatal
 
     def _write_batch(self, batch: List[Any]) -> Logic:
-        """Acking's, then release the jobs that waited on these (issue 15)."""
-        replies = yield from super()._write_batch(batch)
-        yield from self._deps.after_acks()
+        """Acking's, then release the jobs that waited on these (issue 15); not idle until
+        then, so run_until_idle sees the jobs it releases."""
+        with self._guard:
+            self._pending_acks += 1
+        try:
+            replies = yield from super()._write_batch(batch)
+            yield from self._deps.after_acks()
+        finally:
+            with self._guard:
+                self._pending_acks -= 1
+                self._notify()
         return replies
 
     # --- the claim loop -----------------------------------------------------------------
