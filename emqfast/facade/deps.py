@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core import codec
@@ -259,9 +259,11 @@ class Settled:
     busy: bool = False  # the queue has dependency links in play (worth draining often)
 
 
-def settle_op(k: QueueKeys, grace_ms: int = REPAIR_GRACE_MS) -> Returns[Settled]:
+def settle_op(k: QueueKeys, grace_ms: Optional[int] = None) -> Returns[Settled]:
     """Drain ``k``'s outbox (and, for the cascade, the outboxes of queues whose jobs it
-    failed) and repair unsent links; bounded by :data:`DRAIN_ROUNDS` reads."""
+    failed) and repair unsent links older than ``grace_ms`` (default
+    :data:`REPAIR_GRACE_MS`); bounded by :data:`DRAIN_ROUNDS` reads."""
+    grace_ms = REPAIR_GRACE_MS if grace_ms is None else grace_ms
     done = Settled()
     yield from _drain(k, done)
     yield from repair_op(k, grace_ms, done)
@@ -361,11 +363,12 @@ class QueueDependencies:
     _drive: Callable[[Op], Any]
 
     @operation
-    def settle_dependencies(self, grace_ms: int = REPAIR_GRACE_MS) -> Returns[Settled]:
+    def settle_dependencies(self, grace_ms: Optional[int] = None) -> Returns[Settled]:
         """Release (or fail) the jobs waiting on dependencies of this queue that ended:
         drain its outbox, and re-send the links a producer that died between its steps
         left unsent for longer than ``grace_ms``. The Workers run it after their acks and
         on their beat; safe to call any time, from anywhere, as often as you like."""
-        check_int(grace_ms, "grace_ms", 0, 1 << 40)
+        if grace_ms is not None:
+            check_int(grace_ms, "grace_ms", 0, 1 << 40)
         settled: Settled = yield from settle_op(self.keys, grace_ms)
         return settled
