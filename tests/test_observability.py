@@ -182,7 +182,8 @@ def test_metrics_count_outcomes_and_latencies(redis_url, qname, r):
     assert q.reap() == (1, 0)
 
     m = q.metrics()
-    assert m.counters == {"completed": 5, "failed": 1, "retried": 1, "stalled": 1}
+    assert m.counters == {"completed": 5, "failed": 1, "retried": 1, "stalled": 1,
+                          "expired": 0}
     runs = 5 + 2  # every finished run is timed, failed ones too
     assert m.run.count == runs and m.wait.count == runs
     assert dict(m.run.buckets)[25.0] == 0  # none shorter than the handler's 30 ms

@@ -20,7 +20,9 @@ class JobRef:
     """The answer to an enqueue: the id, and whether it was new or a duplicate."""
 
     id: str
-    status: str  # 'pending', 'scheduled' or 'duplicate'
+    # 'pending', 'scheduled' or 'duplicate'; with a dedupe key (facade/dedupe.py)
+    # 'deduplicated' or 'replaced', the id then naming the job that holds the key
+    status: str
 
     # the Queue that made this ref (not a field: no part of ==, repr or asdict); set by
     # Queue._bind, read by wait()

@@ -1,7 +1,7 @@
 """Per-queue metrics kept in Redis, exported in Prometheus text format.
 
 The queue's metrics hash (``emq:{q}:metrics``) holds ``completed`` / ``failed`` /
-``retried`` / ``stalled`` counters, which the Lua moves count exactly, and two latency
+``retried`` / ``stalled`` / ``expired`` counters, which the Lua moves count exactly, and two latency
 histograms, ``wait`` (due -> started) and ``run`` (started -> finished), as
 per-bucket counts ``<name>:le:<bound ms>`` plus ``<name>:sum`` (ms). complete.lua and
 fail.lua only return each run's times: Workers bucket an ack batch with
@@ -26,7 +26,7 @@ from emqfast.backends.drive import run
 # Upper bounds (ms) of the histogram buckets (non-cumulative fields in Redis).
 BUCKETS_MS: Tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
                                60000, 300000, 1800000)
-COUNTERS = ("completed", "failed", "retried", "stalled")
+COUNTERS = ("completed", "failed", "retried", "stalled", "expired")
 HISTOGRAMS = ("wait", "run")
 STATES = ("scheduled", "pending", "active", "completed", "failed")
 
@@ -149,7 +149,7 @@ class Collector:
                                             HistogramMetricFamily)
 
         jobs = CounterMetricFamily("emqfast_jobs", "Job outcomes written, by queue and outcome "
-                                   "(completed, failed, retried, stalled)",
+                                   "(completed, failed, retried, stalled, expired)",
                                    labels=["queue", "outcome"])
         states = GaugeMetricFamily("emqfast_queue_jobs", "Jobs currently in each state",
                                    labels=["queue", "state"])
