@@ -189,3 +189,38 @@ def test_cli_worker_weighted_order_and_bad_weights(redis_url, tmp_path):
                "weighted", "--weights", "1,2,3", "--burst", cwd=tmp_path)
     assert out.returncode != 0 and "3 weights for 2 queues" in out.stderr, out.stderr
     assert all(q.counts()["pending"] == 0 for q in qs)
+
+
+def test_a_rate_limited_higher_queue_lets_lower_ones_run_and_keeps_its_limit(redis_url):
+    """Strict order, "ready" = claimable now: a higher queue whose rate window is full
+    claims nothing, so the lower queues are served meanwhile; its limit still holds."""
+    qs = _queues(redis_url, 2)
+    qs[0].set_rate_limit(2, 60_000)  # two starts, then nothing for a minute
+    qs[0].enqueue_many([{"q": 0}] * 5)
+    qs[1].enqueue_many([{"q": 1}] * 5)
+    seen, handler = _recorder()
+    with running_worker(emqfast.Worker(qs, handler, concurrency=1)):
+        wait_until(lambda: Counter(seen) == {0: 2, 1: 5}, what="2 high (its limit), 5 low")
+    assert seen[:2] == [0, 0]
+    assert qs[0].counts()["pending"] + qs[0].counts()["scheduled"] == 3
+
+
+def test_a_grouped_queue_keeps_its_group_caps_under_a_many_queue_worker(redis_url):
+    qs = _queues(redis_url, 2)
+    qs[1].groups.set_concurrency("tenant", 1)
+    qs[1].enqueue_many([{"q": 1}] * 6, group="tenant")
+    qs[0].enqueue_many([{"q": 0}] * 6)
+    running, peak = [0], [0]
+    lock = threading.Lock()
+
+    def handler(job: emqfast.Job) -> None:
+        if job.payload["q"] == 1:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            threading.Event().wait(0.01)
+            with lock:
+                running[0] -= 1
+    w = emqfast.Worker(qs, handler, concurrency=4)
+    assert w.run_until_idle(timeout_s=60).completed == 12
+    assert peak[0] == 1  # the group's cap of 1 held across the worker's 4 slots
