@@ -47,7 +47,7 @@ for s = 2, #ARGV, 6 * 2000 do
   for a = s, math.min(s + 6 * 2000 - 1, #ARGV), 6 do ids[#ids + 1] = ARGV[a] end
   for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do held[#held + 1] = v end
 end
-local out, done, scored, seen = {}, {}, {}, {}
+local out, done, scored, seen, attempts = {}, {}, {}, {}, {}
 for i = 10, #KEYS do
   local a = 6 * (i - 10) + 2
   local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
@@ -63,8 +63,8 @@ for i = 10, #KEYS do
       wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
     end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
-    emq_event_untrimmed(KEYS[5], cap, 'completed', 'id', id, 'attempt', attempt)
     done[#done + 1] = id
+    attempts[#attempts + 1] = attempt
     scored[#scored + 1] = now
     scored[#scored + 1] = id
     out[#out + 1] = {wait, run}
@@ -87,6 +87,8 @@ for s = 1, #done, 2000 do
   redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
 end
 if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
+-- one event entry per 64 completions (readers expand it: see emq_events_batched)
+emq_events_batched(KEYS[5], cap, 'completed', done, {attempt = attempts})
 emq_finished(hook, KEYS[7], KEYS[8], KEYS[9], done, 'completed')
 emq_trim_events(KEYS[5], cap)
 return out

@@ -27,7 +27,7 @@ local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
 local bound = emq_due_bound(emq_now())
 -- The set writes go out once per CHUNK members (Lua's unpack() has a stack limit), so
--- per job only what cannot be batched is left: its hash's read and write and its event.
+-- per job only what cannot be batched is left: its hash's read and write.
 -- (Only commands of the README's least-privilege ACL are used: no ZMSCORE.)
 local CHUNK = 4000
 
@@ -53,12 +53,12 @@ for i = 2, #ARGV do
   end
 end
 
--- Per job, in list order: its pending score, its run-at stamp, its event. A due id whose
--- hash is gone still leaves delayed (an orphan) but is not released. Events go in
--- untrimmed and the stream is trimmed once per CHUNK of them and at the end (see
--- emq_event_untrimmed), so even a huge call never holds the stream far past its cap.
+-- Per job, in list order: its pending score and its run-at stamp. A due id whose hash is
+-- gone still leaves delayed (an orphan) but is not released. The 'promoted' events go in
+-- batched entries (emq_events_batched: one per 64 jobs), trimmed once at the end.
 local cap = emq_events_cap(KEYS[4])
 local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
+local released = {}  -- ids joining pending, for their batched 'promoted' events
 for i = 2, #ARGV do
   if due[i] then
     local id = ARGV[i]
@@ -69,13 +69,13 @@ for i = 2, #ARGV do
       scored[#scored + 1] = id
       -- (a Lua number argument reaches Redis as %.17g: exact for epoch ms, no emq_int)
       redis.call('HSET', KEYS[i + 4], 'run_at', emq_unpack_delayed(due[i]))
-      emq_event_untrimmed(KEYS[5], cap, 'promoted', 'id', id)
-      if #scored % (2 * CHUNK) == 0 then emq_trim_events(KEYS[5], cap) end
+      released[#released + 1] = id
     end
   end
 end
-local moved = #scored / 2
-if moved % CHUNK ~= 0 then emq_trim_events(KEYS[5], cap) end
+local moved = #released
+emq_events_batched(KEYS[5], cap, 'promoted', released)
+emq_trim_events(KEYS[5], cap)
 
 for s = 1, #gone, CHUNK do
   redis.call('ZREM', KEYS[1], unpack(gone, s, math.min(s + CHUNK - 1, #gone)))

@@ -10,6 +10,7 @@ from typing import List, Sequence
 import redis
 
 import emqfast
+from emqfast.facade.events import parse_entry
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 from engine_util import make_queue, server_ms, wait_server_past
@@ -32,8 +33,9 @@ def _park(q: emqfast.Queue, n: int, head_start_ms: int) -> tuple:
 
 
 def _promoted_events(r: redis.Redis, q: emqfast.Queue) -> List[str]:
-    return [f[b"id"].decode() for _, f in r.xrange(q.keys.events)
-            if f[b"event"] == b"promoted"]
+    # promote.lua batches its events (one entry per 64 jobs): read them as users do
+    return [e.job_id for entry_id, f in r.xrange(q.keys.events)
+            for e in parse_entry(entry_id, f) if e.name == "promoted"]
 
 
 def test_stale_undue_repeated_and_unknown_ids_are_skipped(redis_url, qname, r):

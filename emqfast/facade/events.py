@@ -1,10 +1,14 @@
 """A queue's events stream (``emq:{q}:events``): typed events and the read operation.
 
-Every Lua move that changes a job's state appends one entry (``XADD ... MAXLEN ~``):
+Every Lua move that changes a job's state appends an event (``XADD ... MAXLEN ~``):
 ``enqueued``, ``promoted``, ``active``, ``progress``, ``completed``, ``failed``,
 ``retrying``, ``stalled``, ``cancelled``, ``retried`` (manual), ``released``.
-The stream's cap is the queue's ``events`` setting (``Queue.configure_events``;
-0 turns events off). :func:`read_op` is the sans-IO read both facades iterate.
+Moves of many jobs at once (``promoted``, ``completed``) write one stream entry per 64
+jobs (``ids`` and parallel per-job fields as JSON arrays: an XADD per job was a third of
+a promote's Redis CPU); :func:`read_op` expands them, so readers see one :class:`Event`
+per job, those of one entry sharing its stream id. The stream's cap is the queue's
+``events`` setting (``Queue.configure_events``; 0 turns events off), counted in stream
+entries: a batched entry counts once. :func:`read_op` is the sans-IO read both facades iterate.
 """
 from __future__ import annotations
 
@@ -66,15 +70,25 @@ class Event:
         return json.loads(raw) if raw is not None else None
 
 
-def parse_entry(entry_id: Any, raw: Any) -> Event:
-    """An :class:`Event` from one XREAD/XRANGE entry (field dict or flat list)."""
+def parse_entry(entry_id: Any, raw: Any) -> List[Event]:
+    """The :class:`Event` s of one XREAD/XRANGE entry (field dict or flat list): one, or one
+    per job of a batched entry (``ids`` a JSON array of job ids, every other field but
+    ``event`` a JSON array of that field's values, parallel to ``ids``), all at the entry's
+    stream id."""
     if isinstance(raw, dict):
         items = {_text(k): _text(v) for k, v in raw.items()}
     else:
         items = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw), 2)}
+    position = _text(entry_id)
     name = items.pop("event", "")
-    job_id = items.pop("id", "")
-    return Event(_text(entry_id), name, job_id, items)
+    batch = items.pop("ids", None)
+    if batch is None:
+        return [Event(position, name, items.pop("id", ""), items)]
+    ids = json.loads(batch)
+    columns = {key: json.loads(value) for key, value in items.items()}
+    return [Event(position, name, str(job_id),
+                  {key: str(values[i]) for key, values in columns.items()})
+            for i, job_id in enumerate(ids)]
 
 
 def check_position(since: Any) -> str:
@@ -142,4 +156,5 @@ def read_op(keys: QueueKeys, since: str, count: int, block_ms: Optional[int]) ->
         return []
     # RESP2 gives [[stream, entries]], RESP3 a {stream: [entries]} dict
     streams = reply.values() if isinstance(reply, dict) else [s[1] for s in reply]
-    return [parse_entry(entry_id, raw) for entries in streams for entry_id, raw in entries]
+    return [event for entries in streams for entry_id, raw in entries
+            for event in parse_entry(entry_id, raw)]

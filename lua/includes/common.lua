@@ -103,6 +103,31 @@ local function emq_event_untrimmed(events, cap, name, ...)
   end
 end
 
+-- A move of many jobs (promote, complete) writes one event entry per EMQ_EVENT_BATCH of
+-- them instead of one per job: `ids` is a JSON array of the job ids and each field of
+-- `cols` (name -> array, parallel to `ids`) a JSON array of their values. Readers
+-- (facade/events.py) expand an entry into one event per job, all at the entry's stream id.
+-- An XADD costs ~3 us whatever it holds, a third of a promoted job's Redis CPU when written
+-- per job. Written untrimmed: the caller trims once (emq_trim_events).
+local EMQ_EVENT_BATCH = 64
+
+local function emq_events_batched(events, cap, name, ids, cols)
+  if not cap then return end
+  for s = 1, #ids, EMQ_EVENT_BATCH do
+    local e = math.min(s + EMQ_EVENT_BATCH - 1, #ids)
+    local part = {}
+    for i = s, e do part[#part + 1] = ids[i] end
+    local args = {'event', name, 'ids', cjson.encode(part)}
+    for field, values in pairs(cols or {}) do
+      local col = {}
+      for i = s, e do col[#col + 1] = values[i] end
+      args[#args + 1] = field
+      args[#args + 1] = cjson.encode(col)
+    end
+    redis.call('XADD', events, '*', unpack(args))
+  end
+end
+
 -- The trim that goes with emq_event_untrimmed, once per script (approximate, like
 -- emq_event's; LIMIT 0 lifts the default effort cap so a large batch is trimmed whole).
 local function emq_trim_events(events, cap)
