@@ -1,16 +1,18 @@
-"""Promote: (a) 1,000,000 due delayed jobs released to pending (target <= 10 s);
-(b) 1,000 queues x 100 due jobs released by ``emqfast.promote_many`` in one
-pipelined pass vs ``Queue.promote`` queue by queue (target >= 5x faster)."""
+"""Promote: (a) 1,000,000 due delayed jobs released to pending (target <= 5 s, issue 12);
+(b) 10,000 queues x 1-3 due jobs released by ``emqfast.promote_many`` in a few pipelined
+round trips vs ``Queue.promote`` queue by queue (target >= 5x faster: the regime where
+round trips dominate); (c) 1,000 queues x 100 due jobs, the same comparison where server
+work dominates (no target since issue 12: both paths do the same server work)."""
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import emqfast
 
 from .common import (Ctx, Result, check, fresh_queue, median, payloads, queue_name, rate,
     server_now_ms, stopwatch, verify_members, wait_until)
 
-TARGET_BIG_S = 10.0
+TARGET_BIG_S = 5.0
 TARGET_SPEEDUP = 5.0
 PROMOTE_LIMIT = 10_000
 CHUNK = 50_000
@@ -70,9 +72,9 @@ def big(ctx: Ctx) -> Result:
     seconds = t[0] * (1_000_000 / n)  # quick runs extrapolate, and say so
     return Result(workload="promote", name=f"promote {n:,} due jobs (one queue)",
                   value=rate(n, t[0]), unit="jobs/s", reference=1_000_000 / TARGET_BIG_S,
-                  reference_label="target (1M in 10 s)",
+                  reference_label="target (1M in 5 s)",
                   ratio=rate(n, t[0]) / (1_000_000 / TARGET_BIG_S),
-                  target="1M in <= 10 s", ok=seconds <= TARGET_BIG_S,
+                  target="1M in <= 5 s", ok=seconds <= TARGET_BIG_S,
                   verified=f"{n}/{n} pending",
                   details={"n": n, "seconds": t[0], "seconds_per_million": seconds,
                            "limit_per_call": PROMOTE_LIMIT})
@@ -143,12 +145,74 @@ def many(ctx: Ctx) -> Result:
                   name=f"promote_many {nq} queues x {per} ({emqfast.backend()})",
                   value=rate(nq * per, fast), unit="jobs/s",
                   reference=rate(nq * per, slow), reference_label="Queue.promote one by one",
-                  ratio=speedup, target=">= 5x one by one", ok=speedup >= TARGET_SPEEDUP,
-                  verified=f"{nq * per}/{nq * per} pending",
+                  ratio=speedup, verified=f"{nq * per}/{nq * per} pending",
                   details={"queues": nq, "per_queue": per, "pipelined_s": timings["pipelined"],
                            "one_by_one_s": timings["one by one"]})
 
 
+def _park_sparse(queues: List[emqfast.Queue]) -> int:
+    """Park 1-3 delayed jobs per queue (queue i gets ``i % 3 + 1``), all due together
+    shortly after the last is parked; returns how many."""
+    client = queues[0].redis
+    for head_start_ms in (2_000, 8_000, 30_000):  # longer on a host too loaded for it
+        run_at = server_now_ms(client) + head_start_ms + len(queues) // 2
+        for i, q in enumerate(queues):
+            q.enqueue_many([b"x"] * (i % 3 + 1), run_at_ms=run_at)
+        if server_now_ms(client) < run_at:
+            break
+        _drop_sparse(queues)
+    total = sum(i % 3 + 1 for i in range(len(queues)))
+    check(sum(_delayed_counts(client, queues)) == total, "not every job was parked")
+    wait_until(lambda: server_now_ms(client) > run_at, timeout_s=60, what="the jobs to be due")
+    return total
+
+
+def _drop_sparse(queues: List[emqfast.Queue]) -> None:
+    """Delete the sparse queues' keys by name (a SCAN per queue would cost minutes)."""
+    client = queues[0].redis
+    for start in range(0, len(queues), 500):
+        pipe = client.pipeline(transaction=False)
+        for q in queues[start:start + 500]:
+            k = q.keys
+            ids = client.zrange(k.pending, 0, -1) + client.zrange(k.delayed, 0, -1)
+            pipe.unlink(k.meta, k.pending, k.delayed, k.marker, k.counter, k.events,
+                        k.metrics, *k.jobs(i.decode() for i in ids))
+        pipe.execute()
+
+
+def sparse(ctx: Ctx) -> Result:
+    """10,000 (quick: 500) queues x 1-3 due jobs: promote_many vs queue by queue."""
+    nq = ctx.n(10_000, 500)
+    client = ctx.client()
+    timings: Dict[str, List[float]] = {"pipelined": [], "one by one": []}
+    for rep in range(ctx.reps):
+        for mode in ("one by one", "pipelined"):  # alternating: a noisy host hits both
+            ctx.progress(f"promote: {nq} queues x 1-3, {mode}, rep {rep + 1}/{ctx.reps}")
+            queues = [emqfast.Queue(queue_name("ps"), client) for _ in range(nq)]
+            try:
+                total = _park_sparse(queues)
+                with stopwatch() as t:
+                    if mode == "pipelined":
+                        moved = sum(emqfast.promote_many(client, queues).values())
+                    else:
+                        moved = sum(q.promote() for q in queues)
+                check(moved == total, f"{mode}: promoted {moved} of {total}")
+                check(sum(_delayed_counts(client, queues)) == 0, "a queue kept delayed jobs")
+                timings[mode].append(t[0])
+            finally:
+                _drop_sparse(queues)
+    fast, slow = median(timings["pipelined"]), median(timings["one by one"])
+    speedup = slow / fast
+    return Result(workload="promote",
+                  name=f"promote_many {nq} queues x 1-3 ({emqfast.backend()})",
+                  value=rate(total, fast), unit="jobs/s",
+                  reference=rate(total, slow), reference_label="Queue.promote one by one",
+                  ratio=speedup, target=">= 5x one by one", ok=speedup >= TARGET_SPEEDUP,
+                  verified=f"{total}/{total} pending",
+                  details={"queues": nq, "jobs": total, "pipelined_s": timings["pipelined"],
+                           "one_by_one_s": timings["one by one"]})
+
+
 def run(ctx: Ctx) -> List[Result]:
-    """Both promote workloads."""
-    return [big(ctx), many(ctx)]
+    """The promote workloads."""
+    return [big(ctx), sparse(ctx), many(ctx)]
