@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -98,16 +99,26 @@ class AioRegistry:
         self._pubsub: Any = None
         self._reader: Optional["asyncio.Task[None]"] = None
         self._linger: Optional[asyncio.TimerHandle] = None
-        self._opening = asyncio.Lock()
+        self._sending = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
+        # a private channel the connection stays subscribed to while open, so redis-py's
+        # PubSub never falls back to its unsubscribed state between waits
+        self._idle = ("emq:wake:" + uuid.uuid4().hex).encode()
 
-    async def _ensure_open(self) -> Any:
+    async def _subscribe(self, channels: List[bytes]) -> None:
+        """SUBSCRIBE on the registry's connection (opened on first use). One at a time:
+        redis-py's PubSub opens its connection, and tells a first SUBSCRIBE from later ones,
+        by state that two concurrent calls would both find unset."""
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        async with self._opening:  # two first waits: one connection
+        async with self._sending:
+            first: List[bytes] = []
             if self._pubsub is None:
                 self._pubsub = (await node_client(self._client())).pubsub()
-        return self._pubsub
+                first = [self._idle]
+            await self._pubsub.subscribe(*channels, *first)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def add(self, waiter: AioWaiter, channels: List[bytes]) -> None:
         new = []
@@ -121,10 +132,7 @@ class AioRegistry:
                 self._due[ch] = self._due.get(ch, 0) + 1
                 new.append(ch)
         if new:
-            pubsub = await self._ensure_open()
-            await pubsub.subscribe(*new)
-            if self._reader is None or self._reader.done():
-                self._reader = asyncio.get_running_loop().create_task(self._read())
+            await self._subscribe(new)
 
     async def remove(self, waiter: AioWaiter, channels: List[bytes]) -> None:
         gone = []
@@ -137,7 +145,9 @@ class AioRegistry:
                     gone.append(ch)
         if gone and self._pubsub is not None:
             try:
-                await self._pubsub.unsubscribe(*gone)
+                async with self._sending:
+                    if self._pubsub is not None:
+                        await self._pubsub.unsubscribe(*gone)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass  # the reader re-opens without them
         if not self._chans and self._pubsub is not None and self._linger is None:
@@ -175,14 +185,15 @@ class AioRegistry:
         Redis confirms them again."""
         if self._pubsub is None:
             return
-        await _aclose(self._pubsub)
-        self._pubsub = (await node_client(self._client())).pubsub()
-        self._due = {ch: 1 for ch in self._chans}
-        for ch, waiters in self._chans.items():
-            for w in waiters:
-                w.lost(ch)
-        if self._chans:
-            await self._pubsub.subscribe(*self._chans)
+        async with self._sending:
+            await _aclose(self._pubsub)
+            self._pubsub = (await node_client(self._client())).pubsub()
+            self._due = {ch: 1 for ch in self._chans}
+            for ch, waiters in self._chans.items():
+                for w in waiters:
+                    w.lost(ch)
+            # (the wake channel: a new connection's first SUBSCRIBE, even with no waits)
+            await self._pubsub.subscribe(*self._chans, self._idle)
 
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         kind, ch = msg.get("type"), msg.get("channel")
@@ -241,6 +252,9 @@ async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
                     plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), arrived)
+        else:  # no time to subscribe: a last look (read only) still sees an ended job
+            for q, idxs in plan.groups:
+                plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), {})
     finally:
         for reg, chans in added:
             await reg.remove(waiter, chans)

@@ -294,6 +294,9 @@ def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
                     plan.took_read(idxs, q._wait_read(plan.ids(idxs)), arrived)
+        else:  # no time to subscribe: a last look (read only) still sees an ended job
+            for q, idxs in plan.groups:
+                plan.took_read(idxs, q._wait_read(plan.ids(idxs)), {})
     finally:
         for reg, chans in added:
             reg.remove(waiter, chans)
