@@ -24,7 +24,8 @@ _CONFIGURE = load("configure")
 
 
 class CancelResult(str, Enum):
-    """What :meth:`QueueControl.cancel` answers for an active job (waiting jobs: a bool)."""
+    """What ``Queue.cancel`` answers for a running job: its worker was asked to stop it
+    (``"requested"``; a waiting job answers a bool). The job then ends ``cancelled``."""
 
     REQUESTED = "requested"  # its worker was asked to stop it; it ends cancelled
 
