@@ -94,7 +94,8 @@ def node_client(client: Any) -> Any:
     """The client whose connection reads the channels: ``client`` itself, or for a
     Cluster one node's (messages are broadcast to every node)."""
     if isinstance(client, redis.RedisCluster):
-        return client.get_redis_connection(client.get_default_node())
+        node = client.get_default_node()  # type: ignore[no-untyped-call]  # (redis-py)
+        return client.get_redis_connection(node)
     return client
 
 

@@ -138,7 +138,8 @@ class QueueWaiting:
     def _wait_register(self, job_ids: Sequence[str]) -> Returns[List[Optional[Fields]]]:
         """wait_register.lua in chunks: per id its fields if it ended (not registered),
         else None (registered). An unknown id: JobNotFound, the earlier chunks taken back."""
-        k, out = self.keys, []
+        k = self.keys
+        out: List[Optional[Fields]] = []
         done: List[str] = []
         for chunk in _chunks(job_ids):
             try:

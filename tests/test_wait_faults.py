@@ -1,0 +1,143 @@
+"""ref.wait where the wire is not simple (issue 15): a pub/sub connection killed while
+waiting (re-subscribed, and the job re-read: an end while it was down is not missed), a
+real 3-master Redis Cluster (queues on every master, the waiter's pub/sub connection on
+one node: PUBLISH is broadcast), and TLS, on both facades."""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+import threading
+from typing import Any, List
+
+import pytest
+import redis
+import redis.asyncio
+
+import emqfast
+import emqfast.aio as emq
+from cluster_util import names_over_masters, start_cluster
+from test_wait_result import Waits, _conn, registered
+from waiting import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _echo(job: emqfast.Job) -> Any:
+    return job.payload
+
+
+@pytest.fixture(params=["sync", "aio"])
+def facade(request):
+    return request.param
+
+
+# --- a dropped pub/sub connection ------------------------------------------------------------
+
+@pytest.mark.parametrize("when", ["while_down", "after_resubscribe"])
+def test_a_killed_pubsub_connection_resubscribes_and_rereads(facade, redis_url, qname, r,
+                                                              when):
+    q = emqfast.Queue(qname, redis_url)
+    ref = q.enqueue({"lesson": 1})
+    channel = q.keys.done_channel(ref.id)
+    waits = Waits(facade, _conn(facade, redis_url), qname, [ref.id], 60)
+    wait_until(lambda: registered(r, q, [ref.id]), what="the waiter registered")
+    assert r.client_kill_filter(_type="pubsub") >= 1
+    if when == "after_resubscribe":  # the end is published to the new connection
+        wait_until(lambda: r.pubsub_numsub(channel)[0][1] == 1, what="re-subscribed")
+    # else: ended at once, most likely before the re-subscribe: only the re-read sees it
+    emqfast.Worker(q, _echo).run_until_idle(timeout_s=30)
+    assert waits.results() == [{"lesson": 1}]
+    assert r.exists(q.keys.waiters) == 0
+
+
+# --- Redis Cluster ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_cluster(3)
+    yield c
+    c.stop()
+
+
+def test_cluster_waits_on_every_master_sync(cluster, qname):
+    conn = emqfast.connect(cluster.url)
+    qs = [emqfast.Queue(n, conn) for n in names_over_masters(cluster, 1, qname)]
+    refs = [q.enqueue({"q": i}) for i, q in enumerate(qs)]
+    bad = qs[2].enqueue({"q": "bad"}, attempts=1)
+    out: List[Any] = []
+    t = threading.Thread(target=lambda: out.extend(
+        emqfast.wait_all([*refs, bad], 60, return_exceptions=True)))
+    t.start()
+    wait_until(lambda: all(conn.hlen(q.keys.waiters) for q in qs), what="registered")
+
+    def handler(job: emqfast.Job) -> Any:
+        if job.payload["q"] == "bad":
+            raise ValueError("not on this master")
+        return job.payload["q"] * 10
+    emqfast.Worker(qs, handler).run_until_idle(timeout_s=60)
+    t.join(60)
+    assert out[:3] == [0, 10, 20]
+    assert isinstance(out[3], emqfast.JobFailed) and "not on this master" in out[3].error
+    assert qs[0].ref(refs[0].id).wait(0) == 0  # already ended: answered without waiting
+    conn.close()
+
+
+def test_cluster_waits_on_every_master_aio(cluster, qname):
+    names = names_over_masters(cluster, 1, qname)
+
+    async def main() -> None:
+        client = emq.connect(cluster.url)
+        qs = [emq.Queue(n, client) for n in names]
+        refs = [await q.enqueue({"q": i}) for i, q in enumerate(qs)]
+        task = asyncio.ensure_future(emq.wait_all(refs, 60))
+        for q in qs:
+            while not await client.hlen(q.keys.waiters):
+                await asyncio.sleep(0.01)
+
+        async def handler(job: emqfast.Job) -> Any:
+            return job.payload["q"] + 100
+        await emq.Worker(qs, handler).run_until_idle(timeout_s=60)
+        assert await task == [100, 101, 102]
+        assert await refs[1].wait(0) == 101
+        await client.aclose()
+    asyncio.run(main())
+
+
+# --- TLS --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tls_srv():
+    try:
+        tls = importlib.import_module("emqfast.bench.tls")
+    except ModuleNotFoundError:
+        sys.path.insert(0, ROOT)
+        tls = importlib.import_module("bench.tls")
+    try:
+        server = tls.start_tls_server()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+def _tls_kw(server: Any) -> dict:
+    return dict(host="127.0.0.1", port=server.tls_port, ssl=True,
+                ssl_ca_certs=str(server.certs["ca.crt"]),
+                ssl_certfile=str(server.certs["client.crt"]),
+                ssl_keyfile=str(server.certs["client.key"]))
+
+
+def test_tls_waits(facade, tls_srv, qname, backend):
+    kw = _tls_kw(tls_srv)
+    q = emqfast.Queue(qname, redis.Redis(**kw))
+    refs = q.enqueue_many([{"n": i} for i in range(20)])
+    make = (lambda: redis.asyncio.Redis(**kw)) if facade == "aio" else (lambda: redis.Redis(**kw))
+    waits = Waits(facade, make, qname, [x.id for x in refs], 60)
+    plain = redis.Redis(port=tls_srv.port)
+    wait_until(lambda: plain.hlen(q.keys.waiters) == 20, what="20 waiters over TLS")
+    emqfast.Worker(q, _echo).run_until_idle(timeout_s=60)
+    assert waits.results() == [{"n": i} for i in range(20)]
+    plain.close()
