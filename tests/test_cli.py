@@ -507,7 +507,9 @@ def test_cancel_says_running_or_finished(redis_url, qname, r):
     assert [job_id for job_id, _token in held] == [running.id]
     assert q.get(running.id).state == "active"
     out = emq("--url", redis_url, "cancel", qname, running.id)
-    assert out.returncode == 1 and "it is running" in out.stderr, out.stderr
+    # issue 15: a running job's worker is asked to stop it (it ends cancelled)
+    assert out.returncode == 0 and "it is running" in out.stdout, out.stderr
+    assert "cancel requested" in out.stdout and q.get(running.id).state == "active"
 
 
 def test_schedules_remove_says_whether_it_existed(redis_url, qname, r):

@@ -91,14 +91,17 @@ def test_retry_names_the_state_of_a_job_that_is_not_failed(call, r, qname):
     assert call(q, "get", ids["failed"]).state == "pending"
 
 
-def test_cancel_refuses_started_finished_and_cancelled_jobs(call, r, qname):
+def test_cancel_refuses_finished_and_cancelled_jobs_and_asks_for_started_ones(call, r, qname):
     ids = _states(emqfast.Queue(qname, r))
     q = call.make(qname)
     before = dump_queue(r, qname)
-    for state in ("completed", "failed", "cancelled", "active"):
+    for state in ("completed", "failed", "cancelled"):
         assert call(q, "cancel", ids[state]) is False
         assert call(q, "get", ids[state]).state == state  # what to tell the user
     assert dump_queue(r, qname) == before
+    # issue 15: an active job's worker is asked to stop it; it stays active until then
+    assert call(q, "cancel", ids["active"]) == emqfast.CancelResult.REQUESTED
+    assert call(q, "get", ids["active"]).state == "active"
 
 
 def test_a_cancelled_job_keeps_a_record(call, r, qname):

@@ -184,10 +184,17 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
 @click.argument("queue")
 @click.argument("job_id")
 def cancel(queue: str, job_id: str) -> None:
-    """Remove JOB_ID if it has not started (scheduled or pending)."""
+    """Cancel JOB_ID: at once if it waits (scheduled or pending); a running one's worker is
+    asked to stop it, and it ends cancelled."""
     q = current_state().queue(queue)
     try:
-        if q.cancel(job_id):
+        answer = q.cancel(job_id)
+        if answer == "requested":  # issue 15: active; its worker ends it
+            console.print(f"[green]cancel requested[/green] {job_id}: it is running; its "
+                          f"worker was asked to stop it (it ends cancelled: 'emqfast jobs "
+                          f"{queue} --state cancelled')", highlight=False)
+            return
+        if answer:
             console.print(f"[green]cancelled[/green] {job_id} (its record stays: "
                           f"'emqfast jobs {queue} --state cancelled')", highlight=False)
             return
