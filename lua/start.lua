@@ -18,10 +18,10 @@
 -- Expiry (issue 15): a job enqueued with expires_ms holds `exp` (its run-at + E, server
 -- ms). Claimed for its first run after that instant, it is not started: it ends as
 -- `expired` (state, `finished`, its record on the expired zset, trimmed by retention like
--- cancelled), an 'expired' event and metrics counter, its lease dropped and its rate
--- window place given back; the reply row is 0, so the worker never runs it. The finish
--- hook (includes/finished.lua) tells its waiters and dependents. A job that ran once
--- (a retry) no longer expires.
+-- cancelled), an 'expired' event and metrics counter, its lease dropped and its place in
+-- the queue's rate window given back (a group window keeps it until it ages out); the
+-- reply row is 0, so the worker never runs it. The finish hook (includes/finished.lua)
+-- tells its waiters and dependents. A job that ran once (a retry) no longer expires.
 --
 -- KEYS[1] active zset    emq:{q}:active
 -- KEYS[2] leases hash    emq:{q}:leases

@@ -72,12 +72,13 @@ def test_expired_jobs_never_run_while_a_worker_serves_the_queue(backend, facade,
     gone = _do(q, "enqueue", "gone", expires_ms=50)
     later = _do(q, "enqueue_in", "later", 50, expires_ms=50)
     many = _do(q, "enqueue_many", ["m1", "m2"], expires_ms=50)
-    expiring = [gone.id, later.id, *(ref.id for ref in many)]
+    grouped = _do(q, "enqueue", "grouped", group="g", expires_ms=50)
+    expiring = [gone.id, later.id, *(ref.id for ref in many), grouped.id]
     ran: List[Any] = []
     with _running(facade, q, ran, concurrency=2):
         wait_server_past(r, max(int(r.hget(q.keys.job(i), "exp")) for i in expiring))
         sync.resume()
-        wait_until(lambda: sync.counts()["expired"] == 4 and sync.counts()["completed"] == 2,
+        wait_until(lambda: sync.counts()["expired"] == 5 and sync.counts()["completed"] == 2,
                    30, "the expired and the completed jobs")
     assert sorted(ran) == ["keep", "plain"]  # the expired ones never ran
     assert {keep.id, plain.id} == set(sync.job_ids("completed"))
@@ -86,7 +87,7 @@ def test_expired_jobs_never_run_while_a_worker_serves_the_queue(backend, facade,
         job = sync.get(job_id)
         assert job.state == "expired" and job.attempts == 0 and job.finished_ms
     assert r.zcard(sync.keys.active) == 0 and r.hlen(sync.keys.leases) == 0
-    assert sync.metrics().counters["expired"] == 4
+    assert sync.metrics().counters["expired"] == 5
     events = sync.read_events(count=1000)
     assert sorted(e.job_id for e in events if e.name == "expired") == sorted(expiring)
     assert not [e for e in events if e.name == "active" and e.job_id in expiring]
