@@ -104,10 +104,15 @@ class JobTasks(_Host):
         has ended, so it can no longer finish and may run again elsewhere."""
         try:
             outcome = await self._outcome_of(job, token)
-        except BaseException:
+        except BaseException as exc:
             self._disarm(job.id, token)
             self._slot_freed()
-            self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
+            if job._stop_reason is None:
+                self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
+            else:  # stopped (cancel, timeout) before its handler began: ends by its stop
+                settled = self._settle_run(failure(job, token, exc, ""))
+                if settled is not None:
+                    self._queue_ack(job.id, token, outcome=settled)
             raise
         self._disarm(job.id, token)
         self._slot_freed()
