@@ -240,3 +240,67 @@ def test_an_async_handler_task_is_cancelled(redis_url, qname, r, swallow):
     q = emqfast.Queue(qname, emqfast.connect(redis_url))
     _ended_cancelled(q, r, job_id)
     assert q.get(job_id).attempts == 1 and stats.failed == stats.retried == 0
+
+
+def test_an_async_handler_that_swallows_and_keeps_running_is_abandoned(redis_url, qname, r):
+    async def main():
+        q = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+        began, gate = asyncio.Event(), asyncio.Event()
+
+        async def handler(job):
+            began.set()
+            try:
+                await asyncio.sleep(600)
+            except asyncio.CancelledError:
+                await gate.wait()  # keeps running, cancel or not
+                return "late"
+
+        w = emqfast.aio.Worker(q, handler, concurrency=1, cancel_grace_ms=100)
+        task = asyncio.ensure_future(w.run())
+        ref = await q.enqueue("x", attempts=3)
+        await asyncio.wait_for(began.wait(), 30)
+        await wait_until_async(lambda: w.cancel_listening is not None
+                               and w.cancel_listening.is_set(), 30, "listener subscribed")
+        assert await q.cancel(ref.id) == "requested"
+
+        async def ended():
+            return (await q.get(ref.id)).state == "cancelled"
+        await wait_until_async(ended, 30, "abandoned as cancelled")
+        gate.set()  # its late return is ignored
+        w.stop()
+        await task
+        return ref.id
+    job_id = asyncio.run(main())
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    _ended_cancelled(q, r, job_id)
+
+
+def test_a_waiter_learns_the_cancel_of_a_running_job(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+
+    def handler(job):
+        while not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+
+    w = emqfast.Worker(q, handler)
+    t = _serve(w)
+    got = []
+    try:
+        ref = q.enqueue("x")
+        wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+
+        def wait() -> None:
+            try:
+                ref.wait(timeout_s=30)
+            except Exception as exc:  # noqa: BLE001 - what the waiter got
+                got.append(exc)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        wait_until(lambda: r.hget(q.keys.waiters, ref.id), 30, "waiter registered")
+        assert q.cancel(ref.id) == "requested"
+        waiter.join(30)
+    finally:
+        w.stop()
+        t.join(30)
+    assert len(got) == 1 and isinstance(got[0], emqfast.Cancelled), got
