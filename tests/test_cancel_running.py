@@ -304,3 +304,76 @@ def test_a_waiter_learns_the_cancel_of_a_running_job(redis_url, qname, r):
         w.stop()
         t.join(30)
     assert len(got) == 1 and isinstance(got[0], emqfast.Cancelled), got
+
+
+@pytest.mark.parametrize("driver", ["thread", "aio"])
+def test_cancel_and_timeout_under_each_backend(backend, redis_url, qname, r, driver):
+    """cancel_active.lua and the timeout's fail.lua go through the acker's pipeline: the C
+    batcher or its Python twin."""
+    def handler(job):
+        while not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+
+    if driver == "thread":
+        q = emqfast.Queue(qname, emqfast.connect(redis_url))
+        w = emqfast.Worker(q, handler)
+        t = _serve(w)
+        try:
+            ref = q.enqueue("x")
+            slow = q.enqueue("slow", timeout_ms=50, attempts=1)
+            wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+            assert q.cancel(ref.id) == "requested"
+            wait_until(lambda: q.get(ref.id).state == "cancelled", 30, "job cancelled")
+            wait_until(lambda: q.get(slow.id).state == "failed", 30, "job timed out")
+        finally:
+            w.stop()
+            t.join(30)
+    else:
+        async def main():
+            aq = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+            w = emqfast.aio.Worker(aq, handler)  # a plain handler, in the executor
+            task = asyncio.ensure_future(w.run())
+            ref = await aq.enqueue("x")
+            slow = await aq.enqueue("slow", timeout_ms=50, attempts=1)
+
+            async def state(job_id, want):
+                return (await aq.get(job_id)).state == want
+            await wait_until_async(lambda: state(ref.id, "active"), 30, "job running")
+            assert await aq.cancel(ref.id) == "requested"
+            await wait_until_async(lambda: state(ref.id, "cancelled"), 30, "job cancelled")
+            await wait_until_async(lambda: state(slow.id, "failed"), 30, "job timed out")
+            w.stop()
+            await task
+            return ref, slow
+        ref, slow = asyncio.run(main())
+        q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    _ended_cancelled(q, r, ref.id)
+    assert q.get(slow.id).error.startswith("JobTimeout: timeout")
+
+
+def test_a_cancel_published_while_the_listener_reconnects_is_not_lost(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+
+    def handler(job):
+        while not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+
+    w = emqfast.Worker(q, handler, lease_ms=60_000)  # beat ~1 s: the re-subscribe finds it
+    t = _serve(w)
+    try:
+        ref = q.enqueue("x")
+        wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+        r.client_kill_filter(_type="pubsub")  # the listener's connection drops
+        assert q.cancel(ref.id) == "requested"  # published to nobody, maybe
+        wait_until(lambda: q.get(ref.id).state == "cancelled", 30, "job cancelled")
+        wait_until(lambda: r.pubsub_numsub(q.keys.cancel_channel)[0][1] == 1, 30,
+                   "listener subscribed again")
+        again = q.enqueue("y")
+        wait_until(lambda: q.get(again.id).state == "active", 30, "next job running")
+        assert q.cancel(again.id) == "requested"
+        wait_until(lambda: q.get(again.id).state == "cancelled", 30, "heard after reconnect")
+    finally:
+        w.stop()
+        t.join(30)
