@@ -215,3 +215,13 @@ def test_the_dependency_keys_live_in_their_queue_slot(queues):
     for key in (a.keys.waitdeps, a.keys.dependents, a.keys.outbox, a.keys.job_deps("JOB1"),
                 a.keys.job_dependents("JOB1"), deps.deplink_key(a.keys)):
         assert key.startswith(f"emq:{{{a.name}}}:")
+
+
+def test_a_ref_from_another_queue_names_its_queue(facade, queues):
+    a, b = queues
+    other = b.enqueue("elsewhere")          # a JobRef of queue b, passed as it is
+    waiting = a.enqueue("here", depends_on=[other])
+    assert waiting.status == "waiting_deps"
+    assert a.get(waiting.id).state == "waiting_deps"
+    run_idle(facade, b, lambda job: "ok")
+    assert a.get(waiting.id).state == "pending"

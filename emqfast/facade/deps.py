@@ -104,7 +104,9 @@ def parse_deps(depends_on: Any, own_queue: str) -> List[Dep]:
 def one_dep(item: Any, own_queue: str) -> Dep:
     """One validated dependency (see :func:`parse_deps`)."""
     if isinstance(item, JobRef) or (hasattr(item, "id") and not isinstance(item, tuple)):
-        queue = getattr(item, "queue", None)
+        # a ref knows its queue when its Queue made it (JobRef._queue: ref.wait's)
+        owner = getattr(item, "_queue", None)
+        queue = getattr(item, "queue", None) or getattr(owner, "name", None)
         return check_queue_name(queue) if queue else own_queue, check_job_id(item.id)
     if isinstance(item, str):
         return own_queue, check_job_id(item)

@@ -54,6 +54,7 @@ class FlowJob:
 
 @dataclass
 class _Node:
+    queue: Any                      # the Queue it was added with (binds its ref)
     keys: QueueKeys
     job: Job
     shared: Shared
@@ -93,7 +94,7 @@ class Flow:
             raise InvalidInput(f"job id {job_id} is already in this flow")
         data, enc = codec.encode(payload, queue.max_payload_bytes)
         shared = queue._shared(priority, attempts, backoff, None, None, None)
-        node = _Node(queue.keys, Job(job_id, data, enc), shared,
+        node = _Node(queue, queue.keys, Job(job_id, data, enc), shared,
                      deps.check_on_dep_failure(on_dep_failure), [], [])
         self._link(node, after)
         self._by_id[job_id] = len(self._nodes)
@@ -158,6 +159,9 @@ class Flow:
         refs: Dict[int, JobRef] = {}
         for i in order:
             refs[i] = yield from self._admit(self._nodes[i])
+            bind = getattr(self._nodes[i].queue, "_bind", None)
+            if callable(bind):  # ref.wait() works on a flow's refs too
+                bind(refs[i])
         return [refs[i] for i in range(len(self._nodes))]
 
     def _admit(self, node: _Node) -> Returns[JobRef]:
