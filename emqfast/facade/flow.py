@@ -83,17 +83,19 @@ class Flow:
 
     def add(self, queue: Any, payload: Any, *, after: Iterable[Any] = (),
             job_id: Optional[str] = None, priority: int = 0, attempts: Optional[int] = None,
-            backoff: Optional[Backoff] = None, on_dep_failure: str = "fail") -> FlowJob:
+            backoff: Optional[Backoff] = None, on_dep_failure: str = "fail",
+            timeout_ms: Optional[int] = None) -> FlowJob:
         """Add a job of ``queue`` (an :class:`emqfast.Queue` or ``emqfast.aio.Queue``)
         depending on ``after``: jobs of this flow, or JobRefs / ids / ``(queue, id)``
-        pairs of jobs already enqueued. Nothing is sent until :meth:`enqueue`."""
+        pairs of jobs already enqueued. The options are enqueue's (``timeout_ms`` limits
+        each run). Nothing is sent until :meth:`enqueue`."""
         if not isinstance(getattr(queue, "keys", None), QueueKeys):
             raise InputTypeError(f"Flow.add takes an emqfast Queue, not {type(queue).__name__}")
         job_id = ids.new_id() if job_id is None else check_job_id(job_id)
         if job_id in self._by_id:
             raise InvalidInput(f"job id {job_id} is already in this flow")
         data, enc = codec.encode(payload, queue.max_payload_bytes)
-        shared = queue._shared(priority, attempts, backoff, None, None, None)
+        shared = queue._shared(priority, attempts, backoff, None, None, None, timeout_ms)
         node = _Node(queue, queue.keys, Job(job_id, data, enc), shared,
                      deps.check_on_dep_failure(on_dep_failure), [], [])
         self._link(node, after)
