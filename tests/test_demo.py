@@ -15,7 +15,7 @@ from emqfast.tools import demo
 REPO = Path(__file__).resolve().parent.parent
 
 PARTS = ("1 · Lesson reminder", "2 · Weekly digest", "3 · Password reset",
-         "4 · Failed send", "5 · Ranking")
+         "4 · Failed send", "5 · Ranking", "6 · Certificate", "7 · Nudge")
 
 
 def _env(state_dir: Path) -> dict:
@@ -39,7 +39,9 @@ def test_demo_plays_every_part_on_the_embedded_redis_and_exits_0(tmp_path):
         for part in PARTS:
             assert part in out, part
         assert "Time is compressed" in out and "server's clock" in out
-        assert out.count("✓") == 6 and "✗" not in out
+        assert out.count("✓") == 8 and "✗" not in out
+        assert "waiting_deps" in out and "ref.wait() woke" in out   # 6: depends_on + wait
+        assert out.count("replaced") >= 2                           # 7: the debounce
         assert "All expectations held." in out
         assert "Europe/Paris" in out and "(Monday)" in out   # the weekly digest's next run
         assert "unix://" in out                              # it ran on the embedded server
@@ -47,7 +49,7 @@ def test_demo_plays_every_part_on_the_embedded_redis_and_exits_0(tmp_path):
         # the demo clears its own queue first, so it can be run again and again
         again = _emq(env, "demo", "--quiet")
         assert again.returncode == 0, again.stdout + again.stderr
-        assert again.stdout.count("✓") == 6 and "What ran" not in again.stdout
+        assert again.stdout.count("✓") == 8 and "What ran" not in again.stdout
 
         stats = _emq(env, "stats", demo.QUEUE)  # the CLI sees what the demo left behind
         assert stats.returncode == 0 and demo.QUEUE in stats.stdout
@@ -74,5 +76,5 @@ def test_demo_fails_when_an_expectation_does_not_hold(r, sabotaged):
     lines = console.export_text().splitlines()
     assert [line for line in lines if "✗" in line] == \
         [line for line in lines if "reset email overtook the backlog" in line]
-    assert sum("✓" in line for line in lines) == 5
+    assert sum("✓" in line for line in lines) == 7
     assert "Some expectations did not hold." in lines

@@ -7,7 +7,11 @@ Five readings of the sorted set, on one queue (``portal-notifications``):
    entry however many boots), plus a compressed-time cadence that really fires;
 3. the password-reset email — priority 0, overtaking a backlog of bulk mail;
 4. the failed send — a transient failure retried with exponential backoff + jitter;
-5. the ranking — the digest carries the top learners of a :class:`Leaderboard`.
+5. the ranking — the digest carries the top learners of a :class:`Leaderboard`;
+6. the certificate — waits (``waiting_deps``) for every lesson's grading job
+   (``depends_on``), and the portal waits for it with ``ref.wait()``;
+7. the nudge — "come back to your course", debounced while the learner is active
+   (``dedupe="replace"``): sent once, after the activity stops.
 
 Time is compressed (a scenario "day" lasts :data:`DAY_MS`) and every time shown
 is the Redis server's clock. :func:`run_demo` returns True only when every
@@ -28,11 +32,12 @@ from emqfast.core.errors import Unrecoverable
 from emqfast.facade.job import Job
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
-from emqfast.tools import demo_report as report
+from emqfast.tools import demo_flows as flows, demo_report as report
 from emqfast.tools.demo_plan import (  # noqa: F401 - the scenario's names stay readable here
     BOARD, BOOTS, BULK_MAILS, BULK_PRIORITY, DAY_MS, DEADLINE_S, DIGEST_EVERY_MS, DIGEST_TZ,
-    LEARNERS, LESSON_DONE, QUEUE, RESET_PRIORITY, SEND_BACKOFF, SEND_FAILURES, SEND_PRIORITY,
-    TOP_N, WEEKLY_CRON, Check, Run, ScheduleFacts, Scenario, Timeline, band, retry_delays)
+    LEARNERS, LESSON_DONE, LESSONS, QUEUE, RESET_PRIORITY, SEND_BACKOFF, SEND_FAILURES,
+    SEND_PRIORITY, TOP_N, WEEKLY_CRON, Check, Run, ScheduleFacts, Scenario, Timeline, band,
+    retry_delays)
 from emqfast.tools.render import fmt_delta
 from emqfast.worker.threaded import Worker
 
@@ -85,11 +90,27 @@ class PortalHandler:
         top = self.board.top(int(payload.get("top_n", TOP_N)))
         return {"course": payload.get("course"), "top": [[e.member, e.score] for e in top]}
 
+    def _grade(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
+        return {"lesson": payload["lesson"], "score": LESSONS[payload["lesson"]]}
+
+    def _certificate(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
+        # every grading job completed: their results, by job id (depends_on)
+        grades = {g["lesson"]: g["score"] for g in job.dependency_results().values()}
+        return {"to": payload["learner"], "grades": grades,
+                "average": round(sum(grades.values()) / max(len(grades), 1), 1)}
+
+    def _nudge(self, job: Job, payload: Dict[str, Any]) -> Dict[str, Any]:
+        return {"to": payload["learner"], "after_activity": payload["activity"]}
+
 
 def _summary(result: Any) -> str:
     """One line for the report about what a handler returned."""
     if isinstance(result, dict) and "top" in result:
         return "top: " + ", ".join(f"{m} {s:g} %" for m, s in result["top"])
+    if isinstance(result, dict) and "average" in result:
+        return f"to {result['to']}: average {result['average']:g} over {len(result['grades'])}"
+    if isinstance(result, dict) and "score" in result:
+        return f"{result['lesson']}: {result['score']}"
     if isinstance(result, dict) and "to" in result:
         return f"to {result['to']}"
     return ""
@@ -143,6 +164,7 @@ def setup(conn: Any) -> Scenario:
                            attempts=SEND_FAILURES + 2, backoff=SEND_BACKOFF).id
     sc.reset_id = q.enqueue({"kind": "reset", "learner": "USR-linus"},
                             priority=RESET_PRIORITY).id
+    flows.enqueue_certificate(sc)
     return sc
 
 
@@ -164,12 +186,21 @@ def _progress_parts(sc: Scenario) -> List[Tuple[str, int, Callable[[], int]]]:
     def digest() -> int:
         return 1 if any(r.outcome == "completed" for r in tl.of("digest")) else 0
 
+    def certificate() -> int:
+        return 1 if sc.cert_waited.woke_ms is not None else 0
+
+    def nudge() -> int:
+        return 1 if any(r.outcome == "completed" for r in tl.of("nudge")) else 0
+
     return [
         (f"1 reminder: delayed one day (= {fmt_delta(DAY_MS)})", DAY_MS, reminder),
         (f"2 weekly digest: schedule, demo cadence {fmt_delta(DIGEST_EVERY_MS)}", 1, digest),
         (f"3 reset email vs {BULK_MAILS} bulk mails", BULK_MAILS + 1, backlog),
         ("4 failed send: retried with backoff", SEND_FAILURES + 1, send),
         ("5 digest carries the leaderboard's top learners", 1, digest),
+        (f"6 certificate: waits for {len(LESSONS)} gradings, then ref.wait wakes", 1,
+         certificate),
+        ("7 nudge: debounced while the learner is active", 1, nudge),
     ]
 
 
@@ -183,9 +214,13 @@ def play(sc: Scenario, console: Console, show_progress: bool = True) -> None:
     worker = Worker(sc.queue, PortalHandler(sc.queue, sc.board, sc.timeline), concurrency=1,
                     lease_ms=2_000, name="portal-demo-worker")
     thread = threading.Thread(target=worker.run, name="emq-demo-worker", daemon=True)
+    helpers = [threading.Thread(target=f, args=(sc,), daemon=True)
+               for f in (flows.wait_for_certificate, flows.learner_active)]
     parts = _progress_parts(sc)
     started = time.monotonic()
     thread.start()
+    for helper in helpers:
+        helper.start()
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                       TextColumn("{task.percentage:>3.0f}%"), console=console,
@@ -206,9 +241,13 @@ def play(sc: Scenario, console: Console, show_progress: bool = True) -> None:
     finally:
         worker.stop()
         thread.join(15)
+        for helper in helpers:
+            helper.join(15)
         stop_demo_cadence(sc.queue)
     sc.elapsed_s = time.monotonic() - started
-    for job_id in [sc.reminder_id, sc.reset_id, sc.send_id, *sc.bulk_ids]:
+    cert = [sc.cert_ref.id] if sc.cert_ref else []
+    for job_id in [sc.reminder_id, sc.reset_id, sc.send_id, *sc.bulk_ids, *sc.grade_ids,
+                   *cert, *{p.job_id for p in sc.pings}]:
         job = sc.queue.get(job_id)
         if job is not None:
             sc.jobs[job_id] = job
@@ -267,6 +306,7 @@ def checks(sc: Scenario) -> List[Check]:
                      f"{len(digests)} digest(s) ran; top {TOP_N}: "
                      + ", ".join(f"{m} {s:g} %" for m, s in board_top)))
 
+    out += flows.checks(sc)
     out.append(Check("finished in time", not sc.timed_out and sc.elapsed_s < 15,
                      f"{sc.elapsed_s:.1f} s of real time"))
     return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from emqfast.facade.backoff import Backoff
-from emqfast.facade.job import Job
+from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Leaderboard, Member
 from emqfast.facade.queue import Queue
 
@@ -32,6 +32,18 @@ DEADLINE_S = 13.0            # the demo gives up (and fails) after this
 LEARNERS: Dict[Member, float] = {"USR-ada": 92, "USR-alan": 64, "USR-barbara": 58,
                                   "USR-grace": 87, "USR-linus": 87, "USR-margaret": 71}
 LESSON_DONE = ("USR-alan", 25)  # alan finishes a lesson during the week: +25 %
+
+# Part 6: ada's course certificate waits for every lesson's grading job (depends_on), and
+# the portal's page waits for the certificate itself (ref.wait: woken by its end)
+CERT_LEARNER = "USR-ada"
+LESSONS: Dict[str, int] = {"LSN-5 · Strings": 94, "LSN-6 · Hashes": 88,   # lesson -> the
+                           "LSN-7 · Sorted sets": 97}                     # grader's score
+GRADE_GAP_MS = 400           # the grader gets to one lesson every 0.4 s (delayed jobs)
+# Part 7: a "come back to your course" nudge, debounced while the learner is active
+# (dedupe="replace": each activity pushes the waiting nudge back; it goes once, when quiet)
+NUDGE_LEARNER = "USR-barbara"
+NUDGE_QUIET_MS = 1_500       # the nudge goes once the learner was quiet this long
+ACTIVITY_PINGS, PING_GAP_MS = 3, 400
 
 
 # --- what a run records -----------------------------------------------------------------
@@ -82,6 +94,26 @@ class ScheduleFacts:
 
 
 @dataclass
+class Waited:
+    """What ``ref.wait()`` on the certificate gave the portal: its result, or the error,
+    and when it woke (server clock)."""
+
+    result: Any = None
+    error: str = ""
+    woke_ms: Optional[int] = None
+
+
+@dataclass
+class Ping:
+    """One activity of the learner: the debounced nudge enqueued again (server clock before
+    the call), the ref's status and job id."""
+
+    at_ms: int
+    status: str
+    job_id: str
+
+
+@dataclass
 class Scenario:
     """Everything the run produced, for the checks and the report."""
 
@@ -94,6 +126,10 @@ class Scenario:
     reset_id: str = ""
     send_id: str = ""
     bulk_ids: List[str] = field(default_factory=list)
+    grade_ids: List[str] = field(default_factory=list)
+    cert_ref: Optional[JobRef] = None
+    cert_waited: Waited = field(default_factory=Waited)
+    pings: List[Ping] = field(default_factory=list)
     jobs: Dict[str, Job] = field(default_factory=dict)
     elapsed_s: float = 0.0
     timed_out: bool = False

@@ -20,7 +20,8 @@ from emqfast.tools.render import fmt_delta, fmt_ms
 def sections(sc: d.Scenario) -> List[Any]:
     """The report's parts, in reading order."""
     return [timeline_table(sc), reminder_section(sc), schedule_section(sc),
-            priority_section(sc), retry_section(sc), ranking_section(sc)]
+            priority_section(sc), retry_section(sc), ranking_section(sc),
+            certificate_section(sc), nudge_section(sc)]
 
 
 def _t(sc: d.Scenario, ms: Optional[int]) -> str:
@@ -37,7 +38,8 @@ def _plus(sc: d.Scenario, ms: int) -> str:
 def _label(run: d.Run) -> str:
     return {"reminder": "lesson reminder", "bulk": "bulk mail",
             "reset": "password-reset email", "send": "digest e-mail (flaky)",
-            "digest": "weekly digest"}.get(run.kind, run.kind)
+            "digest": "weekly digest", "grade": "lesson grading",
+            "certificate": "course certificate", "nudge": "come-back nudge"}.get(run.kind, run.kind)
 
 
 def timeline_table(sc: d.Scenario) -> Table:
@@ -191,6 +193,46 @@ def ranking_section(sc: d.Scenario) -> Group:
     return Group(_heading("5 · Ranking — the leaderboard the digest carries",
                           f"Leaderboard {d.BOARD!r}: progress %, ties ranked by name"),
                  table, carried)
+
+
+def certificate_section(sc: d.Scenario) -> Group:
+    """Part 6: the gradings, the certificate that waited for them, and the wait."""
+    table = Table()
+    for name in ("job", "state at enqueue", "ran", "result"):
+        table.add_column(name)
+    for run in sc.timeline.of("grade") + sc.timeline.of("certificate"):
+        first = run.kind == "certificate"
+        table.add_row(_label(run), (sc.cert_ref.status if sc.cert_ref else "?") if first
+                      else "scheduled", _t(sc, run.started_ms), run.detail)
+    w = sc.cert_waited
+    woke = Text(f"   ref.wait() woke at {_t(sc, w.woke_ms)}: ")
+    if isinstance(w.result, dict) and "average" in w.result:
+        woke.append(f"the certificate for {w.result['to']}, average {w.result['average']:g} "
+                    f"over {len(w.result['grades'])} lessons")
+    else:
+        woke.append(w.error or "nothing", style="red")
+    return Group(_heading(f"6 · Certificate — waits for every lesson's grading, then "
+                          "ref.wait() wakes",
+                          f"enqueue(..., depends_on=[{len(d.LESSONS)} grading refs]) for "
+                          f"{d.CERT_LEARNER}; the page blocks on ref.wait(), no polling"),
+                 table, woke)
+
+
+def nudge_section(sc: d.Scenario) -> Group:
+    """Part 7: each activity and what it did to the one waiting nudge."""
+    table = Table()
+    for name in ("activity", "at", "ref status", "job"):
+        table.add_column(name)
+    for i, ping in enumerate(sc.pings, start=1):
+        table.add_row(str(i), _t(sc, ping.at_ms), ping.status, ping.job_id)
+    runs = sc.timeline.of("nudge")
+    sent = Text(f"   sent {len(runs)}× at {_t(sc, runs[0].started_ms if runs else None)}")
+    if runs and sc.pings:
+        sent.append(f", {runs[0].started_ms - sc.pings[-1].at_ms} ms after the last activity")
+    return Group(_heading("7 · Nudge — debounced while the learner is active",
+                          f"enqueue_in(..., {d.NUDGE_QUIET_MS}, dedupe_key='nudge:"
+                          f"{d.NUDGE_LEARNER}', dedupe='replace') at every activity"),
+                 table, sent)
 
 
 def checklist(results: List[d.Check]) -> Table:
