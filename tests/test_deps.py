@@ -20,6 +20,7 @@ from emqfast.core.errors import (DependencyCycle, InputTypeError, InvalidInput, 
                                  UnknownDependency)
 from emqfast.facade import deps
 from emqfast.facade.admission import Job
+from engine_util import wait_server_past
 from test_contract_facades import Facade
 
 
@@ -225,3 +226,22 @@ def test_a_ref_from_another_queue_names_its_queue(facade, queues):
     assert a.get(waiting.id).state == "waiting_deps"
     run_idle(facade, b, lambda job: "ok")
     assert a.get(waiting.id).state == "pending"
+
+
+def test_a_cancelled_or_expired_dependency_fails_its_dependent(facade, queues, r):
+    a, b = queues
+    cancelled = b.enqueue("never", delay_ms=60_000)
+    doomed = a.enqueue("doomed", depends_on=[(b.name, cancelled.id)])
+    assert b.cancel(cancelled.id)
+    b.settle_dependencies()
+    job = a.get(doomed.id)
+    assert (job.state, job.error) == ("failed", "dependency failed")
+    stale = b.enqueue("stale", expires_ms=1)
+    late = a.enqueue("late", depends_on=[(b.name, stale.id)], on_dep_failure="run")
+    sec, usec = r.time()
+    wait_server_past(r, sec * 1000 + usec // 1000 + 20)
+    run_idle(facade, b, lambda job: "never runs")
+    assert b.get(stale.id).state == "expired"
+    # expiry is no ack: the outbox waits for the next beat of a running worker, or this
+    assert r.llen(b.keys.outbox) == 1 and b.settle_dependencies().told == 1
+    assert a.get(late.id).state == "pending"   # "run": an expired dependency lets it run
