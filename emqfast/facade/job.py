@@ -33,6 +33,10 @@ class JobRef:
         """True when the id already existed and nothing was written."""
         return self.status == "duplicate"
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # pickled (or copied) without its queue: a Queue holds a live client
+        return {k: v for k, v in self.__dict__.items() if k != "_queue"}
+
     def wait(self, timeout_s: Optional[float] = None) -> Any:
         """Block until the job ends for good and return its result (``await ref.wait()``
         for refs from :mod:`emqfast.aio`); raises :class:`~emqfast.errors.JobFailed`,
