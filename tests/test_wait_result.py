@@ -271,3 +271,14 @@ def test_aio_refs_from_enqueue_wait(redis_url, qname, r, backend):
         assert await ref.wait(0) == 5
         await q.aclose()
     asyncio.run(main())
+
+
+def test_refs_still_pickle_without_their_queue(redis_url, qname):
+    import pickle
+    q = emqfast.Queue(qname, redis_url)
+    ref = q.enqueue({"ok": 1})
+    copy = pickle.loads(pickle.dumps(ref))  # e.g. handed to another process
+    assert copy == ref and repr(copy) == repr(ref)
+    with pytest.raises(emqfast.InvalidInput, match="q.ref"):
+        copy.wait(0)
+    assert emqfast.wait_all([]) == []
