@@ -94,3 +94,22 @@ def test_idle_worker_wakes_for_any_queue_and_a_paused_queue_waits(redis_url):
             {q.name: 1 for q in qs}
         await qs[0].aclose()
     run(main())
+
+
+def test_concurrency_is_one_budget_for_all_queues(redis_url):
+    async def main():
+        qs = _queues(redis_url)
+        for i, q in enumerate(qs):
+            await q.enqueue_many([{"q": i}] * 30)
+        running, peak = [0], [0]
+
+        async def handler(job):
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            await asyncio.sleep(0.002)
+            running[0] -= 1
+        w = emq.Worker(qs, handler, concurrency=3)
+        assert (await w.run_until_idle(timeout_s=30)).completed == 90
+        assert peak[0] == 3
+        await qs[0].aclose()
+    run(main())

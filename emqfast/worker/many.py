@@ -45,6 +45,7 @@ class Member(_Base):
 
     _many: "Many"
     _index: int
+    _dry = False  # the last claim came back empty while this member held jobs
 
     # the thread driver notifies a claim loop waiting for a slot only when this says one
     # waits: any member's loop may be the one waiting (they share one lock)
@@ -76,7 +77,25 @@ class Member(_Base):
                 self._many.order.leave(self._index)
                 self._many.notify_all()
 
+    def _waits_for_room(self, slots: int, room: int) -> bool:
+        """As for one queue, and after an empty claim while holding jobs (``_dry``): wait
+        for a slot to start them, not claim again at once."""
+        return (room <= 0 or self._dry) and not (slots and self._held)
+
+    def _start_held(self, slots: int) -> Logic:
+        """Start held jobs into slots reserved first: the other members' loops, deciding
+        meanwhile, must not count the same free slot (in hand only once started)."""
+        with self._guard:
+            n = min(slots, self._many.free_slots(self), len(self._held))
+            self._many.reserved += n
+        try:
+            yield from super()._start_held(n)
+        finally:
+            with self._guard:
+                self._many.reserved -= n
+
     def _claim(self, n: int) -> Logic:
+        self._dry = False
         try:
             return (yield from super()._claim(n))
         finally:
@@ -85,7 +104,13 @@ class Member(_Base):
                     self._many.notify_all()
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
-        """An empty claim: not ready while blocked on the marker (lower queues may claim)."""
+        """An empty claim: not ready while blocked on the marker (lower queues may claim).
+        Holding claimed jobs (no slot free yet: starts run only into free slots), it waits
+        for a slot instead (see :meth:`_waits_for_room`): a slot freeing wakes that wait,
+        not the marker's."""
+        if self._held:
+            self._dry = True
+            return
         self._many.set_ready(self, False)
         try:
             yield from super()._wait_for_work(until_idle, now, status, next_due)
@@ -118,6 +143,20 @@ class ManyHeartbeat(Heartbeat):
         return fields
 
 
+class SharedPrefetch(Prefetch):
+    """The members' one prefetch: claims run ahead as for one queue (:meth:`extra`), but a
+    job is started only into a free slot (:meth:`ahead` is 0). Each member hands started
+    jobs to handlers of its own (a thread pool, a semaphore); starting none beyond the free
+    slots keeps the whole worker within ``concurrency`` and the strict order exact at the
+    start: no started job of a lower queue waits beside a higher one's."""
+
+    def ahead(self) -> int:
+        return 0
+
+    def extra(self) -> int:
+        return self.limit if self.limit is not None else super().ahead()
+
+
 def check_queues(queues: Any) -> List[Any]:
     """The queue list of a many-queue worker: a non-empty list of distinct queues."""
     if not isinstance(queues, (list, tuple)):
@@ -142,6 +181,7 @@ class Many:
         self.order = QueueOrder(len(queues), order, weights)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.awaiting: "set[int]" = set()  # members whose claim loop waits for a slot
+        self.reserved = 0  # slots a member's loop is starting held jobs into right now
         self.lock = threading.Condition()  # the thread members' one lock
         cls = member_class(driver)
         self._wake: Callable[[Any], None] = getattr(driver, "_notify")  # the driver's own
@@ -149,7 +189,7 @@ class Many:
                                        name=self.name, **options) for q in queues]
         self.queue_names: List[str] = [m.queue.name for m in self.members]
         self.concurrency: int = self.members[0].concurrency
-        self.holding = Prefetch(self.concurrency, self.members[0].prefetch)
+        self.holding = SharedPrefetch(self.concurrency, self.members[0].prefetch)
         for i, m in enumerate(self.members):
             self._adopt(i, m)
 
@@ -167,19 +207,23 @@ class Many:
         """``(free handler slots, jobs it may claim)`` for member ``m``: the worker's one
         budget, narrowed by the claim order."""
         members = self.members
-        in_hand = sum(x._in_hand for x in members)
         busy = sum(len(x._running) + len(x._held) for x in members)
-        slots = max(self.concurrency + self.holding.ahead() - in_hand, 0)
+        slots = self.free_slots(m)
         room = max(self.holding.capacity() - busy, 0)
         holding = [bool(x._held) for x in members]
-        if not self.order.may_start(m._index, holding):
-            slots = 0
         turn = self.order.turn
         if not self.order.may_claim(m._index, holding):
             room = 0
             if self.order.turn != turn:  # a new round was drawn: wake its queue
                 self.notify_all()
         return slots, room
+
+    def free_slots(self, m: Any) -> int:
+        """Handler slots member ``m`` may start held jobs into now."""
+        if not self.order.may_start(m._index, [bool(x._held) for x in self.members]):
+            return 0
+        in_hand: int = sum(x._in_hand for x in self.members) + self.reserved
+        return max(self.concurrency - in_hand, 0)
 
     def set_ready(self, m: Any, ready: bool) -> None:
         with m._guard:
