@@ -245,3 +245,17 @@ def test_a_cancelled_or_expired_dependency_fails_its_dependent(facade, queues, r
     # expiry is no ack: the outbox waits for the next beat of a running worker, or this
     assert r.llen(b.keys.outbox) == 1 and b.settle_dependencies().told == 1
     assert a.get(late.id).state == "pending"   # "run": an expired dependency lets it run
+
+
+def test_a_re_run_links_what_the_first_run_stored(facade, queues, r):
+    a, b = queues
+    first, second = b.enqueue("first"), b.enqueue("second")
+    call = deps.write_call(a.keys, Job("JOB-rerun", b'"w"', b"j"), b"", 0,
+                           [(b.name, first.id)], "fail")  # then the producer died
+    assert call.script(r, call.keys, call.args) == 1
+    # the re-run names another dependency: the stored one is what gets linked
+    again = a.enqueue("w", job_id="JOB-rerun", depends_on=[(b.name, second.id)])
+    assert again.status == "duplicate"
+    assert r.sismember(b.keys.job_dependents(first.id), deps.member(a.name, "JOB-rerun"))
+    assert not r.exists(b.keys.job_dependents(second.id))
+    assert r.zscore(deps.deplink_key(a.keys), "JOB-rerun") is None

@@ -211,6 +211,8 @@ def admit_op(k: QueueKeys, job: Job, shared: Shared, deps: Sequence[Dep],
     written = int((yield write_call(k, job, opts, shared.priority, deps, odf)))
     if written == 0:
         return JobRef(job.id, "duplicate")
+    if written == 2:  # written before, links unsent: link what it stored, not our list
+        deps = [split_member(m) for m in (yield Cmd.of("SMEMBERS", k.job_deps(job.id)))]
     status = yield from link_op(k, job.id, deps)
     return JobRef(job.id, status if written == 1 else "duplicate")
 
