@@ -22,7 +22,6 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 import redis
 import redis.asyncio as aredis
 
-from emqfast.facade.job import JobRef
 from emqfast.facade.waiters import LINGER_S, RETRY_S
 from emqfast.facade.waiting import QueueWaiting, WaitPlan
 
@@ -273,5 +272,5 @@ class AioQueueWaiting(QueueWaiting):
                         timeout_s: Optional[float] = None, *,
                         return_exceptions: bool = False) -> List[Any]:
         """:meth:`emqfast.Queue.wait_many`, awaited."""
-        return await wait_all([r if isinstance(r, JobRef) else self.ref(r) for r in refs],
-                              timeout_s, return_exceptions=return_exceptions)
+        return await wait_all(self._refs(refs), timeout_s,
+                              return_exceptions=return_exceptions)

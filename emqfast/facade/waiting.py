@@ -84,6 +84,18 @@ def check_timeout(timeout_s: Optional[float]) -> Optional[float]:
     return time.monotonic() + float(timeout_s)
 
 
+def _listed(refs: Any) -> List[Any]:
+    """``refs`` as a list; one ref, an id or a non-iterable is an InputTypeError."""
+    if isinstance(refs, (str, bytes, bytearray, dict, JobRef)):
+        raise InputTypeError("takes a list of JobRefs (or job ids), not one "
+                             f"{type(refs).__name__}: use ref.wait() for one")
+    try:
+        return list(refs)
+    except TypeError:
+        raise InputTypeError(f"takes a list of JobRefs (or job ids), not "
+                             f"{type(refs).__name__}") from None
+
+
 def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
     for s in range(0, len(ids), CHUNK):
         yield ids[s:s + CHUNK]
@@ -131,8 +143,11 @@ class QueueWaiting:
                   return_exceptions: bool = False) -> List[Any]:
         """Wait for many jobs of this queue (JobRefs or ids) at once, over one pub/sub
         connection; see :func:`wait_all`."""
-        return wait_all([r if isinstance(r, JobRef) else self.ref(r) for r in refs],
-                        timeout_s, return_exceptions=return_exceptions)
+        return wait_all(self._refs(refs), timeout_s, return_exceptions=return_exceptions)
+
+    def _refs(self, refs: Iterable[Any]) -> List[JobRef]:
+        """``refs`` (JobRefs, or ids of this queue) as JobRefs; a lone value is typed."""
+        return [r if isinstance(r, JobRef) else self.ref(r) for r in _listed(refs)]
 
     @operation
     def _wait_register(self, job_ids: Sequence[str]) -> Returns[List[Optional[Fields]]]:
@@ -187,7 +202,7 @@ class WaitPlan:
         self.deadline = check_timeout(timeout_s)
         self.timeout_s = timeout_s
         self.refs: List[JobRef] = []
-        for ref in refs:
+        for ref in _listed(refs):
             queue = getattr(ref, "_queue", None) if isinstance(ref, JobRef) else None
             if queue is None:
                 raise InputTypeError("wait_all takes JobRefs from enqueue or q.ref(job_id), "
