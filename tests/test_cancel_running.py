@@ -377,3 +377,35 @@ def test_a_cancel_published_while_the_listener_reconnects_is_not_lost(redis_url,
     finally:
         w.stop()
         t.join(30)
+
+
+def test_a_job_cancelled_while_held_unstarted_is_stopped_as_it_starts(redis_url, qname, r):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    gate = threading.Event()
+    seen = []
+
+    def handler(job):
+        seen.append((job.payload, job.cancelled))
+        if job.payload == "first":
+            gate.wait(30)
+        job.raise_if_cancelled()
+        return job.payload
+
+    w = emqfast.Worker(q, handler, concurrency=1, prefetch=2)
+    t = _serve(w)
+    try:
+        first = q.enqueue("first")
+        wait_until(lambda: seen, 30, "first running")
+        held, after = q.enqueue("held"), q.enqueue("after")
+        wait_until(lambda: w.stats.claimed == 3, 30, "both claimed and held")
+        assert q.cancel(held.id) == "requested"  # leased (active), no handler yet
+        gate.set()
+        wait_until(lambda: q.get(after.id).state == "completed", 30, "after completed")
+        wait_until(lambda: q.get(held.id).state == "cancelled", 30, "held one cancelled")
+    finally:
+        gate.set()
+        w.stop()
+        t.join(30)
+    assert q.get(first.id).state == "completed"
+    assert ("held", False) not in seen  # it never ran without knowing
+    _ended_cancelled(q, r, held.id)

@@ -121,7 +121,11 @@ class AioStops(StopKeeping, _Host):
             handle.cancel()
 
     def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
-        self._stopped(self._stop_run(job_id, CANCELLED, token))
+        """A cancel of ``job_id`` was heard (listener task) or its mark read (beat)."""
+        run = self._stop_run(job_id, CANCELLED, token)
+        if run is None and token is None:
+            self._cancel_held(job_id)  # (held, not started yet: stopped when it starts)
+        self._stopped(run)
 
     def _on_due(self, job_id: str, token: str, kind: str) -> None:
         self._timers.pop((job_id, token), None)

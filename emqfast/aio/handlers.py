@@ -76,6 +76,7 @@ class JobTasks(_Host):
         def _arm_timeout(self, job: Job, token: str) -> None: ...
         def _disarm(self, job_id: str, token: str) -> None: ...
         def _settle_run(self, outcome: Outcome) -> Optional[Outcome]: ...
+        def _stop_early(self, started: List[Tuple[Job, str]]) -> None: ...
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """A task per started job (bounded by the semaphore)."""
@@ -91,6 +92,7 @@ class JobTasks(_Host):
             self._in_hand += 1
             running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
             self._arm_timeout(job, token)  # issue 15: stopped when it passes its timeout
+        self._stop_early(started)  # cancelled while held (issue 15)
 
     def _take_held(self, peek: bool = False) -> List[Held]:
         """Started jobs waiting for a handler: none to take. Jobs are started only into

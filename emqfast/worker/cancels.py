@@ -29,7 +29,7 @@ import heapq
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core.errors import Cancelled, JobTimeout
@@ -38,6 +38,7 @@ from emqfast.core.ops import Call
 from emqfast.core.validation import check_int
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.job import Job
+from emqfast.facade.options import TIMEOUT_KEY
 from emqfast.worker.effects import Logic
 from emqfast.worker.outcomes import CancelledRun, Failed, Outcome, log_context
 from emqfast.worker.resend import until_landed
@@ -68,9 +69,10 @@ class Stop:
 
 
 def timeout_ms_of(job: Job, default_ms: Optional[int]) -> Optional[int]:
-    """The job's own ``timeout_ms`` (options ``"t"``), else the Worker's default."""
-    own = job.extra.get("t")
-    return int(own) if own else default_ms
+    """The job's own ``timeout_ms`` (options ``"t"``), else the Worker's default (a value
+    not written by emqfast, not a positive int, counts as none of its own)."""
+    own = job.extra.get(TIMEOUT_KEY)
+    return own if type(own) is int and own > 0 else default_ms
 
 
 def stop_outcome(job: Job, token: str, reason: str, tb: str = "") -> Failed:
@@ -78,7 +80,7 @@ def stop_outcome(job: Job, token: str, reason: str, tb: str = "") -> Failed:
     timeout failure (retried per the job's attempts/backoff)."""
     if reason == CANCELLED:
         return CancelledRun(job, token, Cancelled(f"job {job.id} was cancelled"), tb, False)
-    limit = job.extra.get("t")
+    limit = job.extra.get(TIMEOUT_KEY)
     exc = JobTimeout(f"timeout (the run passed its timeout_ms{'=' + str(limit) if limit else ''})")
     return Failed(job, token, exc, tb, True)
 
@@ -137,6 +139,25 @@ class StopKeeping(_Host):
         self.job_timeout_ms, self.cancel_grace_ms = check_timeouts(job_timeout_ms,
                                                                    cancel_grace_ms)
         self._stops = {}
+        self._early: Set[str] = set()  # held (claimed, not started) jobs asked to cancel
+
+    def _cancel_held(self, job_id: str) -> None:
+        """A cancel of a job this Worker holds but has not started (prefetched): it is
+        stopped as soon as it is handed to a handler (:meth:`_stop_early`)."""
+        with self._guard:
+            if job_id in self._held:
+                self._early.add(job_id)
+
+    def _stop_early(self, started: Sequence[Tuple[Job, str]]) -> None:
+        """Jobs just handed out: stop those cancelled while they were held."""
+        if not self._early:
+            return
+        for job, token in started:
+            with self._guard:
+                early = job.id in self._early
+                self._early.discard(job.id)
+            if early:
+                self._on_cancel(job.id, token)
 
     def _stop_run(self, job_id: str, reason: str, token: Optional[str] = None
                   ) -> Optional[RunningJob]:

@@ -60,7 +60,10 @@ class ThreadStops(StopKeeping):
 
     def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
         """A cancel of ``job_id`` was heard (listener thread) or its mark read (beat)."""
-        self._stopped(self._stop_run(job_id, CANCELLED, token))
+        run = self._stop_run(job_id, CANCELLED, token)
+        if run is None and token is None:
+            self._cancel_held(job_id)  # (held, not started yet: stopped when it starts)
+        self._stopped(run)
 
     def _on_due(self, job_id: str, token: str, kind: str) -> None:
         """A deadline passed (timer thread): a run's timeout, or a stop's grace."""

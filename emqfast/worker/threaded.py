@@ -245,10 +245,11 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
         for job, token in started:
             job._extend = self._extender(job.id, token)
             job._progress = self._progresser(job.id, token)
-            self._arm_timeout(job, token, now)
         with self._lock:
             for job, token in started:
                 self._running[job.id] = RunningJob(job, token, now)
+                self._arm_timeout(job, token, now)  # (issue 15; once running: may fire at once)
+            self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._in_hand += len(started)
             self._ready.extend(started)
             # Handler tasks take jobs from _ready until it is empty; start only the
