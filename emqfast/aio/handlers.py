@@ -9,7 +9,7 @@ import inspect
 import logging
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from emqfast.aio import cancels
 from emqfast.facade.job import Job
@@ -76,7 +76,7 @@ class JobTasks(_Host):
         def _arm_timeout(self, job: Job, token: str) -> None: ...
         def _disarm(self, job_id: str, token: str) -> None: ...
         def _settle_run(self, outcome: Outcome) -> Optional[Outcome]: ...
-        def _stop_early(self, started: List[Tuple[Job, str]]) -> None: ...
+        def _stop_early(self, started: Sequence[Tuple[Job, str]]) -> None: ...
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """A task per started job (bounded by the semaphore)."""
