@@ -1,6 +1,7 @@
 """Issue 15, dependencies: ``enqueue(..., depends_on=[...], on_dep_failure=...)`` under both
 facades (sync ``emqfast`` and ``emqfast.aio``), against a real Redis.
 
+Each runs under both facades; the main paths also under both backends (C and Python).
 A dependent waits as ``waiting_deps`` (counts, get, job_ids) until every dependency
 completed, then joins pending at its own priority; a failed dependency fails it with
 ``dependency failed`` (cascading) or, with ``"run"``, lets it run; the handler reads
@@ -40,7 +41,7 @@ def run_idle(facade: Facade, q: Any, handler: Any, **opts: Any) -> None:
     facade.worker(q, handler, **opts).run_until_idle(timeout_s=30)
 
 
-def test_waits_for_every_dependency_then_runs_with_their_results(facade, queues, r):
+def test_waits_for_every_dependency_then_runs_with_their_results(facade, queues, r, backend):
     a, b = queues
     first = a.enqueue({"n": 1})
     other = b.enqueue({"n": 2})
@@ -86,7 +87,7 @@ def test_released_jobs_keep_their_own_priority(facade, queues, r):
     assert order == [high.id, plain.id, low.id]
 
 
-def test_a_failed_dependency_fails_its_dependents_in_cascade(facade, queues):
+def test_a_failed_dependency_fails_its_dependents_in_cascade(facade, queues, backend):
     a, b = queues
     root = a.enqueue("boom", attempts=1)
     mid = b.enqueue("mid", depends_on=[(a.name, root.id)])
@@ -125,7 +126,7 @@ def test_on_dep_failure_run_runs_anyway(facade, queues):
     assert seen["after"] == {bad.id: None, good.id: "fine"}
 
 
-def test_bad_input_is_typed_and_writes_nothing(facade, queues, r):
+def test_bad_input_is_typed_and_writes_nothing(facade, queues, r, backend):
     a, b = queues
     known = a.enqueue("known")
     before = (dump_queue(r, a.name), dump_queue(r, b.name))
