@@ -409,3 +409,32 @@ def test_a_job_cancelled_while_held_unstarted_is_stopped_as_it_starts(redis_url,
     assert q.get(first.id).state == "completed"
     assert ("held", False) not in seen  # it never ran without knowing
     _ended_cancelled(q, r, held.id)
+
+
+def test_a_mixed_ack_batch_ends_each_job_by_its_own_outcome_and_a_resend_is_harmless(
+        redis_url, qname, r):
+    """A cancelled run and a completed one acked together: cancel_active.lua for the one,
+    complete.lua for the other, replies in the batch's order; the same batch re-sent (a
+    lost reply) rewrites nothing."""
+    from emqfast.backends import select as backend
+    from emqfast.worker.outcomes import CancelledRun, success
+    from engine_util import claim
+
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    a, b = q.enqueue("a"), q.enqueue("b")
+    (ja, ta), (jb, tb) = claim(q, "w", lease_ms=60_000, n=2)
+    assert {ja, jb} == {a.id, b.id}
+    w = emqfast.Worker(q, lambda job: None)
+    w._ack_batcher = backend.batcher_for(q.redis)
+    batch = [CancelledRun(q.get(ja), ta, emqfast.Cancelled("x"), "", False),
+             success(q.get(jb), tb, "result")]
+    w._pending_acks = 2
+    replies = w._drive(w._write_batch(batch))
+    assert replies[0] == 1 and isinstance(replies[1], list)
+    assert q.get(ja).state == "cancelled" and q.get(jb).state == "completed"
+    assert w._pending_acks == 0
+    before = dump_queue(r, qname)
+    w._pending_acks = 2
+    again = w._drive(w._write_batch(batch))
+    assert again[0] == 0 and again[1] == [-1, -1]  # each fenced by its token
+    assert dump_queue(r, qname) == before

@@ -230,14 +230,25 @@ class StopKeeping(_Host):
 
     # --- writing outcomes --------------------------------------------------------------
     def _write_batch(self, batch: List[Outcome]) -> Logic:
-        """Cancelled runs end by cancel_active.lua; the rest as the machine writes them."""
+        """Cancelled runs end by cancel_active.lua; the rest as the machine writes them.
+        A mixed batch is written in two parts, each failing on its own (so no part is
+        forgotten twice): the replies come back in the batch's order."""
         ended = [o for o in batch if isinstance(o, CancelledRun)]
         if not ended:
             return (yield from super()._write_batch(batch))
         rest = [o for o in batch if not isinstance(o, CancelledRun)]
-        got = iter((yield from super()._write_batch(rest)) if rest else [])
-        mine = iter((yield from self._write_cancelled(ended)))
+        mine = iter((yield from self._write_part(self._write_cancelled, ended)))
+        got = iter((yield from self._write_part(super()._write_batch, rest)) if rest else [])
         return [next(mine) if isinstance(o, CancelledRun) else next(got) for o in batch]
+
+    def _write_part(self, write: Any, part: List[Any]) -> Logic:
+        """``write(part)``'s replies; a failure is handled as the acker handles a batch's
+        (logged, forgotten, a permanent error stops the worker) and is each one's reply."""
+        try:
+            return (yield from write(part))
+        except Exception as exc:  # noqa: BLE001 - the other part must still be written
+            self._ack_failed(part, exc)
+            return [exc] * len(part)
 
     def _write_cancelled(self, ended: List[CancelledRun]) -> Logic:
         """End cancelled runs (re-sent until they land: each is fenced by its token),
