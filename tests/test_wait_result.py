@@ -282,3 +282,14 @@ def test_refs_still_pickle_without_their_queue(redis_url, qname):
     with pytest.raises(emqfast.InvalidInput, match="q.ref"):
         copy.wait(0)
     assert emqfast.wait_all([]) == []
+
+
+def test_an_unreachable_server_is_typed_not_a_hang(facade):
+    async def aio() -> None:
+        q = emqfast.aio.Queue("t-dead", "redis://127.0.0.1:1/0")  # nothing listens there
+        await q.ref("JOB" + "1" * 23).wait()
+    with pytest.raises(emqfast.ConnectionFailed):  # no timeout given: it must not hang
+        if facade == "aio":
+            asyncio.run(aio())
+        else:
+            emqfast.Queue("t-dead", "redis://127.0.0.1:1/0").ref("JOB" + "1" * 23).wait()

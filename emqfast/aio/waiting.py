@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 import redis
 import redis.asyncio as aredis
 
-from emqfast.facade.waiters import LINGER_S, RETRY_S
+from emqfast.facade.waiters import LINGER_S, RETRY_S, connection_error
 from emqfast.facade.waiting import QueueWaiting, WaitPlan
 
 
@@ -34,6 +34,13 @@ class AioWaiter:
         self.arrived: Dict[bytes, bytes] = {}
         self.stale: Set[bytes] = set()
         self.changed = asyncio.Event()
+        self.started = False  # its channels were confirmed once (it registered)
+        self.error: Optional[BaseException] = None  # the connection failed before that
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.started:
+            self.error = exc
+            self.changed.set()
 
     def confirmed(self, channel: bytes) -> None:
         self.unconfirmed.discard(channel)
@@ -60,10 +67,13 @@ class AioWaiter:
         return True
 
     async def wait_confirmed(self, deadline: Optional[float]) -> bool:
-        while self.unconfirmed:
+        while self.unconfirmed and self.error is None:
             if not await self._until(deadline):
-                return not self.unconfirmed
-        return True
+                break
+        if self.error is not None:  # never subscribed: say why (ConnectionFailed, ...)
+            raise self.error
+        self.started = not self.unconfirmed
+        return self.started
 
     def _ready(self) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
         arrived, self.arrived = self.arrived, {}
@@ -131,7 +141,10 @@ class AioRegistry:
                 self._due[ch] = self._due.get(ch, 0) + 1
                 new.append(ch)
         if new:
-            await self._subscribe(new)
+            try:
+                await self._subscribe(new)
+            except Exception as exc:  # noqa: BLE001 - typed for the caller
+                raise connection_error(exc) from None
 
     async def remove(self, waiter: AioWaiter, channels: List[bytes]) -> None:
         gone = []
@@ -171,8 +184,10 @@ class AioRegistry:
                     broken = False
                 msg = await self._pubsub.get_message(timeout=None)
                 pause = RETRY_S[0]
-            except Exception:  # noqa: BLE001 - any failure of the connection: re-open it
+            except Exception as exc:  # noqa: BLE001 - any failure of the connection: re-open it
                 broken = True
+                for w in {w for ws in self._chans.values() for w in ws}:
+                    w.failed(connection_error(exc))  # not yet registered: it fails
                 await asyncio.sleep(pause)  # the server is away: back off, then re-open
                 pause = min(pause * 2, RETRY_S[1])
                 continue

@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import redis
 
+from emqfast.core.errors import ConnectionFailed, EmqError, translate
+
 LINGER_S = 5.0  # an unused reader waits this long for a new wait before it closes
 RETRY_S = (0.05, 2.0)  # re-connect backoff after a dropped pub/sub connection: first, most
 
@@ -45,6 +47,14 @@ class Waiter:
         self.unconfirmed: Set[bytes] = set(channels)
         self.arrived: Dict[bytes, bytes] = {}  # channel -> outcome published
         self.stale: Set[bytes] = set()  # re-subscribed after a drop: re-read once confirmed
+        self.started = False  # its channels were confirmed once (it registered)
+        self.error: Optional[BaseException] = None  # the connection failed before that
+
+    def failed(self, exc: BaseException) -> None:
+        with self.cond:
+            if not self.started:
+                self.error = exc
+                self.cond.notify_all()
 
     def confirmed(self, channel: bytes) -> None:
         with self.cond:
@@ -64,7 +74,12 @@ class Waiter:
     def wait_confirmed(self, deadline: Optional[float]) -> bool:
         """Block until Redis confirmed every channel (False: the deadline passed first)."""
         with self.cond:
-            return self.cond.wait_for(lambda: not self.unconfirmed, _left(deadline))
+            done = self.cond.wait_for(lambda: not self.unconfirmed or self.error is not None,
+                                      _left(deadline))
+            if self.error is not None:  # never subscribed: say why (ConnectionFailed, ...)
+                raise self.error
+            self.started = done
+            return done
 
     def _ready(self) -> Tuple[Dict[bytes, bytes], Set[bytes]]:
         arrived, self.arrived = self.arrived, {}
@@ -88,6 +103,15 @@ class Waiter:
 
 def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def connection_error(exc: BaseException) -> BaseException:
+    """emqfast's typed error for a failure of the pub/sub connection."""
+    typed = translate(exc, sent=False)
+    if isinstance(typed, EmqError):
+        return typed
+    return ConnectionFailed(f"the pub/sub connection of ref.wait failed: "
+                            f"{type(exc).__name__}: {exc}")
 
 
 def node_client(client: Any) -> Any:
@@ -143,7 +167,10 @@ class Registry:
         for ch in ready:
             waiter.confirmed(ch)
         if new and not started:  # the running reader is blocked on its socket: wake it
-            self.client.publish(self.wake, b"")
+            try:
+                self.client.publish(self.wake, b"")
+            except redis.RedisError as exc:
+                raise connection_error(exc) from None
 
     def remove(self, waiter: Waiter, channels: List[bytes]) -> None:
         """Drop ``waiter``; channels nobody waits on any more are unsubscribed when the
@@ -188,13 +215,16 @@ class Registry:
                     pause = RETRY_S[0]
                 # (any failure: a dropped socket, a pool closed under it: TypeError in
                 # redis-py's poll of a closed socket) is a broken connection: re-open
-                except Exception:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001
                     _close(pubsub)
                     pubsub, lost = None, True
                     with self._lock:
                         if not self._chans:  # nobody waits: leave, not re-connect
                             self._thread = None
                             return
+                        waiters = {w for ws in self._chans.values() for w in ws}
+                    for w in waiters:  # a wait not yet registered fails; the others wait on
+                        w.failed(connection_error(exc))
                     time.sleep(pause)  # the server is away: back off, then re-open
                     pause = min(pause * 2, RETRY_S[1])
         finally:
