@@ -141,3 +141,36 @@ def test_tls_waits(facade, tls_srv, qname, backend):
     emqfast.Worker(q, _echo).run_until_idle(timeout_s=60)
     assert waits.results() == [{"n": i} for i in range(20)]
     plain.close()
+
+
+# --- the README's least-privilege ACL user -------------------------------------------------
+
+def test_a_least_privilege_user_waits(facade, backend):
+    import shutil
+    from conftest import start_redis_server
+    from lua_static import readme_least_privilege
+
+    proc, port, workdir = start_redis_server(["--user", "emquser", "on", ">emq-pw", "~emq:*",
+                                              "resetchannels", *readme_least_privilege()])
+    url = f"redis://emquser:emq-pw@127.0.0.1:{port}/0"
+    admin = redis.Redis(port=port)
+    try:
+        q = emqfast.Queue("acl-wait", url)
+        ok, bad = q.enqueue({"ok": 1}), q.enqueue({"bad": 1}, attempts=1)
+        waits = Waits(facade, _conn(facade, url), "acl-wait", [ok.id, bad.id], 60)
+        wait_until(lambda: admin.hlen(q.keys.waiters) == 2, what="two waiters registered")
+
+        def handler(job: emqfast.Job) -> Any:
+            if "bad" in job.payload:
+                raise KeyError("bad")
+            return job.payload
+        emqfast.Worker(q, handler).run_until_idle(timeout_s=30)
+        value, failed = waits.results()
+        assert value == {"ok": 1} and isinstance(failed, emqfast.JobFailed)
+        assert q.wait_many([ok.id], 0) == [{"ok": 1}]
+        refused = {e.get("object") for e in admin.acl_log()}
+        assert refused <= {"client|id", "client|unblock", "config|get"}, refused
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
