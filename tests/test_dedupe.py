@@ -17,6 +17,7 @@ import emqfast.aio
 from conftest import dump_queue
 from emqfast import InvalidInput
 from emqfast.core.errors import InputTypeError, RangeError
+from emqfast.facade.dedupe import extras as dedupe_extras
 from engine_util import claim, server_ms, wait_server_past
 
 HOUR_MS = 3_600_000
@@ -256,3 +257,34 @@ def test_eight_racing_producers_admit_exactly_one_job(r, redis_url, qname, mode)
     assert {ref[1] for ref in got} == {"pending", other}
     assert q.counts()["pending"] == 1
     assert r.hget(q.keys.dedupe, "race").decode() == admitted[0][0]
+
+
+def test_plain_jobs_send_what_they_always_did(qname):
+    """Jobs without dedupe or expiry pay nothing: enqueue.lua gets its 7 keys and 9 args,
+    and enqueue_many stays on enqueue_many.lua's columns (no per-job call)."""
+    from emqfast.core.ops import Batch, Columns
+    from emqfast.facade import admission, enqueue_batch
+    q = emqfast.Queue(qname, "redis://127.0.0.1:1/0")  # never connects
+    shared = q._shared(0, None, None, None, None, None)
+    call = admission.enqueue_call(q.keys, admission.Job("JOBa", b"1", "j"), shared)
+    assert (len(call.keys), len(call.args)) == (7, 9)
+    batch = enqueue_batch.EnqueueBatch([admission.Job("JOBa", b"1", "j")], shared)
+    send = next(enqueue_batch.many_sends(1))
+    request = enqueue_batch.chunk_request(q.keys, batch, send)
+    assert isinstance(request, Columns) and request.script.name == "enqueue_many"
+    keyed = enqueue_batch.EnqueueBatch([admission.Job("JOBa", b"1", "j")],
+                                       shared._replace(extras=dedupe_extras(True, None, None,
+                                                                            None)), None,
+                                       dedupe_keys=["k"])
+    assert isinstance(enqueue_batch.chunk_request(q.keys, keyed, send, [None]), Batch)
+
+
+def test_depends_on_with_dedupe_is_refused(r, qname):
+    q = emqfast.Queue(qname, r)
+    dep = q.enqueue("dep")
+    before = dump_queue(r, qname)
+    with pytest.raises(InvalidInput, match="depends_on"):
+        q.enqueue("x", depends_on=[dep], dedupe_key="k")
+    with pytest.raises(InvalidInput, match="depends_on"):
+        q.enqueue("x", depends_on=[dep], expires_ms=1000)
+    assert dump_queue(r, qname) == before
