@@ -293,3 +293,27 @@ def test_an_unreachable_server_is_typed_not_a_hang(facade):
             asyncio.run(aio())
         else:
             emqfast.Queue("t-dead", "redis://127.0.0.1:1/0").ref("JOB" + "1" * 23).wait()
+
+
+# --- the other endings of issue 15: expiry, dependencies, dedupe -------------------------
+
+def test_real_endings_expired_dependency_failed_and_deduplicated(facade, redis_url, qname, r):
+    q = emqfast.Queue(qname, redis_url)
+    flash = q.enqueue({"ok": "sale"}, expires_ms=50)
+    dep = q.enqueue({"fail": "grader crashed"}, attempts=1)
+    cert = q.enqueue({"ok": "certificate"}, depends_on=[dep])  # on_dep_failure="fail"
+    first = q.enqueue({"ok": "welcome"}, dedupe_key="welcome:7")
+    again = q.enqueue({"ok": "welcome"}, dedupe_key="welcome:7")
+    assert again.status == "deduplicated" and again.id == first.id
+    ids = [flash.id, cert.id, again.id]
+    waits = Waits(facade, _conn(facade, redis_url), qname, ids, 60)
+    wait_until(lambda: registered(r, q, ids), what="the waiters registered")
+    created = q.get(flash.id).created_ms
+    wait_until(lambda: q.server_time_ms() > created + 60, what="the flash sale's expiry")
+    emqfast.Worker(q, lambda job: job.payload["ok"] if "ok" in job.payload
+                   else 1 / 0).run_until_idle(timeout_s=30)
+    expired, failed, welcome = waits.results()
+    assert isinstance(expired, emqfast.JobExpired) and expired.job_id == flash.id
+    assert isinstance(failed, JobFailed) and "dependency failed" in failed.error
+    assert welcome == "welcome"
+    assert r.exists(q.keys.waiters) == 0
