@@ -7,7 +7,9 @@ groups, stats and heartbeat record (under its queue, listing every queue of the 
 What they share is made here:
 
 - one budget of ``concurrency`` handler slots (and one adaptive prefetch) across the
-  queues: :meth:`Member._room` counts every member's running and held jobs;
+  queues: :meth:`Member._room` counts every member's running and held jobs, a member
+  reserves the slots it starts into, and the handlers run on one thread pool (asyncio:
+  under one semaphore) of ``concurrency``, swapped in for each member's own;
 - the claim order (:mod:`emqfast.worker.queue_order`): ``strict`` or ``weighted``;
 - one lock (threads) and wake-ups that reach every member (a job of one queue ending may
   let another queue claim).
@@ -59,6 +61,32 @@ class Member(_Base):
         many = self.__dict__.get("_many")
         if many is not None:
             (many.awaiting.add if waiting else many.awaiting.discard)(self._index)
+
+    # the handlers' capacity is the worker's, not each member's: the thread driver's pool
+    # and the asyncio driver's semaphore, made per run by the driver, are swapped for the
+    # worker's one (Many.pool / Many.sem) as they are set
+    @property
+    def _pool(self) -> Any:
+        return self.__dict__.get("_pool_in_use")
+
+    @_pool.setter
+    def _pool(self, pool: Any) -> None:
+        many = self.__dict__.get("_many")
+        if pool is not None and many is not None and many.pool is not None:
+            pool.shutdown(wait=False)  # the member's own: no thread started yet
+            pool = SharedPool(many.pool)
+        self.__dict__["_pool_in_use"] = pool
+
+    @property
+    def _sem(self) -> Any:
+        return self.__dict__.get("_sem_in_use")
+
+    @_sem.setter
+    def _sem(self, sem: Any) -> None:
+        many = self.__dict__.get("_many")
+        if sem is not None and many is not None and many.sem is not None:
+            sem = many.sem
+        self.__dict__["_sem_in_use"] = sem
 
     def _room(self) -> Tuple[int, int]:
         return self._many.room(self)
@@ -118,6 +146,20 @@ class Member(_Base):
             self._many.set_ready(self, True)
 
 
+class SharedPool:
+    """The worker's one handler pool as a member sees it: a member's shutdown must not
+    shut it (the others still run handlers on it); the worker shuts it at its end."""
+
+    def __init__(self, pool: Any):
+        self._real = pool
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._real.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        """A member's: nothing (see the class docstring)."""
+
+
 def member_class(driver: type) -> type:
     """``driver`` (a Worker class) with :class:`Member` mixed in, made once per driver."""
     cls = _MEMBER_CLASSES.get(driver)
@@ -141,20 +183,6 @@ class ManyHeartbeat(Heartbeat):
         fields.update(queues=",".join(self.many.queue_names), concurrency=self.many.concurrency,
                       in_hand=sum(len(m._running) for m in self.many.members))
         return fields
-
-
-class SharedPrefetch(Prefetch):
-    """The members' one prefetch: claims run ahead as for one queue (:meth:`extra`), but a
-    job is started only into a free slot (:meth:`ahead` is 0). Each member hands started
-    jobs to handlers of its own (a thread pool, a semaphore); starting none beyond the free
-    slots keeps the whole worker within ``concurrency`` and the strict order exact at the
-    start: no started job of a lower queue waits beside a higher one's."""
-
-    def ahead(self) -> int:
-        return 0
-
-    def extra(self) -> int:
-        return self.limit if self.limit is not None else super().ahead()
 
 
 def check_queues(queues: Any) -> List[Any]:
@@ -182,6 +210,8 @@ class Many:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.awaiting: "set[int]" = set()  # members whose claim loop waits for a slot
         self.reserved = 0  # slots a member's loop is starting held jobs into right now
+        self.pool: Any = None  # threads: the handler pool of a run (many_runs makes it)
+        self.sem: Any = None   # asyncio: the handler semaphore of a run (likewise)
         self.lock = threading.Condition()  # the thread members' one lock
         cls = member_class(driver)
         self._wake: Callable[[Any], None] = getattr(driver, "_notify")  # the driver's own
@@ -189,7 +219,7 @@ class Many:
                                        name=self.name, **options) for q in queues]
         self.queue_names: List[str] = [m.queue.name for m in self.members]
         self.concurrency: int = self.members[0].concurrency
-        self.holding = SharedPrefetch(self.concurrency, self.members[0].prefetch)
+        self.holding = Prefetch(self.concurrency, self.members[0].prefetch)
         for i, m in enumerate(self.members):
             self._adopt(i, m)
 
@@ -223,7 +253,7 @@ class Many:
         if not self.order.may_start(m._index, [bool(x._held) for x in self.members]):
             return 0
         in_hand: int = sum(x._in_hand for x in self.members) + self.reserved
-        return max(self.concurrency - in_hand, 0)
+        return max(self.concurrency + self.holding.ahead() - in_hand, 0)
 
     def set_ready(self, m: Any, ready: bool) -> None:
         with m._guard:

@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence
 
 from emqfast.worker import signals
@@ -112,14 +113,19 @@ class ThreadMany(Many):
                 self.stop()
 
         self.order.reset()
+        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         threads = [threading.Thread(target=one, args=(m,), daemon=True,
                                     name=f"emq-queue-{m.queue.name}")
                    for m in self.members[1:]]
         for t in threads:
             t.start()
-        one(self.members[0])
-        for t in threads:
-            t.join()
+        try:
+            one(self.members[0])
+            for t in threads:
+                t.join()
+        finally:  # every member has waited for its handlers: the pool has nothing to run
+            pool, self.pool = self.pool, None
+            pool.shutdown(wait=False, cancel_futures=True)
         if errors:
             raise errors[0]
 
@@ -166,6 +172,7 @@ class AioMany(Many):
                 raise
 
         self.order.reset()
+        self.sem = asyncio.Semaphore(self.concurrency)
         results = await asyncio.gather(*(one(m) for m in self.members), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
