@@ -219,13 +219,14 @@ def partial(queue: str, batch: EnqueueBatch, replies: List[Any],
             cause: BaseException) -> PartialBatch:
     """The PartialBatch for ``replies`` (one per job: a reply, LOST or UNSENT)."""
     landed, unknown, not_sent = [], [], []
-    for job, reply in zip(batch.jobs, replies):
+    for i, (job, reply) in enumerate(zip(batch.jobs, replies)):
         if reply is transport.LOST:
             unknown.append(job.id)
         elif reply is transport.UNSENT or isinstance(reply, Exception):
             not_sent.append(job.id)  # never left, or refused without running (OOM...)
-        else:
-            landed.append(JobRef(job.id, status_of(reply, batch.recovering, job.id)))
+        else:  # (a deduplicated or replaced job's ref names the job holding its key)
+            landed.append(JobRef(batch.holders.get(i, job.id),
+                                 status_of(reply, batch.recovering, job.id)))
     err = PartialBatch(f"enqueue_many on {queue!r} failed part-way: {len(landed)} "
                        f"landed, {len(unknown)} unknown (sent, reply lost), "
                        f"{len(not_sent)} not written: {type(cause).__name__}: {cause}",
