@@ -263,14 +263,16 @@ class Settled:
     busy: bool = False  # the queue has dependency links in play (worth draining often)
 
 
-def settle_op(k: QueueKeys, grace_ms: Optional[int] = None) -> Returns[Settled]:
+def settle_op(k: QueueKeys, grace_ms: Optional[int] = None,
+              repair: bool = True) -> Returns[Settled]:
     """Drain ``k``'s outbox (and, for the cascade, the outboxes of queues whose jobs it
-    failed) and repair unsent links older than ``grace_ms`` (default
+    failed) and (``repair``) re-send unsent links older than ``grace_ms`` (default
     :data:`REPAIR_GRACE_MS`); bounded by :data:`DRAIN_ROUNDS` reads."""
     grace_ms = REPAIR_GRACE_MS if grace_ms is None else grace_ms
     done = Settled()
     yield from _drain(k, done)
-    yield from repair_op(k, grace_ms, done)
+    if repair:
+        yield from repair_op(k, grace_ms, done)
     return done
 
 

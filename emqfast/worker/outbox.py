@@ -37,9 +37,13 @@ class DependencyStep:
         return self._run(settle_op(self.machine.queue.keys), self._settled)
 
     def after_acks(self) -> Logic:
-        """After an ack batch: settle now if the queue has dependency links in play."""
+        """After an ack batch: drain the outbox now if the queue has dependency links in
+        play (the repair of unsent links is left to the beat)."""
         if self.busy:
-            yield Invoke(self)
+            yield Invoke(self._drain)
+
+    def _drain(self) -> Any:
+        return self._run(settle_op(self.machine.queue.keys, repair=False), self._settled)
 
     def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
         """Fill ``dependency_results()`` of the started jobs that have dependencies."""
