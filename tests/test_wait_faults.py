@@ -174,3 +174,33 @@ def test_a_least_privilege_user_waits(facade, backend):
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- no polling ---------------------------------------------------------------------------
+
+def test_a_long_wait_sends_a_bounded_number_of_commands(facade):
+    """A wait costs the same few commands however long it lasts (SUBSCRIBE, the register
+    script, the read or the unregister, UNSUBSCRIBE): nothing is polled meanwhile."""
+    import shutil
+    from conftest import start_redis_server
+
+    proc, port, workdir = start_redis_server()
+    url = f"redis://127.0.0.1:{port}/0"
+    admin = redis.Redis(port=port)
+    try:
+        q = emqfast.Queue("quiet", url)
+        refs = [q.enqueue({"n": i}) for i in range(3)]  # nobody runs them
+        counted = lambda: int(admin.info("stats")["total_commands_processed"])  # noqa: E731
+        used = []
+        for timeout_s in (0.1, 0.2, 2.0):  # (the first pays for loading the scripts)
+            before = counted()
+            [err] = Waits(facade, _conn(facade, url), "quiet", [refs[0].id], timeout_s,
+                          ).results()
+            assert isinstance(err, emqfast.WaitTimeout)
+            used.append(counted() - before - 1)  # (less this INFO)
+        # ten times longer, the same commands (a 1 ms poll would send ~2000 more)
+        assert used[2] <= used[1] + 1 and used[2] <= 20, used
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
