@@ -260,3 +260,16 @@ def test_a_re_run_links_what_the_first_run_stored(facade, queues, r):
     assert r.sismember(b.keys.job_dependents(first.id), deps.member(a.name, "JOB-rerun"))
     assert not r.exists(b.keys.job_dependents(second.id))
     assert r.zscore(deps.deplink_key(a.keys), "JOB-rerun") is None
+
+
+def test_the_cli_lists_waiting_jobs(redis_url, qname):
+    import json as _json
+
+    from test_cli import emq
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+    dep = q.enqueue("dep")
+    waiting = q.enqueue("w", depends_on=[dep])
+    out = emq("--url", redis_url, "jobs", qname, "--state", "waiting_deps", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = _json.loads(out.stdout)
+    assert [(row["id"], row["state"]) for row in rows] == [(waiting.id, "waiting_deps")]
