@@ -4,8 +4,8 @@
 -- HLEN per call while nobody waits and nothing depends, so plain jobs pay nothing per job.
 --
 -- A script calls emq_finish_prepare before its first write (the checks that can fail) and
--- emq_finished(hook, <the same three keys>, ids, outcome) after it ended jobs. The three keys are the queue's `waiters` hash,
--- `dependents` hash and `outbox` list; a channel is not a key, so the done channel
+-- emq_finished(hook, <the same three keys>, ids, outcome) after it ended jobs. The three
+-- keys are the queue's `waiters` hash, `dependents` hash and `outbox` list; a channel is not a key, so the done channel
 -- `emq:{q}:done:<id>` is named from the waiters key's prefix.
 
 -- Before the first write: nil when nothing waits or depends on any job of the queue (the
