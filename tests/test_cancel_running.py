@@ -438,3 +438,33 @@ def test_a_mixed_ack_batch_ends_each_job_by_its_own_outcome_and_a_resend_is_harm
     again = w._drive(w._write_batch(batch))
     assert again[0] == 0 and again[1] == [-1, -1]  # each fenced by its token
     assert dump_queue(r, qname) == before
+
+
+def test_the_aio_listener_reconnects_and_catches_what_it_missed(redis_url, qname, r):
+    async def main():
+        q = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+
+        async def handler(job):
+            await asyncio.sleep(600)
+
+        w = emqfast.aio.Worker(q, handler, lease_ms=60_000)  # beat ~1 s
+        task = asyncio.ensure_future(w.run())
+        await wait_until_async(lambda: w.cancel_listening is not None
+                               and w.cancel_listening.is_set(), 30, "listener subscribed")
+
+        async def state(job_id, want):
+            return (await q.get(job_id)).state == want
+        ref = await q.enqueue("x")
+        await wait_until_async(lambda: state(ref.id, "active"), 30, "job running")
+        r.client_kill_filter(_type="pubsub")  # the listener's connection drops
+        assert await q.cancel(ref.id) == "requested"
+        await wait_until_async(lambda: state(ref.id, "cancelled"), 30, "job cancelled")
+        await wait_until_async(lambda: r.pubsub_numsub(q.keys.cancel_channel)[0][1] == 1, 30,
+                               "listener subscribed again")
+        again = await q.enqueue("y")
+        await wait_until_async(lambda: state(again.id, "active"), 30, "next job running")
+        assert await q.cancel(again.id) == "requested"
+        await wait_until_async(lambda: state(again.id, "cancelled"), 30, "heard again")
+        w.stop()
+        await task
+    asyncio.run(main())
