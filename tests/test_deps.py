@@ -273,3 +273,21 @@ def test_the_cli_lists_waiting_jobs(redis_url, qname):
     assert out.returncode == 0, out.stderr
     rows = _json.loads(out.stdout)
     assert [(row["id"], row["state"]) for row in rows] == [(waiting.id, "waiting_deps")]
+
+
+def test_the_sweep_frees_dependents_of_a_job_that_ended_without_the_hook(facade, queues, r):
+    a, b = queues
+    dep, gone = b.enqueue("dep"), b.enqueue("gone")
+    waiting = a.enqueue("w", depends_on=[(b.name, dep.id)], on_dep_failure="run")
+    doomed = a.enqueue("d", depends_on=[(b.name, gone.id)])
+    # as a move without the finish hook would leave them: ended (or gone), entry still there
+    r.hset(b.keys.job(dep.id), "state", "completed")
+    r.zrem(b.keys.pending, dep.id, gone.id)
+    r.delete(b.keys.job(gone.id))
+    settled = b.settle_dependencies()
+    assert (settled.swept, settled.told) == (2, 2)
+    assert a.get(waiting.id).state == "pending"
+    failed = a.get(doomed.id)
+    assert (failed.state, failed.error) == ("failed", "dependency failed")
+    assert r.hlen(b.keys.dependents) == 0
+    assert b.settle_dependencies().swept == 0  # nothing left to find

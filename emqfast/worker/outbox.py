@@ -18,7 +18,8 @@ import logging
 from typing import Any, List, Sequence, Tuple
 
 from emqfast.core.errors import EmqError
-from emqfast.facade.deps import Settled, results_op, settle_op
+from emqfast.facade.dep_settle import Settled, settle_op
+from emqfast.facade.deps import results_op
 from emqfast.facade.job import Job
 from emqfast.worker.effects import Invoke, Logic
 
@@ -31,10 +32,11 @@ class DependencyStep:
     def __init__(self, machine: Any):
         self.machine = machine
         self.busy = False  # the queue had dependents or outbox entries at the last look
+        self.cursor = 0    # where the next sweep of the dependents hash resumes
 
     def __call__(self) -> Any:
         """The beat hook: settle the queue's dependencies (an awaitable under asyncio)."""
-        return self._run(settle_op(self.machine.queue.keys), self._settled)
+        return self._run(settle_op(self.machine.queue.keys, cursor=self.cursor), self._settled)
 
     def after_acks(self) -> Logic:
         """After an ack batch: drain the outbox now if the queue has dependency links in
@@ -43,7 +45,8 @@ class DependencyStep:
             yield Invoke(self._drain)
 
     def _drain(self) -> Any:
-        return self._run(settle_op(self.machine.queue.keys, repair=False), self._settled)
+        return self._run(settle_op(self.machine.queue.keys, repair=False, cursor=self.cursor),
+                         self._settled)
 
     def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
         """Fill ``dependency_results()`` of the started jobs that have dependencies."""
@@ -57,6 +60,7 @@ class DependencyStep:
     def _settled(self, settled: Any) -> None:
         if isinstance(settled, Settled):
             self.busy = settled.busy or bool(settled.told or settled.relinked)
+            self.cursor = settled.cursor
 
     def _run(self, op: Any, then: Any) -> Any:
         queue = self.machine.queue
