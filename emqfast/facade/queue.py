@@ -19,6 +19,7 @@ from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.facade import admission, deps, options, tracing
+from emqfast.facade.dep_settle import QueueDependencies
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.backoff import DEFAULT_BACKOFF, Backoff
 from emqfast.facade.control import QueueControl
@@ -36,7 +37,7 @@ from emqfast.server.connection import resolve
 __all__ = ["Queue"]
 
 
-class Queue(QueueInspection, QueueControl, QueueMaintenance, deps.QueueDependencies,
+class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
             QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
