@@ -138,7 +138,7 @@ def test_a_sync_handler_that_ignores_the_cancel_is_abandoned_and_keeps_its_slot(
         _ended_cancelled(q, r, stubborn.id)
         nxt = q.enqueue("next")
         # the abandoned thread still holds the only slot: the next job waits for it
-        wait_until(lambda: r.zcard(q.keys.pending) == 0 or began != ["stubborn"], 5,
+        wait_until(lambda: r.zcard(q.keys.pending) == 0 or began != ["stubborn"], 30,
                    "next job claimed or started")
         assert began == ["stubborn"]
         gate.set()  # its late return is ignored; the slot frees
