@@ -43,6 +43,7 @@ class Settled:
     swept: int = 0      # ended jobs the sweep found still owing their dependents a word
     cursor: int = 0     # where the next sweep of the dependents hash resumes (0: the start)
     busy: bool = False  # the queue has dependency links in play (worth draining often)
+    unlinked: int = 0   # jobs of the queue marked on deplink (links not all sent)
 
 
 def settle_op(k: QueueKeys, grace_ms: Optional[int] = None, repair: bool = True,
@@ -53,10 +54,12 @@ def settle_op(k: QueueKeys, grace_ms: Optional[int] = None, repair: bool = True,
     hash from ``cursor``. Bounded by :data:`~emqfast.facade.deps.DRAIN_ROUNDS` reads."""
     grace_ms = deps.REPAIR_GRACE_MS if grace_ms is None else grace_ms
     done = Settled(cursor=cursor)
-    if repair:  # the sweep first: what it queues is drained in this same call
+    yield from _drain(k, done)  # its first read says whether more is worth a round trip
+    if repair and done.busy:
         yield from sweep_op(k, done)
-    yield from _drain(k, done)
-    if repair:
+        if done.swept:  # drained in this same call
+            yield from _drain(k, done)
+    if repair and done.unlinked:
         yield from repair_op(k, grace_ms, done)
     return done
 
@@ -67,10 +70,12 @@ def _drain(k: QueueKeys, done: Settled) -> Op:
     while todo and rounds < DRAIN_ROUNDS:
         qk = todo.pop(0)
         rounds += 1
-        entries, links = yield Batch([Cmd.of("LRANGE", qk.outbox, 0, DRAIN_ENTRIES - 1),
-                                      Cmd.of("HLEN", qk.dependents)])
+        entries, links, unlinked = yield Batch([
+            Cmd.of("LRANGE", qk.outbox, 0, DRAIN_ENTRIES - 1), Cmd.of("HLEN", qk.dependents),
+            Cmd.of("ZCARD", deplink_key(qk))])
         if qk is k:
             done.busy = done.busy or bool(entries) or bool(int(links))
+            done.unlinked = int(unlinked)
         cascaded: Set[str] = set()
         for raw in entries:
             cascaded |= yield from _tell_dependents(qk, raw, done)
