@@ -7,6 +7,7 @@
     emqfast retry QUEUE JOB_ID|--all | cancel QUEUE JOB_ID
     emqfast schedules QUEUE [remove NAME]      schedules with next runs in their time zone
     emqfast worker MODULE:FUNCTION --queue Q   run a worker for an importable handler
+                                               (-q high -q low: one worker, many queues)
     emqfast bench [ARGS...]                    the benchmark suite
     emqfast metrics [QUEUE...] [--serve PORT]  Prometheus text metrics (printed or served)
     emqfast server start|status|stop|wipe      the embedded Redis (wipe asks: --yes)
