@@ -133,9 +133,9 @@ class Member(_Base):
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """An empty claim: not ready while blocked on the marker (lower queues may claim).
-        Holding claimed jobs (no slot free yet: starts run only into free slots), it waits
-        for a slot instead (see :meth:`_waits_for_room`): a slot freeing wakes that wait,
-        not the marker's."""
+        Still holding claimed jobs that wait for a slot, it waits for one instead (see
+        :meth:`_waits_for_room`): a slot freed by any queue's handler wakes that wait, and
+        would not end a wait on this queue's marker."""
         if self._held:
             self._dry = True
             return
