@@ -36,13 +36,26 @@ def facade(request):
 
 # --- a dropped pub/sub connection ------------------------------------------------------------
 
+def _retrying(facade: str, url: str) -> Any:
+    """A client of the user's own, that re-connects by itself (redis-py's retries)."""
+    if facade == "aio":
+        from redis.asyncio.retry import Retry as ARetry
+        from redis.backoff import ExponentialBackoff
+        return lambda: redis.asyncio.Redis.from_url(url, retry=ARetry(ExponentialBackoff(), 3))
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
+    return lambda: redis.Redis.from_url(url, retry=Retry(ExponentialBackoff(), 3))
+
+
+@pytest.mark.parametrize("client", ["emqfast", "retrying"])
 @pytest.mark.parametrize("when", ["while_down", "after_resubscribe"])
 def test_a_killed_pubsub_connection_resubscribes_and_rereads(facade, redis_url, qname, r,
-                                                              when):
+                                                              when, client):
     q = emqfast.Queue(qname, redis_url)
     ref = q.enqueue({"lesson": 1})
     channel = q.keys.done_channel(ref.id)
-    waits = Waits(facade, _conn(facade, redis_url), qname, [ref.id], 60)
+    conn = _conn(facade, redis_url) if client == "emqfast" else _retrying(facade, redis_url)
+    waits = Waits(facade, conn, qname, [ref.id], 60)
     wait_until(lambda: registered(r, q, [ref.id]), what="the waiter registered")
     assert r.client_kill_filter(_type="pubsub") >= 1
     if when == "after_resubscribe":  # the end is published to the new connection

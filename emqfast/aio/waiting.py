@@ -126,6 +126,8 @@ class AioRegistry:
                 self._pubsub = (await node_client(self._client())).pubsub()
                 first = [self._idle]
             await self._pubsub.subscribe(*channels, *first)
+            if first:
+                no_retries(self._pubsub)
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -208,6 +210,7 @@ class AioRegistry:
                     w.lost(ch)
             # (the wake channel: a new connection's first SUBSCRIBE, even with no waits)
             await self._pubsub.subscribe(*self._chans, self._idle)
+            no_retries(self._pubsub)
 
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         kind, ch = msg.get("type"), msg.get("channel")
@@ -225,6 +228,15 @@ class AioRegistry:
             data = msg.get("data")
             for w in waiters:
                 w.message(ch, data if isinstance(data, bytes) else str(data).encode())
+
+
+def no_retries(pubsub: Any) -> None:
+    """A drop must reach the reader (which re-reads), not be mended by redis-py's own
+    retries (a client of the user's may have them): it would re-subscribe without a word."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    pubsub.connection.retry = Retry(NoBackoff(), 0)
 
 
 async def _aclose(pubsub: Any) -> None:

@@ -32,6 +32,8 @@ import weakref
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from emqfast.core.errors import ConnectionFailed, EmqError, translate
 
@@ -201,6 +203,9 @@ class Registry:
                     w.lost(ch)
         pubsub = node_client(self.client).pubsub()
         pubsub.subscribe(self.wake, *chans)
+        # a drop must reach _run (which re-reads), not be mended by redis-py's own retries
+        # (a client of the user's may have them): it would re-subscribe without a word
+        pubsub.connection.retry = Retry(NoBackoff(), 0)
         return pubsub
 
     def _run(self) -> None:
