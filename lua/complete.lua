@@ -87,7 +87,7 @@ for s = 1, #done, 2000 do
   redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
 end
 if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
--- one event entry per 64 completions (readers expand it: see emq_events_batched)
+-- one event entry per 16 completions (readers expand it: see emq_events_batched)
 emq_events_batched(KEYS[5], cap, 'completed', done, {attempt = attempts})
 emq_finished(hook, KEYS[7], KEYS[8], KEYS[9], done, 'completed')
 emq_trim_events(KEYS[5], cap)

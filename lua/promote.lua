@@ -55,7 +55,7 @@ end
 
 -- Per job, in list order: its pending score and its run-at stamp. A due id whose hash is
 -- gone still leaves delayed (an orphan) but is not released. The 'promoted' events go in
--- batched entries (emq_events_batched: one per 64 jobs), trimmed once at the end.
+-- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end.
 local cap = emq_events_cap(KEYS[4])
 local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
 local released = {}  -- ids joining pending, for their batched 'promoted' events

@@ -140,6 +140,7 @@ end
 
 local out = {}
 local orphaned = 0
+local started, started_attempts = {}, {}  -- for the batched 'active' events
 for i = 14, last_job do
   local id, token = ARGV[2 * (i - 13)], ARGV[2 * (i - 13) + 1]
   local key = KEYS[i]
@@ -165,7 +166,8 @@ for i = 14, last_job do
         local attempts = (tonumber(h[5] or '0') or 0) + 1
         redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', stamp,
           'worker', token)
-        emq_event_untrimmed(KEYS[4], cap, 'active', 'id', id, 'attempt', attempts)
+        started[#started + 1] = id
+        started_attempts[#started_attempts + 1] = attempts
         row = {attempts, h[1], h[2], h[3], h[4], h[6], now}
       else
         defer(id, gw)
@@ -175,6 +177,8 @@ for i = 14, last_job do
   out[#out + 1] = row
 end
 if orphaned > 0 then redis.call('HINCRBY', KEYS[5], 'orphaned', orphaned) end
+-- one event entry per 16 started jobs (readers expand it: see emq_events_batched)
+emq_events_batched(KEYS[4], cap, 'active', started, {attempt = started_attempts})
 if #expired > 0 then
   redis.call('HINCRBY', KEYS[5], 'expired', #expired)
   emq_finished(hook, KEYS[10], KEYS[11], KEYS[12], expired, 'expired')

@@ -3,12 +3,13 @@
 Every Lua move that changes a job's state appends an event (``XADD ... MAXLEN ~``):
 ``enqueued``, ``promoted``, ``active``, ``progress``, ``completed``, ``failed``,
 ``retrying``, ``stalled``, ``cancelled``, ``retried`` (manual), ``released``.
-Moves of many jobs at once (``promoted``, ``completed``) write one stream entry per 64
-jobs (``ids`` and parallel per-job fields as JSON arrays: an XADD per job was a third of
-a promote's Redis CPU); :func:`read_op` expands them, so readers see one :class:`Event`
-per job, those of one entry sharing its stream id. The stream's cap is the queue's
-``events`` setting (``Queue.configure_events``; 0 turns events off), counted in stream
-entries: a batched entry counts once. :func:`read_op` is the sans-IO read both facades iterate.
+Moves of many jobs at once (``promoted``, ``active``, ``completed``) write one stream
+entry per 16 jobs (``ids`` and per-job fields as JSON arrays: an XADD per job was a third
+of a promote's Redis CPU); :func:`read_op` expands them, so readers see one
+:class:`Event` per job, those of one entry sharing its stream id. The stream's cap is the
+queue's ``events`` setting (``Queue.configure_events``; 0 turns events off), counted in
+stream entries: a batched entry counts once, so a busy queue's stream keeps up to 16x
+``events`` events. :func:`read_op` is the sans-IO read both facades iterate.
 """
 from __future__ import annotations
 
@@ -72,9 +73,9 @@ class Event:
 
 def parse_entry(entry_id: Any, raw: Any) -> List[Event]:
     """The :class:`Event` s of one XREAD/XRANGE entry (field dict or flat list): one, or one
-    per job of a batched entry (``ids`` a JSON array of job ids, every other field but
-    ``event`` a JSON array of that field's values, parallel to ``ids``), all at the entry's
-    stream id."""
+    per job of a batched entry (``ids`` a JSON array of job ids; another field holding a
+    JSON array as long gives each job its value, any other field is shared by all), all at
+    the entry's stream id."""
     if isinstance(raw, dict):
         items = {_text(k): _text(v) for k, v in raw.items()}
     else:
@@ -85,9 +86,15 @@ def parse_entry(entry_id: Any, raw: Any) -> List[Event]:
     if batch is None:
         return [Event(position, name, items.pop("id", ""), items)]
     ids = json.loads(batch)
-    columns = {key: json.loads(value) for key, value in items.items()}
+    columns, shared = {}, {}
+    for key, value in items.items():
+        parsed = json.loads(value) if value.startswith("[") else None
+        if isinstance(parsed, list) and len(parsed) == len(ids):
+            columns[key] = parsed
+        else:
+            shared[key] = value
     return [Event(position, name, str(job_id),
-                  {key: str(values[i]) for key, values in columns.items()})
+                  {**shared, **{key: str(values[i]) for key, values in columns.items()}})
             for i, job_id in enumerate(ids)]
 
 

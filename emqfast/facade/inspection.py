@@ -124,7 +124,8 @@ class QueueInspection:
     @operation
     def read_events(self, since: str = "0-0", *, count: int = 100,
                     block_ms: Optional[int] = None) -> Returns[List[events_mod.Event]]:
-        """Up to ``count`` events after stream position ``since`` (one XREAD);
+        """The events of up to ``count`` stream entries after position ``since`` (one XREAD;
+        a batched entry brings one event per job of its batch);
         ``block_ms`` waits that long for the first one (0: forever)."""
         since = events_mod.check_position(since)
         check_int(count, "count", 1, 1_000_000)

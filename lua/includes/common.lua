@@ -103,15 +103,19 @@ local function emq_event_untrimmed(events, cap, name, ...)
   end
 end
 
--- A move of many jobs (promote, complete) writes one event entry per EMQ_EVENT_BATCH of
--- them instead of one per job: `ids` is a JSON array of the job ids and each field of
--- `cols` (name -> array, parallel to `ids`) a JSON array of their values. Readers
+-- A move of many jobs (promote, start, complete) writes one event entry per
+-- EMQ_EVENT_BATCH of them instead of one per job: `ids` is a JSON array of the job ids,
+-- each field of `cols` (name -> array, parallel to `ids`) a JSON array of their values
+-- and each field of `shared` (name -> text, not a JSON array) one value for all. Readers
 -- (facade/events.py) expand an entry into one event per job, all at the entry's stream id.
 -- An XADD costs ~3 us whatever it holds, a third of a promoted job's Redis CPU when written
--- per job. Written untrimmed: the caller trims once (emq_trim_events).
-local EMQ_EVENT_BATCH = 64
+-- per job. The cap counts entries, so a stream of batched entries holds up to 16x the
+-- events of one of single ones; small batches bound that. (enqueue_many keeps one entry
+-- per job: a backlog's stream would otherwise outgrow the job hashes' memory budget.)
+-- Written untrimmed: the caller trims once (emq_trim_events).
+local EMQ_EVENT_BATCH = 16
 
-local function emq_events_batched(events, cap, name, ids, cols)
+local function emq_events_batched(events, cap, name, ids, cols, shared)
   if not cap then return end
   for s = 1, #ids, EMQ_EVENT_BATCH do
     local e = math.min(s + EMQ_EVENT_BATCH - 1, #ids)
@@ -123,6 +127,10 @@ local function emq_events_batched(events, cap, name, ids, cols)
       for i = s, e do col[#col + 1] = values[i] end
       args[#args + 1] = field
       args[#args + 1] = cjson.encode(col)
+    end
+    for field, value in pairs(shared or {}) do
+      args[#args + 1] = field
+      args[#args + 1] = value
     end
     redis.call('XADD', events, '*', unpack(args))
   end
