@@ -291,3 +291,18 @@ def test_the_sweep_frees_dependents_of_a_job_that_ended_without_the_hook(facade,
     assert (failed.state, failed.error) == ("failed", "dependency failed")
     assert r.hlen(b.keys.dependents) == 0
     assert b.settle_dependencies().swept == 0  # nothing left to find
+
+
+def test_a_dependency_failed_by_the_reaper_fails_its_dependent(qname, r):
+    from engine_util import claim
+    a, b = emqfast.Queue(qname + "-a", r), emqfast.Queue(qname + "-b", r)
+    dep = b.enqueue("stalls")
+    waiting = a.enqueue("w", depends_on=[(b.name, dep.id)])
+    [(job_id, _)] = claim(b, "zombie", lease_ms=50)   # a worker that dies holding it
+    assert job_id == dep.id
+    wait_server_past(r, int(r.zscore(b.keys.active, dep.id)))
+    b.reap(max_stalled=0)                           # fails it as stalled
+    assert b.get(dep.id).state == "failed"
+    b.settle_dependencies()                         # the finish hook's word, or the sweep's
+    job = a.get(waiting.id)
+    assert (job.state, job.error) == ("failed", "dependency failed")
