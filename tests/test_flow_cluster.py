@@ -142,3 +142,26 @@ def test_the_asyncio_flow_admits_across_slots(cluster, queues):
     first, second = asyncio.run(admit())
     assert (first.status, second.status) == ("pending", "waiting_deps")
     assert queues[0].redis.hget(queues[0].keys.dependents, first.id) == b"1"
+
+
+def test_a_drainer_killed_mid_drain_is_finished_by_the_next_worker(cluster, conn, queues):
+    from engine_util import claim, complete
+    q0, q1, q2 = queues
+    root = q0.enqueue({"step": "root"})
+    mine = [q1.enqueue({"step": "one"}, depends_on=[root]),
+            q2.enqueue({"step": "two"}, depends_on=[root])]
+    [(job_id, token)] = claim(q0, "bare", lease_ms=30_000)
+    complete(q0, job_id, token)                      # the hook queues it on q0's outbox
+    assert conn.llen(q0.keys.outbox) == 1
+    proc = subprocess.run([sys.executable, PROCS, cluster.url, q0.name, "-", "-", "-",
+                           "drain-crash"], capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert conn.llen(q0.keys.outbox) == 1            # the entry outlived its drainer
+    assert [q.get(ref.id).state for q, ref in zip((q1, q2), mine)] == ["pending"] * 2
+    with Serving(queues) as serving:                 # q0's worker finishes the drain
+        wait_until(lambda: conn.llen(q0.keys.outbox) == 0, 30, "the entry drained",
+                   interval=0.02)
+        wait_until(lambda: q1.counts()["completed"] + q2.counts()["completed"] == 2, 30,
+                   "both dependents ran", interval=0.02)
+    assert sorted(serving.ran) == ["one", "two"]     # each once
+    assert not conn.exists(q0.keys.job_dependents(root.id))
