@@ -245,3 +245,23 @@ def test_concurrency_is_one_budget_for_all_queues(redis_url):
     w = emqfast.Worker(qs, handler, concurrency=2, order="weighted", weights=[1, 1, 1])
     assert w.run_until_idle(timeout_s=60).completed == 90
     assert peak[0] == 2  # never more handlers at once than the one budget
+
+
+def test_burst_returns_only_when_every_queue_is_idle_at_once(redis_url):
+    """A job enqueued on a queue that already went idle (here: by a lower queue's handler)
+    is run before run_until_idle returns."""
+    qs = _queues(redis_url, 2)
+    qs[1].enqueue_many([{"q": 1}] * 3)
+    seen: List[int] = []
+
+    def handler(job: emqfast.Job) -> None:
+        seen.append(job.payload["q"])
+        if job.payload["q"] == 1 and seen.count(1) == 3:
+            qs[0].enqueue({"q": 0})  # the high queue, idle since the start
+    for order in ("strict", "weighted"):
+        seen.clear()
+        if order == "weighted":
+            qs[1].enqueue_many([{"q": 1}] * 3)
+        stats = emqfast.Worker(qs, handler, order=order).run_until_idle(timeout_s=30)
+        assert sorted(seen) == [0, 1, 1, 1] and stats.completed == 4, order
+    assert all(q.counts()["pending"] == 0 for q in qs)
