@@ -123,6 +123,7 @@ def test_a_flow_over_three_masters_runs_in_order_and_a_failure_cascades(conn, qu
     for q, job in ((q1, doomed), (q2, doomed_leaf)):
         got = q.get(job.id)
         assert (got.state, got.error) == ("failed", "dependency failed")
+    assert q2.get(runner.id).result == {"step": "runner", "deps": {bad.id: None}}
 
 
 def test_the_asyncio_flow_admits_across_slots(cluster, queues):
