@@ -24,7 +24,9 @@ local err = emq_fence(KEYS[5], ARGV[2])
 if err then return redis.error_reply(err) end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'attempts', '0', 'stalls', '0')
-redis.call('HDEL', KEYS[1], 'finished', 'state')  -- waiting again: its set says where
+-- waiting again: its set says where; a cancel that came too late for the failed run
+-- (its 'cancel' mark) must not stop the fresh one
+redis.call('HDEL', KEYS[1], 'finished', 'state', 'cancel')
 redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
 emq_wake(KEYS[4])
 emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'retried', 'id', ARGV[1])

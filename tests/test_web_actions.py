@@ -5,6 +5,8 @@ auth token by header or login form."""
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 import redis
@@ -18,6 +20,7 @@ from emqfast.core.keys import QueueKeys  # noqa: E402
 from emqfast.web import create_app  # noqa: E402
 from conftest import dump_queue  # noqa: E402
 from engine_util import wait_server_past  # noqa: E402
+from waiting import wait_until  # noqa: E402
 from test_web_pages import fill, handler, text_of  # noqa: E402
 
 TOKEN = "tok-" + "x" * 20
@@ -78,7 +81,7 @@ def test_cancel_a_waiting_job_and_refuse_a_finished_one(client, conn, qname):
     before = dump_queue(conn, qname)
     refused = post(client, "/job/action", q=qname, id=ids["completed"], action="cancel")
     assert flash_of(refused.text) == (f"error: JobStateError: job {ids['completed']} is "
-                                      "completed: only a scheduled or pending job can be "
+                                      "completed: only a waiting or running job can be "
                                       "cancelled")
     assert dump_queue(conn, qname) == before
 
@@ -227,3 +230,31 @@ def test_an_action_by_header_needs_no_csrf_but_the_token(redis_url, conn, qname)
 def test_a_short_token_is_refused():
     with pytest.raises(emqfast.InvalidInput, match="at least 8"):
         create_app("redis://127.0.0.1:1/0", auth="short")
+
+
+def test_cancel_a_running_job_asks_its_worker_and_stays_on_its_page(client, conn, qname):
+    """issue 15: the dashboard's Cancel on a running job asks its worker (q.cancel answers
+    'requested'); the page stays on the job, which ends cancelled once the worker stops it."""
+    q = emqfast.Queue(qname, conn)
+    started = threading.Event()
+
+    def handler(job):
+        started.set()
+        while not job.cancelled:
+            time.sleep(0.005)
+        job.raise_if_cancelled()
+
+    ref = q.enqueue("long")
+    worker = emqfast.Worker(q, handler)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20)
+        got = post(client, "/job/action", q=qname, id=ref.id, action="cancel")
+        assert flash_of(got.text).startswith(f"ok: asked the worker running {ref.id}")
+        assert "/job?" in str(got.url)
+        wait_until(lambda: q.get(ref.id).state == "cancelled", what="the job ends cancelled")
+        assert q.get(ref.id).attempts == 1  # never retried
+    finally:
+        worker.stop()
+        thread.join(20)

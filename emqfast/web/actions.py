@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from emqfast.core.errors import InvalidInput, JobNotFound, JobStateError
 from emqfast.core.redaction import redact
 from emqfast.core.validation import check_job_id, check_schedule_name
+from emqfast.facade.control import CancelResult
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
 from emqfast.web.app import Dashboard, Handler, Problem, cookie_path, flash, link
@@ -46,12 +47,18 @@ def _int_field(form: Any, name: str, default: int) -> int:
     return int(raw)
 
 
+ASKED = "asked the worker running"  # a cancel of a running job: its page stays
+
+
 def _cancel(q: Queue, job_id: str) -> Outcome:
-    if q.cancel(job_id):
+    answer = q.cancel(job_id)
+    if answer == CancelResult.REQUESTED:  # running: its worker stops it and records it
+        return "ok", f"{ASKED} {job_id} to cancel it"
+    if answer:
         return "ok", f"cancelled {job_id}"
     job = q.get(job_id)
     state = "unknown" if job is None else job.state
-    err = JobStateError(f"job {job_id} is {state}: only a scheduled or pending job can be "
+    err = JobStateError(f"job {job_id} is {state}: only a waiting or running job can be "
                         "cancelled")
     return "error", _typed(err)
 
@@ -85,7 +92,8 @@ def job_action(dash: Dashboard, request: Request, form: Any) -> Response:
     if action is None:
         raise Problem(400, "unknown job action")
     kind, text = _try(action, Queue(name, dash.client), job_id)
-    gone = kind == "ok" and form.get("action") in ("cancel", "delete")
+    gone = kind == "ok" and form.get("action") in ("cancel", "delete") and \
+        not text.startswith(ASKED)  # a running job stays until its worker ends it
     target = link(request, "queue", q=name) if gone else link(request, "job", q=name, id=job_id)
     return flash(RedirectResponse(target, 303), request, kind, text)
 

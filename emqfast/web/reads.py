@@ -27,13 +27,16 @@ from emqfast.worker.heartbeat import WorkerInfo, live_workers_op
 
 log = logging.getLogger("emqfast.web")
 STATES = ("scheduled", "pending", "active", "completed", "failed")
-# states a queue may also count (the records of cancelled jobs, where the library keeps them)
-OPTIONAL_STATES = ("cancelled",)
+# states a queue may also count: jobs waiting for their dependencies, the kept records of
+# cancelled and expired jobs (where the library keeps them)
+OPTIONAL_STATES = ("waiting_deps", "cancelled", "expired")
 
 
 def states_of(counts: Dict[str, int]) -> List[str]:
     """The job states ``counts`` (``Queue.counts()``) reports, in their life order."""
-    return list(STATES) + [s for s in OPTIONAL_STATES if s in counts]
+    optional = [s for s in OPTIONAL_STATES if s in counts]
+    head = [s for s in optional if s == "waiting_deps"]  # it comes before scheduled
+    return head + list(STATES) + [s for s in optional if s != "waiting_deps"]
 DISCOVERY_TTL_S = 5.0  # a SCAN of a big keyspace is not redone on every poll
 PAGE_SIZE = 50
 MAX_GROUPS = 100  # lanes listed on a queue page
