@@ -30,7 +30,7 @@ A dependency that vanished (deleted, trimmed before a late link) counts as not c
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core import codec
@@ -204,17 +204,41 @@ def check_shared(shared: Shared, wait: Any = None) -> None:
                            "wait_replicas (yet)")
 
 
+class Admit(NamedTuple):
+    """One job to admit as waiting for ``deps`` (all known to exist)."""
+
+    keys: QueueKeys
+    job: Job
+    shared: Shared
+    deps: Sequence[Dep]
+    odf: str
+
+
 def admit_op(k: QueueKeys, job: Job, shared: Shared, deps: Sequence[Dep],
              odf: str) -> Returns[JobRef]:
     """Write ``job`` as waiting_deps and link it (its dependencies known to exist)."""
-    opts = with_deps(shared.opts, deps)
-    written = int((yield write_call(k, job, opts, shared.priority, deps, odf)))
-    if written == 0:
-        return JobRef(job.id, "duplicate")
-    if written == 2:  # written before, links unsent: link what it stored, not our list
-        deps = [split_member(m) for m in (yield Cmd.of("SMEMBERS", k.job_deps(job.id)))]
-    status = yield from link_op(k, job.id, deps)
-    return JobRef(job.id, status if written == 1 else "duplicate")
+    refs: List[JobRef] = yield from admit_many_op([Admit(k, job, shared, deps, odf)])
+    return refs[0]
+
+
+def admit_many_op(items: Sequence[Admit]) -> Returns[List[JobRef]]:
+    """Admit jobs none of which depends on another of them: every write in one pipeline,
+    then every link in one (and the resolves of dependencies found ended, and the marks
+    cleared). A written job keeps its mark until its links landed."""
+    written = yield Batch([write_call(i.keys, i.job, with_deps(i.shared.opts, i.deps),
+                                      i.shared.priority, i.deps, i.odf) for i in items])
+    raise_any(written)
+    todo = [(i, list(i.deps)) for i, w in zip(items, written) if int(w)]
+    rerun = [n for n, w in enumerate(w for w in written if int(w)) if int(w) == 2]
+    if rerun:  # written before, links unsent: link what it stored, not this call's list
+        stored = yield Batch([Cmd.of("SMEMBERS", todo[n][0].keys.job_deps(todo[n][0].job.id))
+                              for n in rerun])
+        for n, members in zip(rerun, stored):
+            todo[n] = (todo[n][0], [split_member(m) for m in members])
+    statuses = yield from _link_all([(i.keys, i.job.id, d) for i, d in todo])
+    status = {i.job.id: st for (i, _), st in zip(todo, statuses)}
+    return [JobRef(i.job.id, "duplicate" if not int(w) or int(w) == 2 else status[i.job.id])
+            for i, w in zip(items, written)]
 
 
 def check_exist(deps: Sequence[Dep]) -> Op:
@@ -230,23 +254,34 @@ def check_exist(deps: Sequence[Dep]) -> Op:
 def link_op(k: QueueKeys, job_id: str, deps: Sequence[Dep]) -> Op:
     """Link ``job_id`` in every dependency's slot, resolve those already ended, clear its
     mark. Returns its status: ``waiting_deps``, ``pending`` or ``failed``."""
-    me = member(k.name, job_id)
-    status = "waiting_deps"
-    for at in range(0, len(deps), SCAN_COUNT):
-        chunk = deps[at:at + SCAN_COUNT]
-        states = yield Batch([link_call(dep, me) for dep in chunk])
+    statuses = yield from _link_all([(k, job_id, deps)])
+    return statuses[0]
+
+
+Waiting = Tuple[QueueKeys, str, Sequence[Dep]]  # a written job and what it waits for
+
+
+def _link_all(jobs: Sequence[Waiting]) -> Returns[List[str]]:
+    """:func:`link_op` for many jobs: the links pipelined :data:`SCAN_COUNT` at a time."""
+    status = ["waiting_deps"] * len(jobs)
+    links = [(n, dep) for n, (_, _, deps) in enumerate(jobs) for dep in deps]
+    for at in range(0, len(links), SCAN_COUNT):
+        chunk = links[at:at + SCAN_COUNT]
+        states = yield Batch([link_call(dep, member(jobs[n][0].name, jobs[n][1]))
+                              for n, dep in chunk])
         raise_any(states)
-        ended = [(dep, text_of(s)) for dep, s in zip(chunk, states) if text_of(s) != "linked"]
-        if ended:
-            replies = yield Batch([resolve_call(k, job_id, member(*dep), outcome)
-                                   for dep, outcome in ended])
-            raise_any(replies)
-            for reply in replies:
-                if int(reply) == RELEASED:
-                    status = "pending"
-                elif int(reply) == FAILED:
-                    status = "failed"
-    yield Cmd.of("ZREM", deplink_key(k), job_id)
+        ended = [(n, dep, text_of(s)) for (n, dep), s in zip(chunk, states)
+                 if text_of(s) != "linked"]
+        if not ended:
+            continue
+        replies = yield Batch([resolve_call(jobs[n][0], jobs[n][1], member(*dep), outcome)
+                               for n, dep, outcome in ended])
+        raise_any(replies)
+        for (n, _, _), reply in zip(ended, replies):
+            if int(reply) in (RELEASED, FAILED):
+                status[n] = "pending" if int(reply) == RELEASED else "failed"
+    if jobs:
+        yield Batch([Cmd.of("ZREM", deplink_key(k), job_id) for k, job_id, _ in jobs])
     return status
 
 

@@ -16,8 +16,8 @@ slots):
   them now;
 - a cycle is a :class:`~emqfast.errors.DependencyCycle` and a dependency outside the flow
   that does not exist an :class:`~emqfast.errors.UnknownDependency`, both before any write;
-- jobs are admitted in topological order: a job is written only after all its
-  dependencies are, and waits as ``waiting_deps`` until they completed. A crash part-way
+- jobs are admitted in topological order, round by round (each round pipelined): a job is
+  written only after all its dependencies are written and linked, and waits as ``waiting_deps`` until they completed. A crash part-way
   leaves a prefix of the graph, each admitted job with all its dependencies, so nothing
   runs early; a crash between a waiting job's write and its links is repaired by the
   Workers (:func:`emqfast.facade.deps.settle_op`).
@@ -31,7 +31,7 @@ from emqfast.backends.drive import run
 from emqfast.core import codec, ids
 from emqfast.core.errors import DependencyCycle, InputTypeError, InvalidInput
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Op, Returns, operation
+from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.validation import check_job_id
 from emqfast.facade import admission, deps
 from emqfast.facade.admission import ADMITTED, Job, Shared
@@ -40,6 +40,8 @@ from emqfast.facade.job import JobRef
 from emqfast.server.connection import resolve
 
 __all__ = ["Flow", "FlowJob"]
+
+ADMIT_CHUNK = 500  # jobs of one round written (then linked) per pipeline
 
 
 @dataclass(frozen=True)
@@ -129,49 +131,72 @@ class Flow:
         if len(node.after) + len(node.outside) > deps.MAX_DEPS:
             raise InvalidInput(f"a job takes at most {deps.MAX_DEPS} dependencies")
 
-    def order(self) -> List[int]:
-        """The jobs' indexes in admission order (each after its dependencies; ties in the
-        order they were added); :class:`DependencyCycle` when there is none."""
-        waiting = {i: set(n.after) for i, n in enumerate(self._nodes)}
-        out: List[int] = []
-        ready = [i for i, after in waiting.items() if not after]
-        while ready:
-            i = ready.pop(0)
-            out.append(i)
-            del waiting[i]
-            for j, after in waiting.items():
-                if i in after:
-                    after.discard(i)
-                    if not after and j not in ready:
+    def levels(self) -> List[List[int]]:
+        """The jobs' indexes in admission rounds: a round's jobs depend only on jobs of
+        earlier rounds (within a round, in the order added); :class:`DependencyCycle` when
+        no such order exists."""
+        left = {i: len(n.after) for i, n in enumerate(self._nodes)}
+        users: Dict[int, List[int]] = {}
+        for i, n in enumerate(self._nodes):
+            for j in n.after:
+                users.setdefault(j, []).append(i)
+        out: List[List[int]] = []
+        level = [i for i, count in left.items() if not count]
+        while level:
+            out.append(level)
+            ready = []
+            for i in level:
+                for j in users.get(i, ()):
+                    left[j] -= 1
+                    if not left[j]:
                         ready.append(j)
-            ready.sort()
-        if waiting:
-            stuck = ", ".join(self._nodes[i].job.id for i in sorted(waiting)[:5])
-            raise DependencyCycle(f"the flow's dependencies form a cycle through: {stuck}")
+            level = sorted(ready)
+        stuck = [i for i, count in left.items() if count]
+        if stuck:
+            named = ", ".join(self._nodes[i].job.id for i in stuck[:5])
+            raise DependencyCycle(f"the flow's dependencies form a cycle through: {named}")
         return out
+
+    def order(self) -> List[int]:
+        """The jobs' indexes in admission order (:meth:`levels`, flattened)."""
+        return [i for level in self.levels() for i in level]
 
     @operation
     def enqueue(self) -> Returns[List[JobRef]]:
-        """Admit the whole flow (topological order; see the module docstring). Returns a
-        ref per job in the order they were added; safe to call again after a crash."""
-        order = self.order()  # a cycle: refused before anything is sent
+        """Admit the whole flow (topological order; see the module docstring): round by
+        round, each round's writes and links pipelined :data:`ADMIT_CHUNK` jobs at a time.
+        Returns a ref per job in the order they were added; safe to call again."""
+        levels = self.levels()  # a cycle: refused before anything is sent
         outside = [d for n in self._nodes for d in n.outside]
         if outside:
             yield from deps.check_exist(sorted(set(outside)))
         refs: Dict[int, JobRef] = {}
-        for i in order:
-            refs[i] = yield from self._admit(self._nodes[i])
+        for level in levels:
+            for at in range(0, len(level), ADMIT_CHUNK):
+                chunk = level[at:at + ADMIT_CHUNK]
+                refs.update(zip(chunk, (yield from self._admit(chunk))))
+        for i, ref in refs.items():
             bind = getattr(self._nodes[i].queue, "_bind", None)
             if callable(bind):  # ref.wait() works on a flow's refs too
-                bind(refs[i])
+                bind(ref)
         return [refs[i] for i in range(len(self._nodes))]
 
-    def _admit(self, node: _Node) -> Returns[JobRef]:
-        if not node.after and not node.outside:
-            reply = yield admission.enqueue_call(node.keys, node.job, node.shared)
-            return JobRef(node.job.id, ADMITTED.get(int(reply), "duplicate"))
-        found = [(self._nodes[j].keys.name, self._nodes[j].job.id) for j in node.after]
-        ref: JobRef = yield from deps.admit_op(node.keys, node.job, node.shared,
-                                               found + node.outside, node.odf)
-        return ref
-
+    def _admit(self, chunk: List[int]) -> Returns[List[JobRef]]:
+        """Admit jobs of one round: plain enqueues for those without dependencies, the
+        rest as waiting (:func:`emqfast.facade.deps.admit_many_op`)."""
+        nodes = self._nodes
+        plain = [i for i in chunk if not nodes[i].after and not nodes[i].outside]
+        waits = [i for i in chunk if nodes[i].after or nodes[i].outside]
+        got: Dict[int, JobRef] = {}
+        if plain:
+            replies = yield Batch([admission.enqueue_call(nodes[i].keys, nodes[i].job,
+                                                          nodes[i].shared) for i in plain])
+            deps.raise_any(replies)
+            got.update((i, JobRef(nodes[i].job.id, ADMITTED.get(int(r), "duplicate")))
+                       for i, r in zip(plain, replies))
+        if waits:
+            items = [deps.Admit(nodes[i].keys, nodes[i].job, nodes[i].shared,
+                                [(nodes[j].keys.name, nodes[j].job.id) for j in nodes[i].after]
+                                + nodes[i].outside, nodes[i].odf) for i in waits]
+            got.update(zip(waits, (yield from deps.admit_many_op(items))))
+        return [got[i] for i in chunk]
