@@ -5,8 +5,8 @@
 --
 -- A script calls emq_finish_prepare before its first write (the checks that can fail) and
 -- emq_finished(hook, <the same three keys>, ids, outcome) after it ended jobs. The three
--- keys are the queue's `waiters` hash, `dependents` hash and `outbox` list; a channel is not a key, so the done channel
--- `emq:{q}:done:<id>` is named from the waiters key's prefix.
+-- keys are the queue's `waiters` hash, `dependents` hash and `outbox` list; a channel is
+-- not a key, so the done channel `emq:{q}:done:<id>` is named from the waiters key's prefix.
 
 -- Before the first write: nil when nothing waits or depends on any job of the queue (the
 -- common case: nothing more to do), else the hook emq_finished uses; or nil plus an error
