@@ -151,3 +151,27 @@ def test_the_admission_order_is_topological_for_edges_added_later(facade, queues
     assert order == [1, 0]
     refs = flow.enqueue()
     assert [ref.status for ref in refs] == ["waiting_deps", "pending"]
+
+
+def test_a_wide_flow_goes_in_pipelined_rounds(redis_url, qname, r):
+    from emqfast.facade import flow as flow_mod
+    a, b = emqfast.Queue(qname + "-a", r), emqfast.Queue(qname + "-b", r)
+    flow = emqfast.Flow(redis_url)
+    width = flow_mod.ADMIT_CHUNK + 100       # a round spans two pipelines
+    roots = [flow.add(a, {"name": f"r{i}"}) for i in range(width)]
+    mids = [flow.add(b, {"name": f"m{i}"}, after=[roots[i], roots[(i + 1) % width]])
+            for i in range(width)]
+    top = flow.add(a, {"name": "top"}, after=mids)
+    assert [len(level) for level in flow.levels()] == [width, width, 1]
+    refs = flow.enqueue()
+    assert {ref.status for ref in refs[:width]} == {"pending"}
+    assert {ref.status for ref in refs[width:]} == {"waiting_deps"}
+    assert b.counts()["waiting_deps"] == width and r.zcard(
+        deps.deplink_key(b.keys)) == 0
+    log_key = f"log:{qname}"
+    handler = _recording(r, log_key)
+    for q in (a, b, a):
+        emqfast.Worker(q, handler, concurrency=8).run_until_idle(timeout_s=60)
+    assert a.get(top.id).state == "completed"
+    assert r.lrange(log_key, -1, -1) == [b"top"] and r.llen(log_key) == 2 * width + 1
+    r.delete(log_key)
