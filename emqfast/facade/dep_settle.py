@@ -127,9 +127,6 @@ def repair_op(k: QueueKeys, grace_ms: int, done: Settled) -> Op:
     return None
 
 
-
-
-
 def sweep_op(k: QueueKeys, done: Settled) -> Op:
     """One HSCAN chunk of the dependents hash from ``done.cursor``, checked by
     dep_sweep.lua; ``done.cursor`` is left where the next sweep resumes."""
