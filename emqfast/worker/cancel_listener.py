@@ -14,6 +14,7 @@ one to ``on_due``.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -23,7 +24,9 @@ from emqfast.worker.resend import Backoff, typed
 
 log = logging.getLogger("emqfast.worker")
 
-_POLL_S = 0.5  # how often an idle listener checks whether it was closed
+# How long one read waits for a message. close() does not wait for it to run out: it shuts
+# the listener's socket, which ends the read at once (a Worker's stop stays instant).
+_POLL_S = 5.0
 
 
 class CancelListener:
@@ -35,6 +38,7 @@ class CancelListener:
         self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
         self._closed = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
         self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
 
     def start(self) -> None:
@@ -45,9 +49,10 @@ class CancelListener:
     def close(self) -> None:
         """Stop listening (returns once the thread ended, or after a couple of seconds)."""
         self._closed.set()
+        _cut(self._pubsub)
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join(timeout=_POLL_S * 4)
+            thread.join(timeout=2.0)
 
     def _run(self) -> None:
         backoff = Backoff(0.05, 2.0)
@@ -57,14 +62,18 @@ class CancelListener:
                 return
             except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
                 self.subscribed.clear()
+                if self._closed.is_set():  # close() cut the connection: not a loss
+                    return
                 wait = backoff()
                 log.warning("%s: cancel listener lost its connection (%s); re-subscribing "
                             "in %.2fs", self._who, type(typed(exc)).__name__, wait)
                 self._closed.wait(wait)
 
     def _listen(self) -> None:
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        pubsub = self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         try:
+            if self._closed.is_set():  # closed while this connection was being made
+                return
             pubsub.subscribe(*self._channels)
             self.subscribed.set()
             self._on_subscribed()
@@ -75,10 +84,24 @@ class CancelListener:
                     self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
         finally:
             self.subscribed.clear()
+            self._pubsub = None
             try:
                 pubsub.close()
             except Exception:  # noqa: BLE001 - closing a dead connection
                 pass
+
+
+def _cut(pubsub: Any) -> None:
+    """Shut the socket of ``pubsub``'s connection (from another thread): its blocked read
+    ends at once with a connection error, which the closed listener takes as its end."""
+    connection = getattr(pubsub, "connection", None) if pubsub is not None else None
+    sock = getattr(connection, "_sock", None)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
 
 
 class TimeoutTimer:
