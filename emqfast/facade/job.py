@@ -152,7 +152,12 @@ class Job:
     def dependency_results(self) -> Dict[str, Any]:
         """From inside a handler: ``{dep_id: result}`` of the jobs this one depended on
         (``enqueue(..., depends_on=...)``; None for a dep that did not complete, with
-        ``on_dep_failure="run"``); ``{}`` for a job without dependencies."""
+        ``on_dep_failure="run"``); ``{}`` for a job without dependencies. Raises
+        RuntimeError outside the running handler, or when the Worker could not read them
+        (the job then fails like any handler error, and is retried if it has attempts)."""
+        if self._dep_results is None and self.extra.get("d"):
+            raise RuntimeError("dependency_results() is only available to the running "
+                               "handler (and the Worker could not read them)")
         return dict(self._dep_results or {})
 
     def extend_lease(self, ms: int) -> None:
