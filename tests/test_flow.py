@@ -175,3 +175,14 @@ def test_a_wide_flow_goes_in_pipelined_rounds(redis_url, qname, r):
     assert a.get(top.id).state == "completed"
     assert r.lrange(log_key, -1, -1) == [b"top"] and r.llen(log_key) == 2 * width + 1
     r.delete(log_key)
+
+
+def test_a_refused_edge_list_adds_no_edge(redis_url, qname):
+    q = emqfast.Queue(qname, redis_url)
+    flow = emqfast.Flow(redis_url)
+    a, b = flow.add(q, 1), flow.add(q, 2)
+    with pytest.raises(InputTypeError):
+        flow.depend(a, [b, 42])              # the bad item refuses the whole list
+    with pytest.raises(InputTypeError):
+        flow.depend(a, 7)
+    assert flow.levels() == [[0, 1]]          # b did not become a's dependency

@@ -87,8 +87,8 @@ def text_of(value: Any) -> str:
 def parse_deps(depends_on: Any, own_queue: str) -> List[Dep]:
     """Validate ``depends_on``: a list of JobRefs (this queue's unless the ref names its
     queue), job ids of this queue, or ``(queue_name, job_id)`` pairs. Duplicates go."""
-    if isinstance(depends_on, (str, bytes, bytearray, dict)) or not _iterable(depends_on) \
-            or _is_pair(depends_on):
+    if isinstance(depends_on, (str, bytes, bytearray, dict)) or not iterable(depends_on) \
+            or is_pair(depends_on):
         raise InputTypeError("depends_on takes a list of dependencies (JobRefs, job ids or "
                              f"(queue, job_id) pairs), not {type(depends_on).__name__}")
     deps: List[Dep] = []
@@ -117,13 +117,13 @@ def one_dep(item: Any, own_queue: str) -> Dep:
                          f"not {type(item).__name__}")
 
 
-def _is_pair(value: Any) -> bool:
+def is_pair(value: Any) -> bool:
     """A lone ``(queue, job_id)`` pair passed where a list of them is taken."""
     return isinstance(value, tuple) and len(value) == 2 and \
         all(isinstance(x, str) for x in value) and not value[0].startswith("JOB")
 
 
-def _iterable(value: Any) -> bool:
+def iterable(value: Any) -> bool:
     try:
         iter(value)
     except TypeError:

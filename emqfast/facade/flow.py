@@ -117,19 +117,21 @@ class Flow:
         return self._by_id[job.id]
 
     def _link(self, node: _Node, after: Iterable[Any]) -> None:
-        if isinstance(after, (str, bytes, FlowJob)) or deps._is_pair(after):
+        """Add the edges ``after`` to ``node``: every item checked first, so a refused
+        list adds none of them."""
+        if isinstance(after, (str, bytes, FlowJob)) or deps.is_pair(after) \
+                or not deps.iterable(after):
             raise InputTypeError("after takes a list of jobs")
+        inside, outside = list(node.after), list(node.outside)
         for item in after:
             if isinstance(item, FlowJob) and item.flow_id == id(self):
-                index = self._index(item)
-                if index not in node.after:
-                    node.after.append(index)
+                inside.append(self._index(item))
             else:
-                dep = deps.one_dep(item, node.keys.name)
-                if dep not in node.outside:
-                    node.outside.append(dep)
-        if len(node.after) + len(node.outside) > deps.MAX_DEPS:
+                outside.append(deps.one_dep(item, node.keys.name))
+        inside, outside = list(dict.fromkeys(inside)), list(dict.fromkeys(outside))
+        if len(inside) + len(outside) > deps.MAX_DEPS:
             raise InvalidInput(f"a job takes at most {deps.MAX_DEPS} dependencies")
+        node.after, node.outside = inside, outside
 
     def levels(self) -> List[List[int]]:
         """The jobs' indexes in admission rounds: a round's jobs depend only on jobs of
