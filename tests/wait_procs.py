@@ -15,9 +15,11 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import emqfast  # noqa: E402
+try:  # the installed package (a matrix venv), else this checkout's
+    import emqfast
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import emqfast
 
 
 def handler(job: emqfast.Job) -> object:

@@ -175,8 +175,8 @@ class Registry:
                 raise connection_error(exc) from None
 
     def remove(self, waiter: Waiter, channels: List[bytes]) -> None:
-        """Drop ``waiter``; channels nobody waits on any more are unsubscribed when the
-        reader next wakes (a message on them meanwhile is dropped)."""
+        """Drop ``waiter``; channels nobody waits on any more are unsubscribed by the
+        reader, woken for it (a message on them meanwhile is dropped)."""
         with self._lock:
             gone = []
             for ch in channels:
@@ -188,6 +188,12 @@ class Registry:
                         gone.append(ch)
             if gone:
                 self._todo.append(("unsubscribe", gone))
+            running = self._thread is not None
+        if gone and running:
+            try:
+                self.client.publish(self.wake, b"")
+            except redis.RedisError:
+                pass  # the reader unsubscribes when it next wakes anyway
 
     # --- the reader thread -----------------------------------------------------------------
     def _open(self, lost: bool) -> Any:
