@@ -318,3 +318,21 @@ def test_real_endings_expired_dependency_failed_and_deduplicated(facade, redis_u
     assert isinstance(failed, JobFailed) and "dependency failed" in failed.error
     assert welcome == "welcome"
     assert r.exists(q.keys.waiters) == 0
+
+
+def test_a_cancelled_aio_wait_takes_its_registration_back(redis_url, qname, r):
+    async def main() -> None:
+        q = emqfast.aio.Queue(qname, emqfast.aio.connect(redis_url))
+        ref = await q.enqueue({"ok": 1})
+        task = asyncio.ensure_future(ref.wait())  # no timeout: cancelled from outside
+        while not registered(r, q, [ref.id]):
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert r.exists(q.keys.waiters) == 0
+        with pytest.raises(asyncio.TimeoutError):  # asyncio's own timeout, the same way
+            await asyncio.wait_for(ref.wait(), 0.2)
+        assert r.exists(q.keys.waiters) == 0
+        await q.aclose()
+    asyncio.run(main())
