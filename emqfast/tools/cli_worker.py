@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Any, Callable, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import click
 
@@ -97,6 +97,13 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
               help="Seconds to wait on SIGTERM/SIGINT for running handlers before saying "
                    "which still run; a running job is never handed back while its handler "
                    "may still finish (its outcome is written when it does).")
+@click.option("--job-timeout-ms", default=None, type=click.IntRange(1),
+              help="Stop a run that takes longer (jobs enqueued with their own timeout_ms "
+                   "keep it): an async handler is cancelled, a sync one sees job.cancelled; "
+                   "the job fails with 'timeout' and retries per its attempts.")
+@click.option("--cancel-grace-ms", default=None, type=click.IntRange(0),
+              help="How long a stopped (cancelled or timed-out) handler may keep running "
+                   "before its run is abandoned and its outcome written [default: 5000].")
 @click.option("--allow-eviction", is_flag=True,
               help="Run even on a server whose maxmemory-policy may evict keys (jobs "
                    "would vanish; they are counted 'orphaned' when met).")
@@ -107,8 +114,9 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
                    "running those of a dead worker once their lease lapses.")
 @verbose_option
 def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Optional[str],
-           concurrency: int, lease_ms: int, shutdown_timeout: float, allow_eviction: bool,
-           burst: bool, wait_active: bool) -> None:
+           concurrency: int, lease_ms: int, shutdown_timeout: float,
+           job_timeout_ms: Optional[int], cancel_grace_ms: Optional[int],
+           allow_eviction: bool, burst: bool, wait_active: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from emqfast.backends import select as live_backend  # callable: the live backend name
     from emqfast.worker.threaded import Worker
@@ -119,9 +127,12 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
     queues = [state.queue(name) for name in queue_names]
     for q in queues:
         _preflight(q)
+    stops: Dict[str, Any] = {"job_timeout_ms": job_timeout_ms}
+    if cancel_grace_ms is not None:
+        stops["cancel_grace_ms"] = cancel_grace_ms
     w = _make_worker(Worker, queues, fn, order, weights, concurrency=concurrency,
                      lease_ms=lease_ms, shutdown_timeout_s=shutdown_timeout,
-                     allow_eviction=allow_eviction)
+                     allow_eviction=allow_eviction, **stops)
     queue_name = ", ".join(queue_names)
     # the module is callable at run time (select._CallableModule), which checkers cannot see
     backend_name = cast(Callable[[], str], live_backend)
