@@ -255,6 +255,8 @@ def test_cancel_a_running_job_asks_its_worker_and_stays_on_its_page(client, conn
         assert "/job?" in str(got.url)
         wait_until(lambda: q.get(ref.id).state == "cancelled", what="the job ends cancelled")
         assert q.get(ref.id).attempts == 1  # never retried
+        wait_until(lambda: worker.stats.cancelled == 1, what="the worker counts it")
+        assert worker.stats.failed == 0
     finally:
         worker.stop()
         thread.join(20)

@@ -149,7 +149,8 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
         _force_quit(w)
     err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
                       f"retried {stats_.retried}, failed {stats_.failed}, "
-                      f"released {stats_.released}", soft_wrap=True, highlight=False)
+                      f"cancelled {stats_.cancelled}, released {stats_.released}",
+                      soft_wrap=True, highlight=False)
 
 
 def _make_worker(make: Callable[..., Any], queues: List[Queue], fn: Callable[..., Any],

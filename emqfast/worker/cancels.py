@@ -263,6 +263,7 @@ class StopKeeping(_Host):
                 log.warning("%s: could not end cancelled job %s (%s)", self._who, o.job.id,
                             reply, extra=log_context(o.job))
             else:
+                self.stats.cancelled += 1
                 log.info("%s: job %s cancelled", self._who, o.job.id,
                          extra=log_context(o.job))
             out.append(reply)

@@ -17,6 +17,7 @@ class WorkerStats:
     retried: int = 0
     lease_lost: int = 0
     released: int = 0
+    cancelled: int = 0  # runs stopped by q.cancel and ended as cancelled (never retried)
 
 
 @dataclass
