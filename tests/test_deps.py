@@ -306,3 +306,20 @@ def test_a_dependency_failed_by_the_reaper_fails_its_dependent(qname, r):
     b.settle_dependencies()                         # the finish hook's word, or the sweep's
     job = a.get(waiting.id)
     assert (job.state, job.error) == ("failed", "dependency failed")
+
+
+def test_a_waiting_job_can_be_cancelled_and_its_dependents_follow(facade, queues, r):
+    a, b = queues
+    dep = b.enqueue("dep")
+    waiting = a.enqueue("w", depends_on=[(b.name, dep.id)])
+    after = b.enqueue("after", depends_on=[(a.name, waiting.id)])
+    call = deps.cancel_waiting_call(a.keys, waiting.id)
+    assert call.script(r, call.keys, call.args) == 1
+    assert call.script(r, call.keys, call.args) == 0   # not waiting any more: nothing
+    job = a.get(waiting.id)
+    assert job.state == "cancelled" and waiting.id in a.job_ids("cancelled")
+    assert a.counts()["waiting_deps"] == 0 and not r.exists(a.keys.job_deps(waiting.id))
+    a.settle_dependencies()                              # its own dependent follows
+    assert (b.get(after.id).state, b.get(after.id).error) == ("failed", "dependency failed")
+    run_idle(facade, b, lambda job: "ok")                # its dependency ends later: harmless
+    assert a.get(waiting.id).state == "cancelled"

@@ -47,6 +47,7 @@ DEP_ENQUEUE = load("dep_enqueue")
 DEP_LINK = load("dep_link")
 DEP_RESOLVE = load("dep_resolve")
 DEP_STALE = load("dep_stale")
+DEP_CANCEL = load("dep_cancel")
 
 MAX_DEPS = 1000          # dependencies per job (dep_enqueue.lua refuses more too)
 DRAIN_ENTRIES = 100      # outbox entries read per round
@@ -170,6 +171,14 @@ def resolve_call(k: QueueKeys, job_id: str, dep_member: str, outcome: str) -> Ca
                               k.pending, k.failed, k.marker, k.meta, k.events, k.metrics,
                               k.waiters, k.dependents, k.outbox],
                 [job_id, dep_member, outcome, KEYSPACE_VERSION])
+
+
+def cancel_waiting_call(k: QueueKeys, job_id: str) -> Call:
+    """dep_cancel.lua: cancel ``job_id`` while it waits for its dependencies (reply 1; 0
+    when it is not waiting for them). For ``Queue.cancel`` on a ``waiting_deps`` job."""
+    return Call(DEP_CANCEL, [k.job(job_id), k.job_deps(job_id), k.waitdeps, deplink_key(k),
+                             k.cancelled, k.meta, k.events, k.waiters, k.dependents, k.outbox],
+                [job_id, KEYSPACE_VERSION])
 
 
 def raise_any(replies: Sequence[Any]) -> None:
