@@ -222,6 +222,7 @@ class AioRegistry:
                 self._due[ch] -= 1
                 if self._due[ch]:
                     return  # a later SUBSCRIBE of it is still on its way
+                del self._due[ch]  # (no entry per channel ever waited on)
             for w in waiters:
                 w.confirmed(ch)
         elif kind == "message":

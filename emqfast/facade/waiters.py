@@ -268,6 +268,8 @@ class Registry:
                 self._due[ch] -= 1
                 if self._due[ch]:
                     waiters = []  # a later SUBSCRIBE of it is still on its way
+                else:
+                    del self._due[ch]  # (no entry per channel ever waited on)
         if kind == "subscribe":
             for w in waiters:
                 w.confirmed(ch)
