@@ -336,3 +336,27 @@ def test_a_cancelled_aio_wait_takes_its_registration_back(redis_url, qname, r):
         assert r.exists(q.keys.waiters) == 0
         await q.aclose()
     asyncio.run(main())
+
+
+def test_finished_waits_leave_nothing_behind(redis_url, qname, r):
+    """A long-lived process: after many waits, its reader holds no channel and no count,
+    its connection is subscribed to its own wake channel only, Redis holds no waiter."""
+    from emqfast.facade.waiters import registry_for
+    q = emqfast.Queue(qname, redis_url)
+    before = {c["id"] for c in r.client_list(_type="pubsub")}
+    worker = emqfast.Worker(q, lambda job: job.payload)
+    t = threading.Thread(target=worker.run)
+    t.start()
+    try:
+        for i in range(20):
+            assert q.enqueue(i).wait(10) == i
+        with pytest.raises(WaitTimeout):
+            q.enqueue_in(0, 60_000).wait(0.05)
+    finally:
+        worker.stop()
+        t.join(30)
+    reg = registry_for(q.redis)
+    assert reg._chans == {} and reg._due == {}
+    wait_until(lambda: [c["sub"] for c in r.client_list(_type="pubsub")
+                        if c["id"] not in before] == ["1"], what="only the wake channel left")
+    assert r.exists(q.keys.waiters) == 0
