@@ -1,5 +1,7 @@
 -- delete.lua: delete one job that is not active: its hash and its membership in whichever
--- set holds it (pending or its group lane, delayed, completed, failed, cancelled). An active
+-- set holds it (pending or its group lane, delayed, completed, failed, cancelled, expired,
+-- waiting for its dependencies: with its set of them). Jobs that depend on it see it as
+-- not completed (the dependency sweep, facade/dep_settle.py). An active
 -- job is refused: its handler owns it until it ends (cancel or wait first). The dashboard's
 -- "Delete".
 --
@@ -12,6 +14,10 @@
 -- KEYS[7] active zset     emq:{q}:active
 -- KEYS[8] meta hash       emq:{q}:meta
 -- KEYS[9] events stream   emq:{q}:events
+-- KEYS[10] waitdeps zset  emq:{q}:waitdeps
+-- KEYS[11] deplink zset   emq:{q}:deplink
+-- KEYS[12] expired zset   emq:{q}:expired
+-- KEYS[13] deps set       emq:{q}:job:<id>:deps
 -- ARGV[1] job id
 -- ARGV[2] keyspace version of the caller
 -- ARGV[3] the job's group as the caller read it ('' for none): KEYS[2] is its lane
@@ -34,6 +40,7 @@ end
 local err = emq_fence(KEYS[8], ARGV[2])
 if err then return redis.error_reply(err) end
 for i = 2, 6 do redis.call('ZREM', KEYS[i], ARGV[1]) end
-redis.call('DEL', KEYS[1])
+for i = 10, 12 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+redis.call('DEL', KEYS[1], KEYS[13])
 emq_event(KEYS[9], emq_events_cap(KEYS[8]), 'deleted', 'id', ARGV[1])
 return 1

@@ -10,30 +10,38 @@
 -- KEYS[6] meta hash      emq:{q}:meta
 -- KEYS[7] events stream  emq:{q}:events
 -- KEYS[8] metrics hash   emq:{q}:metrics
--- KEYS[9..] job hashes   emq:{q}:job:<id>, one per ARGV[3..] id, same order
+-- KEYS[9] waiters hash   emq:{q}:waiters (ref.wait: told when a stalled job fails for good)
+-- KEYS[10] dependents    emq:{q}:dependents (hash: jobs other jobs depend on)
+-- KEYS[11] outbox list   emq:{q}:outbox ("failed\0<id>" for such a job with dependents)
+-- KEYS[12..] job hashes  emq:{q}:job:<id>, one per ARGV[3..] id, same order
 -- ARGV[1] max_stalled (>= 0)
 -- ARGV[2] keyspace version of the caller
 -- ARGV[3..] job ids (from due.lua on the active set; re-checked here), at most 4000
 -- Returns: {requeued, failed}
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts, bad max_stalled or more than 4000 ids;
---          EMQVERSION keyspace of another major version
+--          EMQVERSION keyspace of another major version; NOPERM the ACL denies what the
+--          finish hook needs (7.0+: before any write)
 --@include common
+--@include finished
 
 local max_stalled = tonumber(ARGV[1])
 if not max_stalled or max_stalled < 0 or max_stalled % 1 ~= 0 or #ARGV < 2
-    or #ARGV - 2 ~= #KEYS - 8 then
+    or #ARGV - 2 ~= #KEYS - 11 then
   return redis.error_reply('EMQINPUT reap needs max_stalled and one job key per id')
 end
 if #ARGV - 2 > EMQ_MAX_BATCH then
   return redis.error_reply('EMQINPUT reap takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
+local hook, denied = emq_finish_prepare(KEYS[9], KEYS[10], KEYS[11])
+if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[6], ARGV[2])
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local cap = emq_events_cap(KEYS[6])
 local requeued, failed = 0, 0
+local ended = {}  -- failed for good: their waiters and dependents are told
 for i = 3, #ARGV do
-  local id, key = ARGV[i], KEYS[i + 6]
+  local id, key = ARGV[i], KEYS[i + 9]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= now then
     redis.call('ZREM', KEYS[1], id)
@@ -53,6 +61,7 @@ for i = 3, #ARGV do
         redis.call('HINCRBY', KEYS[8], 'failed', 1)
         emq_event(KEYS[7], cap, 'failed', 'id', id, 'error', 'stalled')
         failed = failed + 1
+        ended[#ended + 1] = id
       else
         redis.call('HDEL', key, 'state')  -- waiting again: its set says where
         redis.call('ZADD', KEYS[3], redis.call('HGET', key, 'ps'), id)
@@ -62,4 +71,5 @@ for i = 3, #ARGV do
   end
 end
 if requeued > 0 then emq_wake(KEYS[5]) end
+emq_finished(hook, KEYS[9], KEYS[10], KEYS[11], ended, 'failed')
 return {requeued, failed}

@@ -280,7 +280,7 @@ def test_a_script_refuses_more_than_4000_ids_and_touches_nothing(redis_url, qnam
     ids = [f"JOB{i:020d}" for i in range(4001)]
     fixed = {"promote": ([k.delayed, k.pending, k.marker, k.meta, k.events], [KEYSPACE_VERSION]),
              "reap": ([k.active, k.leases, k.pending, k.failed, k.marker, k.meta, k.events,
-                       k.metrics], [1, KEYSPACE_VERSION]),
+                       k.metrics, k.waiters, k.dependents, k.outbox], [1, KEYSPACE_VERSION]),
              "trim": ([k.completed, k.meta, k.dedupe], [KEYSPACE_VERSION, 0, -1])}[name]
     with pytest.raises(InvalidInput, match="at most 4000"):
         load(name)(r, [*fixed[0], *k.jobs(ids)], [*fixed[1], *ids])

@@ -13,7 +13,7 @@ from emqfast.core.scores import MAX_OFFSET_MS
 from emqfast.core.validation import check_int, check_job_id
 from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.facade import events as events_mod, lanes
+from emqfast.facade import deps, events as events_mod, lanes
 
 _CANCEL = load("cancel")
 _RETRY = load("retry")
@@ -60,8 +60,8 @@ class QueueControl:
     def cancel(self, job_id: str) -> Returns[Union[bool, "CancelResult"]]:
         """Cancel a job atomically.
 
-        - a scheduled or pending job: cancelled at once, ``True``; it keeps a record
-          (state ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished
+        - a scheduled, pending or ``waiting_deps`` job: cancelled at once, ``True``; it
+          keeps a record (state ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished
           jobs), and its waiters and dependents are told (outcome ``cancelled``);
         - an active job: ``CancelResult.REQUESTED`` (the string ``"requested"``, truthy):
           the job is marked and the Worker running it is told at once (pub/sub, any
@@ -75,10 +75,13 @@ class QueueControl:
         Raises :class:`~emqfast.errors.JobNotFound` when the queue holds no such job."""
         check_job_id(job_id)
         k = self.keys
-        group, exists = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # its lane
-                                     Cmd.of("EXISTS", k.job(job_id))])
+        group, exists, state = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),  # lane
+                                            Cmd.of("EXISTS", k.job(job_id)),
+                                            Cmd.of("HGET", k.job(job_id), "state")])
         if not exists:
             raise self._not_found(job_id)
+        if state == b"waiting_deps":  # not on any run set yet: its own move
+            return int((yield deps.cancel_waiting_call(k, job_id))) == 1
         pending = k.pending if group is None else k.group_pending(group.decode())
         reply = yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events,
                                      k.cancelled, k.active, k.waiters, k.dependents, k.outbox],
@@ -161,7 +164,8 @@ class QueueControl:
         g = "" if group is None else group.decode()
         lane = k.pending if group is None else k.group_pending(g)
         yield Call(_DELETE, [k.job(job_id), lane, k.delayed, k.completed, k.failed,
-                             k.cancelled, k.active, k.meta, k.events],
+                             k.cancelled, k.active, k.meta, k.events, k.waitdeps,
+                             deps.deplink_key(k), k.expired, k.job_deps(job_id)],
                    [job_id, KEYSPACE_VERSION, g])
         return True
 

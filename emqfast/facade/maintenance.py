@@ -92,7 +92,7 @@ class QueueMaintenance:
         calls = lanes.lane_moves(k, by_group, lambda pending, ids: Call(
             _REAP,
             [k.active, k.leases, pending, k.failed, k.marker, k.meta, k.events, k.metrics,
-             *k.jobs(ids)],
+             k.waiters, k.dependents, k.outbox, *k.jobs(ids)],
             [max_stalled, KEYSPACE_VERSION, *ids]))
         if len(calls) == 1:
             requeued, failed = yield calls[0]
