@@ -360,3 +360,12 @@ def test_finished_waits_leave_nothing_behind(redis_url, qname, r):
     wait_until(lambda: [c["sub"] for c in r.client_list(_type="pubsub")
                         if c["id"] not in before] == ["1"], what="only the wake channel left")
     assert r.exists(q.keys.waiters) == 0
+
+
+def test_an_outcome_this_client_does_not_know_is_not_mistaken_for_another():
+    from emqfast.facade.waiting import settle
+    job_id = "JOB" + "2" * 23
+    assert settle("q", job_id, [b"completed", b'{"a": 1}', None, None]) == {"a": 1}
+    assert isinstance(settle("q", job_id, [b"expired", None, None, None]), emqfast.JobExpired)
+    gone = settle("q", job_id, [b"deleted", None, None, None])  # e.g. a later version's
+    assert isinstance(gone, JobNotFound) and "'deleted'" in str(gone)

@@ -70,7 +70,10 @@ def settle(queue: str, job_id: str, fields: Fields) -> Any:
         exc = Cancelled(f"{where} was cancelled")
         setattr(exc, "job_id", job_id)
         return exc
-    return JobExpired(f"{where} expired before it started", job_id)
+    if state == "expired":
+        return JobExpired(f"{where} expired before it started", job_id)
+    # an outcome this client does not know (e.g. a later version's 'deleted'): it is gone
+    return JobNotFound(f"{where} ended as {state!r}, with no result to give")
 
 
 def check_timeout(timeout_s: Optional[float]) -> Optional[float]:
