@@ -369,3 +369,24 @@ def test_an_outcome_this_client_does_not_know_is_not_mistaken_for_another():
     assert isinstance(settle("q", job_id, [b"expired", None, None, None]), emqfast.JobExpired)
     gone = settle("q", job_id, [b"deleted", None, None, None])  # e.g. a later version's
     assert isinstance(gone, JobNotFound) and "'deleted'" in str(gone)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_waits_with_its_own_reader(redis_url, qname, r):
+    q = emqfast.Queue(qname, redis_url)
+    first = q.enqueue({"ok": 1})
+    waits = Waits("sync", lambda: redis_url, qname, [first.id], 60)  # a parent reader runs
+    wait_until(lambda: registered(r, q, [first.id]), what="the parent's waiter")
+    second = q.enqueue({"ok": 2})
+    pid = os.fork()
+    if pid == 0:  # the child: waits on its own pub/sub connection, reports by exit code
+        code = 1
+        try:
+            code = 0 if q.ref(second.id).wait(60) == 2 else 2
+        finally:
+            os._exit(code)
+    wait_until(lambda: registered(r, q, [second.id]), what="the child's waiter")
+    work(redis_url, qname)
+    assert waits.results() == [1]
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

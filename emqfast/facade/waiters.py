@@ -291,6 +291,18 @@ _registries: "weakref.WeakKeyDictionary[Any, Registry]" = weakref.WeakKeyDiction
 _registries_lock = threading.Lock()
 
 
+def _forget_after_fork() -> None:
+    """A forked child starts with no registry (the parent's reader thread is not there)
+    and a fresh lock (another thread of the parent may have held it at the fork)."""
+    global _registries, _registries_lock
+    _registries = weakref.WeakKeyDictionary()
+    _registries_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def registry_for(client: Any) -> Registry:
     """The registry of ``client`` in this process (made on first use)."""
     with _registries_lock:
