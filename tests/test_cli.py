@@ -71,9 +71,10 @@ def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, 
     assert out.returncode == 0, out.stderr
     row = cells(out.stdout, qname)
     # scheduled pending grouped active completed failed
-    assert row[1:8] == ["1", "2", "0", "0", "2", "1", "0"]  # ... completed failed cancelled
-    assert row[8] == "no"
-    assert fmt_ms(q.next_due_ms(), date=False) in row[9] and "in " in row[9]
+    # ... completed failed cancelled expired waiting_deps
+    assert row[1:10] == ["1", "2", "0", "0", "2", "1", "0", "0", "0"]
+    assert row[10] == "no"
+    assert fmt_ms(q.next_due_ms(), date=False) in row[11] and "in " in row[11]
 
     everything = emq("stats", "--url", redis_url)  # --url after the command works too
     assert everything.returncode == 0, everything.stderr
@@ -289,7 +290,7 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
     assert cells(out.stdout, "heartbeat")[1] == "every 1 min"
 
     stats = emq("--url", redis_url, "stats", qname)
-    assert cells(stats.stdout, qname)[10] == "3"  # schedules (after the cancelled column)
+    assert cells(stats.stdout, qname)[12] == "3"  # schedules (after the state columns)
     assert cells(stats.stdout, "tokyo-report")[2] == "Asia/Tokyo"
 
     empty = emq("--url", redis_url, "schedules", qname + "-none")

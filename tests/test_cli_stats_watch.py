@@ -37,7 +37,7 @@ def test_watch_redirected_to_a_file_writes_lines(redis_url, r, qname, tmp_path):
     assert len(lines) == 2 and text.endswith("\n")
     for line in lines:
         assert f"queue={qname} scheduled=1 pending=2 grouped=0 active=0 completed=0 " \
-               "failed=0 cancelled=1 paused=no schedules=0 next_due=" in line
+               "failed=0 cancelled=1 expired=0 waiting_deps=0 paused=no schedules=0 next_due=" in line
 
 
 def test_watch_piped_with_count_ends_with_a_newline(redis_url, r, qname):

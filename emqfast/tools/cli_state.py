@@ -24,7 +24,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, return
 def _console(stderr: bool = False) -> Console:
     # piped output (scripts, tests) gets room for the tables instead of rich's 80 columns
     probe = Console(stderr=stderr)
-    wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 160
+    wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 200
     return Console(stderr=stderr, width=wide)
 
 

@@ -70,8 +70,14 @@ def short_error(error: Optional[str], width: int = 60) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
-_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed", "cancelled")
-WIDE_TABLE_COLUMNS = 130  # below this, stats prints two narrow tables (80 columns fit)
+# the older columns keep their places (scripts read them); issue 15's states come after
+_COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed", "cancelled",
+            "expired", "waiting_deps")
+# a narrow terminal's first table (80 columns fit); the rest go in the second one
+_NARROW_COUNTS = ("scheduled", "pending", "grouped", "active", "completed", "failed",
+                  "cancelled")
+_NARROW_REST = tuple(s for s in _COLUMNS if s not in _NARROW_COUNTS)
+WIDE_TABLE_COLUMNS = 180  # below this, stats prints two narrow tables (80 columns fit)
 
 
 def _next_due_text(row: Dict[str, Any], now_ms: int) -> str:
@@ -115,16 +121,20 @@ def _narrow_table(title: Optional[str]) -> Table:
 def _narrow_tables(rows: List[Dict[str, Any]], now_ms: int, title: str) -> Group:
     """:func:`counts_table` for a narrow terminal: counts, then paused/next due/schedules."""
     counts = _narrow_table(title)
-    for state in _COLUMNS:
+    for state in _NARROW_COUNTS:
         counts.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"),
                           no_wrap=True)
     timing = _narrow_table(None)
+    for state in _NARROW_REST:
+        timing.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"),
+                          no_wrap=True)
     for name in ("paused", "next due", "schedules"):
         timing.add_column(name, no_wrap=True, justify="right" if name == "schedules" else "left")
     for row in rows:
         c = row["counts"]
-        counts.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS))
-        timing.add_row(row["queue"], "yes" if row.get("paused") else "no",
+        counts.add_row(row["queue"], *(str(c.get(s, 0)) for s in _NARROW_COUNTS))
+        timing.add_row(row["queue"], *(str(c.get(s, 0)) for s in _NARROW_REST),
+                       "yes" if row.get("paused") else "no",
                        _next_due_text(row, now_ms), str(row.get("schedules", "-")))
     return Group(counts, timing)
 
