@@ -18,14 +18,19 @@
 -- KEYS[11] deplink zset   emq:{q}:deplink
 -- KEYS[12] expired zset   emq:{q}:expired
 -- KEYS[13] deps set       emq:{q}:job:<id>:deps
+-- KEYS[14] waiters hash   emq:{q}:waiters (ref.wait: told 'deleted', it raises JobNotFound)
+-- KEYS[15] dependents     emq:{q}:dependents (hash; its dependents see it as not completed)
+-- KEYS[16] outbox list    emq:{q}:outbox ("deleted\0<id>" for a job with dependents)
 -- ARGV[1] job id
 -- ARGV[2] keyspace version of the caller
 -- ARGV[3] the job's group as the caller read it ('' for none): KEYS[2] is its lane
 -- Returns: 1
 -- Errors:  EMQNOJOB unknown id; EMQSTATE the job is active (leased to a worker);
 --          EMQINPUT ARGV[3] is not the job's group (KEYS[2] the wrong set);
---          EMQVERSION keyspace of another major version
+--          EMQVERSION keyspace of another major version; NOPERM the ACL denies what the
+--          finish hook needs (7.0+: before any write)
 --@include common
+--@include finished
 
 -- every check before the first write: a refused call writes nothing
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -37,10 +42,13 @@ end
 if (redis.call('HGET', KEYS[1], 'group') or '') ~= ARGV[3] then
   return redis.error_reply('EMQINPUT job ' .. ARGV[1] .. ' is not in group ' .. ARGV[3])
 end
+local hook, denied = emq_finish_prepare(KEYS[14], KEYS[15], KEYS[16])
+if denied then return redis.error_reply(denied) end
 local err = emq_fence(KEYS[8], ARGV[2])
 if err then return redis.error_reply(err) end
 for i = 2, 6 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 for i = 10, 12 do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('DEL', KEYS[1], KEYS[13])
 emq_event(KEYS[9], emq_events_cap(KEYS[8]), 'deleted', 'id', ARGV[1])
+emq_finished(hook, KEYS[14], KEYS[15], KEYS[16], {ARGV[1]}, 'deleted')
 return 1

@@ -58,3 +58,19 @@ def test_a_job_failed_by_the_reaper_wakes_its_waiter_and_fails_its_dependents(q)
     emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
     failed = q.get(after.id)
     assert failed.state == "failed" and "dependency failed" in (failed.error or "")
+
+
+def test_deleting_a_waited_job_ends_the_wait_and_fails_its_dependents(q):
+    doomed = q.enqueue("doomed", delay_ms=3_600_000)
+    after = q.enqueue("after", depends_on=[doomed])
+    box = {}
+    waiter = threading.Thread(target=lambda: box.update(
+        err=pytest.raises(emqfast.JobNotFound, doomed.wait, timeout_s=30)))
+    waiter.start()
+    wait_until(lambda: q.redis.hexists(q.keys.waiters, doomed.id), what="waiter registered")
+    assert q.delete(doomed.id) is True
+    waiter.join(30)
+    assert "deleted" in str(box["err"].value)
+    emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
+    failed = q.get(after.id)
+    assert failed.state == "failed" and "dependency failed" in (failed.error or "")

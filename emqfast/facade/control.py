@@ -165,7 +165,8 @@ class QueueControl:
         lane = k.pending if group is None else k.group_pending(g)
         yield Call(_DELETE, [k.job(job_id), lane, k.delayed, k.completed, k.failed,
                              k.cancelled, k.active, k.meta, k.events, k.waitdeps,
-                             deps.deplink_key(k), k.expired, k.job_deps(job_id)],
+                             deps.deplink_key(k), k.expired, k.job_deps(job_id), k.waiters,
+                             k.dependents, k.outbox],
                    [job_id, KEYSPACE_VERSION, g])
         return True
 
