@@ -356,7 +356,7 @@ def test_finished_waits_leave_nothing_behind(redis_url, qname, r):
         worker.stop()
         t.join(30)
     reg = registry_for(q.redis)
-    assert reg._chans == {} and reg._due == {}
+    assert reg._book.idle()
     wait_until(lambda: [c["sub"] for c in r.client_list(_type="pubsub")
                         if c["id"] not in before] == ["1"], what="only the wake channel left")
     assert r.exists(q.keys.waiters) == 0

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 import redis
 import redis.asyncio as aredis
 
+from emqfast.facade.wait_channels import ChannelBook
 from emqfast.facade.waiters import LINGER_S, RETRY_S, connection_error
 from emqfast.facade.waiting import QueueWaiting, WaitPlan
 
@@ -103,8 +104,7 @@ class AioRegistry:
 
     def __init__(self, client: Any):
         self._client = weakref.ref(client)
-        self._chans: Dict[bytes, List[AioWaiter]] = {}
-        self._due: Dict[bytes, int] = {}
+        self._book: ChannelBook[AioWaiter] = ChannelBook()
         self._pubsub: Any = None
         self._reader: Optional["asyncio.Task[None]"] = None
         self._linger: Optional[asyncio.TimerHandle] = None
@@ -132,16 +132,9 @@ class AioRegistry:
             self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def add(self, waiter: AioWaiter, channels: List[bytes]) -> None:
-        new = []
-        for ch in channels:
-            if ch in self._chans:
-                self._chans[ch].append(waiter)
-                if not self._due.get(ch):
-                    waiter.confirmed(ch)
-            else:
-                self._chans[ch] = [waiter]
-                self._due[ch] = self._due.get(ch, 0) + 1
-                new.append(ch)
+        new, ready = self._book.add(waiter, channels)
+        for ch in ready:
+            waiter.confirmed(ch)
         if new:
             try:
                 await self._subscribe(new)
@@ -149,14 +142,7 @@ class AioRegistry:
                 raise connection_error(exc) from None
 
     async def remove(self, waiter: AioWaiter, channels: List[bytes]) -> None:
-        gone = []
-        for ch in channels:
-            lst = self._chans.get(ch)
-            if lst is not None and waiter in lst:
-                lst.remove(waiter)
-                if not lst:
-                    del self._chans[ch]
-                    gone.append(ch)
+        gone = self._book.remove(waiter, channels)
         if gone and self._pubsub is not None:
             try:
                 async with self._sending:
@@ -164,12 +150,12 @@ class AioRegistry:
                         await self._pubsub.unsubscribe(*gone)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass  # the reader re-opens without them
-        if not self._chans and self._pubsub is not None and self._linger is None:
+        if not self._book and self._pubsub is not None and self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._close_idle)
 
     def _close_idle(self) -> None:
         self._linger = None
-        if self._chans or self._pubsub is None:
+        if self._book or self._pubsub is None:
             return
         pubsub, self._pubsub = self._pubsub, None
         if self._reader is not None:
@@ -188,7 +174,7 @@ class AioRegistry:
                 pause = RETRY_S[0]
             except Exception as exc:  # noqa: BLE001 - any failure of the connection: re-open it
                 broken = True
-                for w in {w for ws in self._chans.values() for w in ws}:
+                for w in self._book.waiters():
                     w.failed(connection_error(exc))  # not yet registered: it fails
                 await asyncio.sleep(pause)  # the server is away: back off, then re-open
                 pause = min(pause * 2, RETRY_S[1])
@@ -204,30 +190,24 @@ class AioRegistry:
         async with self._sending:
             await _aclose(self._pubsub)
             self._pubsub = (await node_client(self._client())).pubsub()
-            self._due = {ch: 1 for ch in self._chans}
-            for ch, waiters in self._chans.items():
+            chans = self._book.resubscribed()
+            for ch, waiters in chans.items():
                 for w in waiters:
                     w.lost(ch)
             # (the wake channel: a new connection's first SUBSCRIBE, even with no waits)
-            await self._pubsub.subscribe(*self._chans, self._idle)
+            await self._pubsub.subscribe(*chans, self._idle)
             no_retries(self._pubsub)
 
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         kind, ch = msg.get("type"), msg.get("channel")
         if not isinstance(ch, bytes):
             return
-        waiters = list(self._chans.get(ch, ()))
         if kind == "subscribe":
-            if self._due.get(ch):
-                self._due[ch] -= 1
-                if self._due[ch]:
-                    return  # a later SUBSCRIBE of it is still on its way
-                del self._due[ch]  # (no entry per channel ever waited on)
-            for w in waiters:
+            for w in self._book.confirmed(ch):
                 w.confirmed(ch)
         elif kind == "message":
             data = msg.get("data")
-            for w in waiters:
+            for w in self._book.listeners(ch):
                 w.message(ch, data if isinstance(data, bytes) else str(data).encode())
 
 

@@ -36,6 +36,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from emqfast.core.errors import ConnectionFailed, EmqError, translate
+from emqfast.facade.wait_channels import ChannelBook
 
 LINGER_S = 5.0  # an unused reader waits this long for a new wait before it closes
 RETRY_S = (0.05, 2.0)  # re-connect backoff after a dropped pub/sub connection: first, most
@@ -134,8 +135,7 @@ class Registry:
         self.pid = os.getpid()
         self.wake = ("emq:wake:" + uuid.uuid4().hex).encode()
         self._lock = threading.Lock()
-        self._chans: Dict[bytes, List[Waiter]] = {}
-        self._due: Dict[bytes, int] = {}  # channel -> SUBSCRIBE replies still to come
+        self._book: ChannelBook[Waiter] = ChannelBook()
         self._todo: List[Tuple[str, List[bytes]]] = []
         self._thread: Optional[threading.Thread] = None
 
@@ -148,17 +148,8 @@ class Registry:
 
     def add(self, waiter: Waiter, channels: List[bytes]) -> None:
         """Subscribe ``waiter`` to ``channels`` (each confirmed to it when Redis has it)."""
-        new, ready = [], []
         with self._lock:
-            for ch in channels:
-                if ch in self._chans:
-                    self._chans[ch].append(waiter)
-                    if not self._due.get(ch):
-                        ready.append(ch)
-                else:
-                    self._chans[ch] = [waiter]
-                    self._due[ch] = self._due.get(ch, 0) + 1
-                    new.append(ch)
+            new, ready = self._book.add(waiter, channels)
             if new:
                 self._todo.append(("subscribe", new))
             started = self._thread is None
@@ -178,14 +169,7 @@ class Registry:
         """Drop ``waiter``; channels nobody waits on any more are unsubscribed by the
         reader, woken for it (a message on them meanwhile is dropped)."""
         with self._lock:
-            gone = []
-            for ch in channels:
-                lst = self._chans.get(ch)
-                if lst is not None and waiter in lst:
-                    lst.remove(waiter)
-                    if not lst:
-                        del self._chans[ch]
-                        gone.append(ch)
+            gone = self._book.remove(waiter, channels)
             if gone:
                 self._todo.append(("unsubscribe", gone))
             running = self._thread is not None
@@ -201,8 +185,7 @@ class Registry:
         waited on (re-subscribed after a drop: their waiters re-read once confirmed)."""
         with self._lock:
             self._todo = []
-            chans = {ch: list(ws) for ch, ws in self._chans.items()}
-            self._due = {ch: 1 for ch in chans}
+            chans = self._book.resubscribed()
         if lost:
             for ch, waiters in chans.items():
                 for w in waiters:
@@ -230,10 +213,10 @@ class Registry:
                     _close(pubsub)
                     pubsub, lost = None, True
                     with self._lock:
-                        if not self._chans:  # nobody waits: leave, not re-connect
+                        if not self._book:  # nobody waits: leave, not re-connect
                             self._thread = None
                             return
-                        waiters = {w for ws in self._chans.values() for w in ws}
+                        waiters = self._book.waiters()
                     for w in waiters:  # a wait not yet registered fails; the others wait on
                         w.failed(connection_error(exc))
                     time.sleep(pause)  # the server is away: back off, then re-open
@@ -251,7 +234,7 @@ class Registry:
         msg = pubsub.get_message(timeout=LINGER_S)
         if msg is None:
             with self._lock:
-                if not self._chans and not self._todo:
+                if not self._book and not self._todo:
                     self._thread = None  # the next add starts a new reader
                     return False
             return True
@@ -263,13 +246,8 @@ class Registry:
         if ch == self.wake or not isinstance(ch, bytes):
             return
         with self._lock:
-            waiters = list(self._chans.get(ch, ()))
-            if kind == "subscribe" and self._due.get(ch):
-                self._due[ch] -= 1
-                if self._due[ch]:
-                    waiters = []  # a later SUBSCRIBE of it is still on its way
-                else:
-                    del self._due[ch]  # (no entry per channel ever waited on)
+            waiters = self._book.confirmed(ch) if kind == "subscribe" else \
+                self._book.listeners(ch)
         if kind == "subscribe":
             for w in waiters:
                 w.confirmed(ch)
