@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
 from emqfast.aio import cancels
 from emqfast.facade.job import Job
-from emqfast.worker.cancels import ABANDON, CANCELLED, TIMEOUT, StopKeeping, timeout_ms_of
+from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
 from emqfast.worker.stats import RunningJob
@@ -119,13 +119,6 @@ class AioStops(StopKeeping, _Host):
         handle = self._timers.pop((job_id, token), None)
         if handle is not None:
             handle.cancel()
-
-    def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
-        """A cancel of ``job_id`` was heard (listener task) or its mark read (beat)."""
-        run = self._stop_run(job_id, CANCELLED, token)
-        if run is None and token is None:
-            self._cancel_held(job_id)  # (held, not started yet: stopped when it starts)
-        self._stopped(run)
 
     def _on_due(self, job_id: str, token: str, kind: str) -> None:
         self._timers.pop((job_id, token), None)

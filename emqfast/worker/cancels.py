@@ -225,7 +225,16 @@ class StopKeeping(_Host):
                 self._on_cancel(job_id, token)
 
     def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
-        """A cancel of ``job_id`` was heard (or its mark read): the driver stops it."""
+        """A cancel of ``job_id`` was heard (the driver's listener) or its mark read (the
+        beat): its run is stopped, or, held and not started yet, it is stopped as it starts."""
+        run = self._stop_run(job_id, CANCELLED, token)
+        if run is None and token is None:
+            self._cancel_held(job_id)
+        self._stopped(run)
+
+    def _stopped(self, run: Optional[RunningJob]) -> None:
+        """The driver's part of stopping ``run`` (None: nothing ran): cancel its task or
+        let its thread see ``job.cancelled``, and arm the grace before it is abandoned."""
         raise NotImplementedError
 
     # --- writing outcomes --------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from emqfast.facade.job import Job
 from emqfast.worker.cancel_listener import CancelListener, TimeoutTimer
-from emqfast.worker.cancels import ABANDON, CANCELLED, TIMEOUT, StopKeeping, timeout_ms_of
+from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
 from emqfast.worker.stats import RunningJob
 
@@ -57,13 +57,6 @@ class ThreadStops(StopKeeping):
         limit = timeout_ms_of(job, self.job_timeout_ms)
         if limit and self._timer is not None:
             self._timer.add(now + limit / 1000.0, job.id, token, TIMEOUT)
-
-    def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
-        """A cancel of ``job_id`` was heard (listener thread) or its mark read (beat)."""
-        run = self._stop_run(job_id, CANCELLED, token)
-        if run is None and token is None:
-            self._cancel_held(job_id)  # (held, not started yet: stopped when it starts)
-        self._stopped(run)
 
     def _on_due(self, job_id: str, token: str, kind: str) -> None:
         """A deadline passed (timer thread): a run's timeout, or a stop's grace."""
