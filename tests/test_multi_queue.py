@@ -265,3 +265,19 @@ def test_burst_returns_only_when_every_queue_is_idle_at_once(redis_url):
         stats = emqfast.Worker(qs, handler, order=order).run_until_idle(timeout_s=30)
         assert sorted(seen) == [0, 1, 1, 1] and stats.completed == 4, order
     assert all(q.counts()["pending"] == 0 for q in qs)
+
+
+def test_weighted_order_holds_per_job_with_fast_handlers_and_prefetch(redis_url):
+    """A round claims at most `concurrency` jobs: with no-op handlers and the default
+    prefetch, one draw used to take a whole queue's backlog (300/0/0 for 6:3:1)."""
+    qs = _queues(redis_url)
+    for i, q in enumerate(qs):
+        q.enqueue_many([{"q": i}] * 300)
+    seen, handler = _recorder()
+    w = emqfast.Worker(qs, handler, order="weighted", weights=[6, 3, 1], concurrency=8)
+    w.order.rng = random.Random(11)
+    with running_worker(w):
+        wait_until(lambda: len(seen) >= 300, what="300 jobs run")
+    share = Counter(seen[:300])
+    for i, expected in enumerate((0.6, 0.3, 0.1)):
+        assert abs(share[i] / 300 - expected) < 0.12, share

@@ -246,6 +246,11 @@ class Many:
             room = 0
             if self.order.turn != turn:  # a new round was drawn: wake its queue
                 self.notify_all()
+        elif not self.order.strict:
+            # a weighted round claims at most a handler pool's worth: with fast handlers
+            # the prefetch budget would let one draw take hundreds of jobs, and the split
+            # (per draw) would stray far from the weights per job
+            room = min(room, self.concurrency)
         return slots, room
 
     def free_slots(self, m: Any) -> int:

@@ -15,7 +15,9 @@ claim, not by a read of Redis.
   ``prefetch`` given); with ``prefetch=0`` and ``concurrency=1`` none.
 - ``weighted`` (Sidekiq's): each claim round is granted to one ready queue drawn at random
   in proportion to its weight (a seeded :class:`random.Random` makes it repeatable); the
-  grant ends when that queue's claim returns, and the next round draws again.
+  grant ends when that queue's claim returns, and the next round draws again. A round
+  claims at most ``concurrency`` jobs (:mod:`emqfast.worker.many`), so the split per job
+  follows the weights even where fast handlers would let the prefetch take hundreds.
 """
 from __future__ import annotations
 
