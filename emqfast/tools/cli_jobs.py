@@ -184,8 +184,8 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
 @click.argument("queue")
 @click.argument("job_id")
 def cancel(queue: str, job_id: str) -> None:
-    """Cancel JOB_ID: at once if it waits (scheduled or pending); a running one's worker is
-    asked to stop it, and it ends cancelled."""
+    """Cancel JOB_ID: at once if it waits (scheduled, pending or waiting for its
+    dependencies); a running one's worker is asked to stop it, and it ends cancelled."""
     q = current_state().queue(queue)
     try:
         answer = q.cancel(job_id)
