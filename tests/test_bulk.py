@@ -101,8 +101,9 @@ def test_run_calls_groups_by_script_and_keeps_call_order(client, qname, backend)
     try:
         calls = [
             (due, [k.delayed], [10, 1]),
-            (cancel, [k.job(refs[0].id), k.pending, k.delayed, k.meta, k.events, k.cancelled],
-             [refs[0].id, KEYSPACE_VERSION]),
+            (cancel, [k.job(refs[0].id), k.pending, k.delayed, k.meta, k.events, k.cancelled,
+                      k.active, k.waiters, k.dependents, k.outbox],
+             [refs[0].id, KEYSPACE_VERSION, k.cancel_channel]),
             (due, [k.delayed], [0, 1]),  # limit 0: an EMQINPUT error reply
             (due, [k.delayed], [10, 1]),
         ]

@@ -228,7 +228,7 @@ def test_nine_queues_bulk_enqueue_and_drain(cluster, conn):
         assert q.obliterate() > 0
         assert q.counts() == dict.fromkeys(
             ("scheduled", "pending", "grouped", "active", "completed", "failed",
-             "cancelled", "waiting_deps"), 0)
+             "cancelled", "waiting_deps", "expired"), 0)
         assert assert_keys_on_owner(cluster, name) == 0
 
 

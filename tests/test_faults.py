@@ -399,7 +399,7 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     assert len(expected) >= n_slots and outages == 2 and kills >= 10
     assert q.counts() == dict.fromkeys(
         ("scheduled", "pending", "grouped", "active", "completed", "failed",
-         "cancelled"), 0)
+         "cancelled", "waiting_deps", "expired"), 0)
 
 
 # --- 5. Redis restarted mid-run (AOF, appendfsync always): every job exactly once ---------

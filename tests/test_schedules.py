@@ -162,7 +162,8 @@ def test_cadence_change_rewrites_the_one_entry_and_fences_stale_pumps(r, qname):
     assert q.schedules.pump() == 0
     assert q.schedules.get("rollup").next_run_ms == new.next_run_ms
     assert q.counts() == {"scheduled": 0, "pending": 0, "grouped": 0, "active": 0,
-                          "completed": 0, "failed": 0, "cancelled": 0}
+                          "completed": 0, "failed": 0, "cancelled": 0,
+                          "waiting_deps": 0, "expired": 0}
 
 
 def test_cadence_change_with_an_unchanged_next_run_still_fences_stale_pumps(r, qname):

@@ -11,6 +11,8 @@ fixture starts, ``EMQ_EXPECT_SERVER`` what it must be), this module last.
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 import redis
@@ -19,6 +21,7 @@ import emqfast
 from emqfast import Backoff
 from emqfast.core import lua
 from emqfast.core.keys import QueueKeys
+from emqfast.facade.deps import deplink_key
 from emqfast.worker import core
 from waiting import wait_until
 
@@ -85,6 +88,44 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
     assert q.delete(early)                                      # delete
     q.trim(keep_completed=1, keep_failed=1)                     # trim
     assert q.schedules.remove("tick")                           # schedule_remove
+    _tour_flows(q)
+
+
+def _tour_flows(q: emqfast.Queue) -> None:
+    """Issue 15's moves: dependencies, waiting for results, cancelling a running job."""
+    first = q.enqueue({"n": "dep"})
+    after = q.enqueue({"n": "after"}, depends_on=[first])       # dep_enqueue + dep_link
+    doomed = q.enqueue({"n": "doomed"}, depends_on=[first])
+    assert q.cancel(doomed.id)                                  # dep_cancel
+    with pytest.raises(emqfast.WaitTimeout):                    # wait_register/unregister
+        first.wait(timeout_s=0.05)
+    hold = threading.Event()
+
+    def handler(job):
+        if job.payload == {"n": "hold"}:
+            hold.set()
+            while not job.cancelled:
+                time.sleep(0.005)
+        return job.payload
+    held = q.enqueue({"n": "hold"})
+    w = emqfast.Worker(q, handler, concurrency=2)
+    runner = threading.Thread(target=w.run, daemon=True)
+    runner.start()
+    try:
+        assert first.wait(timeout_s=30) == {"n": "dep"}         # dep_resolve (the drain)
+        assert after.wait(timeout_s=30) == {"n": "after"}
+        assert hold.wait(30)
+        assert q.cancel(held.id) == "requested"                 # cancel_active
+        with pytest.raises(emqfast.Cancelled):
+            held.wait(timeout_s=30)
+    finally:
+        w.stop()
+        runner.join(30)
+    # a producer that died between writing a dependent and linking it leaves its mark
+    later = q.enqueue({"n": "later"}, delay_ms=3_600_000)
+    stuck = q.enqueue({"n": "stuck"}, depends_on=[later])
+    q.redis.zadd(deplink_key(q.keys), {stuck.id: 0})
+    assert q.settle_dependencies(grace_ms=0).relinked == 1      # dep_stale + dep_sweep
 
 
 @pytest.mark.parametrize("backend", ["python", "c"], indirect=True)

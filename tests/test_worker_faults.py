@@ -28,6 +28,7 @@ import redis
 
 import emqfast
 import emqfast.aio
+from emqfast.facade.events import parse_entry
 from emqfast.worker import acks, core, outcomes, resend
 from emqfast.core.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
 
@@ -52,11 +53,9 @@ def _start(q: emqfast.Queue, pairs: List[tuple]) -> List[Any]:
 
 
 def _events(r: redis.Redis, q: emqfast.Queue, name: str) -> List[dict]:
-    out = []
-    for _, fields in r.xrange(q.keys.events):
-        if fields.get(b"event") == name.encode():
-            out.append({k.decode(): v.decode() for k, v in fields.items()})
-    return out
+    # batched entries (one per 16 jobs: start.lua, complete.lua) read as one event per job
+    return [{"id": e.job_id, **e.fields} for entry_id, fields in r.xrange(q.keys.events)
+            for e in parse_entry(entry_id, fields) if e.name == name]
 
 
 # --- 1. big claims ------------------------------------------------------------------------
