@@ -16,7 +16,7 @@ ROOT=$PWD
 VERSIONS=${PYMATRIX_VERSIONS:-"3.9 3.10 3.11 3.12 3.13"}
 WORK=${PYMATRIX_DIR:-$ROOT/build/pymatrix}
 
-# 182 tests: each Lua script runs at least once, most tests on both backends.
+# ~220 tests: each Lua script runs at least once, most tests on both backends.
 COMPAT=(
   tests/test_parity.py
   tests/test_engine_enqueue.py
@@ -41,6 +41,11 @@ COMPAT=(
   # the asyncio Worker: its cancellation bookkeeping differs before 3.11 (aio/cancels.py)
   tests/test_aio_worker.py
   tests/test_aio_lifecycle.py
+  # issue 15's parts where they meet: dependencies, cancel, waits, the finish hook
+  tests/test_flow_edges.py
+  tests/test_finish_hook.py
+  tests/test_multi_queue_order.py
+  tests/test_cancel_running.py::test_an_async_handler_task_is_cancelled
 )
 
 TEST_TOOLS=("pytest>=7" "hypothesis>=6" "pytest-timeout>=2")
