@@ -20,7 +20,8 @@ import redis
 pytest.importorskip("uvicorn")
 webdriver = pytest.importorskip("selenium.webdriver")
 import uvicorn  # noqa: E402
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException, NoSuchElementException, StaleElementReferenceException)
 from selenium.webdriver.common.by import By  # noqa: E402
 
 import emqfast  # noqa: E402
@@ -41,6 +42,18 @@ ARTIFACTS = Path(os.environ.get("EMQ_TEST_ARTIFACTS")
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 XSS_RUN = "<script>window.__xss = 1</script>"
 XSS_ONERROR = '"><img src=x id=injected onerror="window.__xss = 2">'
+
+
+def text_of(browser, by, selector) -> str:
+    """An element's text, or "" while the page is between renders.
+
+    A click that posts a form reloads the page: an element found just before the reload
+    goes stale, and the next page may not have drawn it yet. Polls read it afresh.
+    """
+    try:
+        return browser.find_element(by, selector).text
+    except (StaleElementReferenceException, NoSuchElementException):
+        return ""
 
 
 class LiveServer:
@@ -131,7 +144,7 @@ def test_click_into_a_failed_job_and_retry_it(browser, redis_url, conn, qname):
         assert state.text == "failed"
         shoot(browser, "job-failed")
         browser.find_element(By.XPATH, "//button[normalize-space()='Retry']").click()
-        wait_until(lambda: browser.find_element(By.CSS_SELECTOR, "[data-job-state]").text
+        wait_until(lambda: text_of(browser, By.CSS_SELECTOR, "[data-job-state]")
                    == "pending", what="the page to show the retried job as pending")
         assert "pending again" in browser.find_element(By.CSS_SELECTOR, ".flash").text
         assert emqfast.Queue(qname, conn).get(ids["failed"]).state == "pending"
@@ -151,10 +164,10 @@ def test_the_overview_updates_live_without_a_reload(browser, redis_url, conn, qn
         cell = f'tr[data-q="{qname}"] td[data-k="pending"]'
         assert browser.find_element(By.CSS_SELECTOR, cell).text == "1"
         q.enqueue_many([{"n": i} for i in range(4)])
-        wait_until(lambda: browser.find_element(By.CSS_SELECTOR, cell).text == "5",
+        wait_until(lambda: text_of(browser, By.CSS_SELECTOR, cell) == "5",
                    what="the pending count to update in place")
         emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
-        wait_until(lambda: browser.find_element(By.ID, "chart-peak").text != "0.0",
+        wait_until(lambda: text_of(browser, By.ID, "chart-peak") not in ("", "0.0"),
                    what="the throughput chart to draw the finished jobs")
         assert browser.find_element(By.ID, "chart-done").get_attribute("d").startswith("M")
         assert browser.find_element(By.CSS_SELECTOR, cell).text == "0"
