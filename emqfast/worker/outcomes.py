@@ -46,9 +46,12 @@ class CancelledRun(Failed):
 Outcome = Union[Done, Failed]
 
 
+NULL_RESULT = b"null"  # a handler that returned None: its stored result
+
+
 def success(job: Job, token: str, result: Any) -> Done:
     """A handler's return value as the outcome to write (bytes or JSON result)."""
-    return Done(job, token, b"null" if result is None else codec.encode_handler_result(result))
+    return Done(job, token, NULL_RESULT if result is None else codec.encode_handler_result(result))
 
 
 def check_decodable(job: Job) -> None:
@@ -122,8 +125,13 @@ def log_context(job: Job) -> Dict[str, Any]:
 def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
           retrying: Sequence[Optional[bool]]) -> None:
     """Count written outcomes into ``stats``; a lost lease discards the outcome (logged)."""
+    debug = log.isEnabledFor(logging.DEBUG)
+    completed = 0
     for outcome, reply, retry in zip(batch, replies, retrying):
         job = outcome.job
+        if retry is None and type(reply) is list and not debug:  # the common case, no log
+            completed += 1
+            continue
         ctx = log_context(job)
         if isinstance(reply, LeaseLost):
             stats.lease_lost += 1
@@ -138,6 +146,7 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
                       job.attempts, extra=ctx)
         else:
             _count_failure(stats, outcome, retry, ctx)
+    stats.completed += completed
 
 
 def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: Dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from emqfast.backends.batcher import run_calls
@@ -31,8 +32,8 @@ from emqfast.worker import core, effects, signals
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.thread_stops import ThreadStops
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import (Outcome, awaitable_result, check_decodable,
-                                     check_worker_args, failure, job_group,
+from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
+                                     check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
 from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import RunningJob, WorkerStats
@@ -242,13 +243,17 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """Queue started jobs for the handler pool, starting only the missing drainers."""
         now = time.monotonic()
-        for job, token in started:
-            job._extend = self._extender(job.id, token)
-            job._progress = self._progresser(job.id, token)
+        extend, progress = self._extend_run, self._progress_run
+        for job, token in started:  # partials, not closures: cheaper per job (issue 12)
+            job._extend = partial(extend, job.id, token)
+            job._progress = partial(progress, job.id, token)
+        timed = self.job_timeout_ms is not None
+        running = self._running
         with self._lock:
             for job, token in started:
-                self._running[job.id] = RunningJob(job, token, now)
-                self._arm_timeout(job, token, now)  # (issue 15; once running: may fire at once)
+                running[job.id] = RunningJob(job, token, now)
+                if timed or job.extra:  # (issue 15; once running: may fire at once)
+                    self._arm_timeout(job, token, now)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._in_hand += len(started)
             self._ready.extend(started)
@@ -274,7 +279,7 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
         """One handler slot: run waiting jobs one after another until none is left."""
         done: List[Outcome] = []
         flush_at = 0.0
-        ready, clock = self._ready, time.perf_counter
+        ready, clock, lock, observe = self._ready, time.perf_counter, self._lock, self._holding.observe
         while True:
             try:
                 job, token = ready.popleft()
@@ -287,15 +292,17 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
                     self._drainers -= 1
                     return
             started = clock()
-            outcome = self._settle_run(self._run_one(job, token))  # a stopped run: by its stop
+            outcome: Optional[Outcome] = self._run_one(job, token)
             ended = clock()
-            if outcome is not None:  # (None: abandoned, its outcome written already)
+            if self._stops:  # a stopped run ends by its stop (None: abandoned, written already)
+                outcome = self._settle_run(outcome)  # type: ignore[arg-type]
+            if outcome is not None:
                 done.append(outcome)
-            with self._lock:  # a handler slot is free: the claim loop may start a held job
+            with lock:  # a handler slot is free: the claim loop may start a held job
                 self._in_hand -= 1
                 if self._awaiting_slot:
-                    self._lock.notify_all()
-            self._holding.observe(ended - started)
+                    lock.notify_all()
+            observe(ended - started)
             if len(done) == 1 and outcome is not None:
                 flush_at = ended + _ACK_FLUSH_S
             if len(done) >= _ACK_FLUSH or ended >= flush_at:
@@ -305,10 +312,13 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
     def _run_one(self, job: Job, token: str) -> Outcome:
         """Run the handler; the outcome the acker writes."""
         try:
-            check_decodable(job)
+            if job._undecodable is not None:  # fails for good, its handler never runs
+                check_decodable(job)
             result = self.handler(job)
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
             return failure(job, token, exc, traceback.format_exc())
+        if result is None:  # the common case first: no awaitable, nothing to encode
+            return Done(job, token, NULL_RESULT)
         if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
             return awaitable_result(job, token, result)
         try:
@@ -325,16 +335,14 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
             self._mark_acking(outcomes)
         self._acks.put(outcomes)
 
-    def _extender(self, job_id: str, token: str) -> Callable[[int], None]:
-        def extend(ms: int) -> None:
-            self._drive(self._extend_one(job_id, token, ms))
-        return extend
+    def _extend_run(self, job_id: str, token: str, ms: int) -> None:
+        """``job.extend_lease(ms)`` of a running job (bound to it with ``partial``)."""
+        self._drive(self._extend_one(job_id, token, ms))
 
-    def _progresser(self, job_id: str, token: str) -> Callable[[Any], None]:
-        def progress(value: Any) -> None:
-            call = core.progress_call(self._keys, job_id, token, value)
-            call.script(self._redis, call.keys, call.args)
-        return progress
+    def _progress_run(self, job_id: str, token: str, value: Any) -> None:
+        """``job.progress(value)`` of a running job (bound to it with ``partial``)."""
+        call = core.progress_call(self._keys, job_id, token, value)
+        call.script(self._redis, call.keys, call.args)
 
     # --- shutdown ------------------------------------------------------------------
     def _shutdown(self) -> None:
