@@ -26,49 +26,77 @@ end
 local err = emq_fence(KEYS[4], ARGV[1])
 if err then return redis.error_reply(err) end
 local bound = emq_due_bound(emq_now())
+local n = #ARGV - 1
 -- The set writes go out once per CHUNK members (Lua's unpack() has a stack limit), so
 -- per job only what cannot be batched is left: its hash's read and write.
 -- (Only commands of the README's least-privilege ACL are used: no ZMSCORE.)
 local CHUNK = 4000
 
 -- Which listed ids are still due. Usually the list is exactly the due head of delayed
--- that due.lua just read, so one ZRANGEBYSCORE (no per-id lookup) confirms it. Ids outside
--- that head (a stale list) get a ZSCORE each. An id missing from delayed, not yet due, or
--- listed twice is skipped.
-local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
-  'LIMIT', 0, #ARGV - 1)
-local in_head = {}  -- id -> delayed score
-for j = 1, #head, 2 do in_head[head[j]] = head[j + 1] end
-local due, seen = {}, {}  -- due[i]: ARGV[i] moves (its delayed score)
-for i = 2, #ARGV do
-  local id = ARGV[i]
-  if not seen[id] then
-    seen[id] = true
-    if in_head[id] then
-      due[i] = in_head[id]
-    else
-      local score = redis.call('ZSCORE', KEYS[1], id)
+-- that due.lua just read (one more member is read to see what follows it), so one
+-- ZRANGEBYSCORE confirms it and, when no member after it shares its last score, one
+-- ZREMRANGEBYSCORE takes it off. Ids outside that head (a stale list) get a ZSCORE each
+-- and a ZREM. An id missing from delayed, not yet due, or listed twice is skipped.
+-- Scores are read only where needed: a score reply costs Redis a float print and Lua a
+-- parse, which is more than the job's own hash write.
+local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, n + 1)
+local exact = n > 0 and #head >= n
+for i = 1, n do
+  if not exact then break end
+  exact = head[i] == ARGV[i + 1]
+end
+local due = {}  -- due[i]: ARGV[i] moves (its delayed score, or true: see one_ms)
+local one_ms, by_score = nil, false  -- the run-at all due jobs share; the head's last score
+if exact then
+  local first = redis.call('ZSCORE', KEYS[1], head[1])
+  local last = redis.call('ZSCORE', KEYS[1], head[n])
+  local after = head[n + 1] and redis.call('ZSCORE', KEYS[1], head[n + 1])
+  if not after or after ~= last then by_score = last end
+  local run_at = emq_unpack_delayed(first)
+  if run_at == emq_unpack_delayed(last) then one_ms = emq_int(run_at) end
+end
+if exact and one_ms then
+  for i = 2, #ARGV do due[i] = true end
+else
+  local in_head, seen = {}, {}  -- id -> delayed score; ids met already
+  if exact then
+    local scored = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
+      'LIMIT', 0, n)
+    for j = 1, #scored, 2 do in_head[scored[j]] = scored[j + 1] end
+  end
+  for i = 2, #ARGV do
+    local id = ARGV[i]
+    if not seen[id] then
+      seen[id] = true
+      local score = in_head[id] or redis.call('ZSCORE', KEYS[1], id)
       if score and tonumber(score) <= bound then due[i] = score end
     end
   end
 end
 
--- Per job, in list order: its pending score and its run-at stamp. A due id whose hash is
--- gone still leaves delayed (an orphan) but is not released. The 'promoted' events go in
+-- Per job, in list order: its pending score and its run-at stamp (the text made once
+-- per delayed score met: a batch shares a few). A due id whose hash is gone still
+-- leaves delayed (an orphan) but is not released. The 'promoted' events go in
 -- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end.
 local cap = emq_events_cap(KEYS[4])
 local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
 local released = {}  -- ids joining pending, for their batched 'promoted' events
+local last_score, run_at = nil, nil
 for i = 2, #ARGV do
-  if due[i] then
+  local score = due[i]
+  if score then
     local id = ARGV[i]
     gone[#gone + 1] = id
     local ps = redis.call('HGET', KEYS[i + 4], 'ps')
     if ps then
       scored[#scored + 1] = ps
       scored[#scored + 1] = id
-      -- (a Lua number argument reaches Redis as %.17g: exact for epoch ms, no emq_int)
-      redis.call('HSET', KEYS[i + 4], 'run_at', emq_unpack_delayed(due[i]))
+      if one_ms then
+        run_at = one_ms
+      elseif score ~= last_score then
+        last_score, run_at = score, emq_int(emq_unpack_delayed(score))
+      end
+      redis.call('HSET', KEYS[i + 4], 'run_at', run_at)
       released[#released + 1] = id
     end
   end
@@ -77,8 +105,12 @@ local moved = #released
 emq_events_batched(KEYS[5], cap, 'promoted', released)
 emq_trim_events(KEYS[5], cap)
 
-for s = 1, #gone, CHUNK do
-  redis.call('ZREM', KEYS[1], unpack(gone, s, math.min(s + CHUNK - 1, #gone)))
+if by_score then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', by_score)
+else
+  for s = 1, #gone, CHUNK do
+    redis.call('ZREM', KEYS[1], unpack(gone, s, math.min(s + CHUNK - 1, #gone)))
+  end
 end
 for s = 1, #scored, CHUNK do  -- CHUNK is even: a (ps, id) pair never splits
   redis.call('ZADD', KEYS[2], unpack(scored, s, math.min(s + CHUNK - 1, #scored)))

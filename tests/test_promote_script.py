@@ -108,3 +108,41 @@ def test_promoted_events_respect_the_cap_or_are_off(redis_url, qname, r):
     # trimmed like MAXLEN ~ (whole 100-entry nodes): near the cap, newest kept
     assert 100 <= r.xlen(q.keys.events) < 400
     assert _promoted_events(r, q)[-1] == q.job_ids("pending")[-1]
+
+
+def test_a_head_whose_last_score_repeats_after_it_moves_only_itself(redis_url, qname, r):
+    """Past 4,096 jobs in one ms the delayed slot saturates: the members after a head
+    share its last score, so the head must not go by score (issue 12's fast path)."""
+    q = make_queue(redis_url, qname)
+    ids, run_at = _park(q, 4_200, 3_000)
+    wait_server_past(r, run_at)
+    assert _promote(q, ids[:200]) == 200
+    head = ids[200:4_150]  # the due head now; it ends among the saturated members
+    assert _promote(q, head) == 3_950
+    assert q.job_ids("scheduled") == ids[4_150:]
+    assert q.job_ids("pending") == ids[:4_150]
+    assert _promote(q, ids[4_150:]) == 50
+    assert r.zcard(q.keys.delayed) == 0
+
+
+def test_a_head_spanning_milliseconds_stamps_each_job_its_own_run_at(redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    first, run_at = _park(q, 3, 400)
+    second = [q.enqueue_at(i, run_at + 7).id for i in range(2)]
+    wait_server_past(r, run_at + 7)
+    assert _promote(q, [*first, *second]) == 5
+    stamps = [int(r.hget(q.keys.job(i), "run_at")) for i in [*first, *second]]
+    assert stamps == [run_at] * 3 + [run_at + 7] * 2
+    assert r.zcard(q.keys.delayed) == 0
+
+
+def test_one_ms_head_is_stamped_its_run_at_and_an_empty_list_moves_nothing(redis_url,
+                                                                           qname, r):
+    q = make_queue(redis_url, qname)
+    ids, run_at = _park(q, 5, 400)
+    wait_server_past(r, run_at)
+    assert _promote(q, []) == 0
+    assert _promote(q, ids) == 5
+    assert {int(r.hget(q.keys.job(i), "run_at")) for i in ids} == {run_at}
+    assert _promote(q, ids) == 0  # re-sent: nothing twice
+    assert q.job_ids("pending") == ids
