@@ -37,20 +37,32 @@ local CHUNK = 4000
 -- ZRANGEBYSCORE confirms it and, when no member after it shares its last score, one
 -- ZREMRANGEBYSCORE takes it off. Ids outside that head (a stale list) get a ZSCORE each
 -- and a ZREM. An id missing from delayed, not yet due, or listed twice is skipped.
--- Scores are read only where needed: a score reply costs Redis a float print and Lua a
--- parse, which is more than the job's own hash write.
-local head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, n + 1)
-local exact = n > 0 and #head >= n
+-- A long list reads no scores with its head: a score reply costs Redis a float print and
+-- Lua a parse, more than the job's own hash write; three ZSCOREs read what it needs.
+local FEW = 16  -- up to this many ids, the head comes WITHSCORES (cheaper than 3 ZSCOREs)
+local step = n <= FEW and 2 or 1  -- head[step * i - step + 1] is the i-th member
+local head
+if step == 2 then
+  head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES', 'LIMIT', 0, n + 1)
+else
+  head = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'LIMIT', 0, n + 1)
+end
+local exact = n > 0 and #head >= step * n
 for i = 1, n do
   if not exact then break end
-  exact = head[i] == ARGV[i + 1]
+  exact = head[step * (i - 1) + 1] == ARGV[i + 1]
 end
 local due = {}  -- due[i]: ARGV[i] moves (its delayed score, or true: see one_ms)
 local one_ms, by_score = nil, false  -- the run-at all due jobs share; the head's last score
 if exact then
-  local first = redis.call('ZSCORE', KEYS[1], head[1])
-  local last = redis.call('ZSCORE', KEYS[1], head[n])
-  local after = head[n + 1] and redis.call('ZSCORE', KEYS[1], head[n + 1])
+  local first, last, after
+  if step == 2 then
+    first, last, after = head[2], head[2 * n], head[2 * n + 2]
+  else
+    first = redis.call('ZSCORE', KEYS[1], head[1])
+    last = redis.call('ZSCORE', KEYS[1], head[n])
+    after = head[n + 1] and redis.call('ZSCORE', KEYS[1], head[n + 1])
+  end
   if not after or after ~= last then by_score = last end
   local run_at = emq_unpack_delayed(first)
   if run_at == emq_unpack_delayed(last) then one_ms = emq_int(run_at) end
@@ -59,11 +71,12 @@ if exact and one_ms then
   for i = 2, #ARGV do due[i] = true end
 else
   local in_head, seen = {}, {}  -- id -> delayed score; ids met already
-  if exact then
-    local scored = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
-      'LIMIT', 0, n)
-    for j = 1, #scored, 2 do in_head[scored[j]] = scored[j + 1] end
+  local scored = head  -- the head with its scores: read again for a long exact list
+  if step == 1 then
+    scored = exact and redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
+      'LIMIT', 0, n) or {}
   end
+  for j = 1, #scored, 2 do in_head[scored[j]] = scored[j + 1] end
   for i = 2, #ARGV do
     local id = ARGV[i]
     if not seen[id] then
