@@ -22,7 +22,7 @@ from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.core.validation import check_int
 from emqfast.facade.due import delayed_due, parse_due
 from emqfast.facade.lanes import lane_moves
-from emqfast.facade.maintenance import PROMOTE, promote_call
+from emqfast.facade.promote import PROMOTE, promote_call
 from emqfast.server.connection import resolve
 
 QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue

@@ -3,10 +3,10 @@ due jobs, reap expired leases, trim finished jobs, obliterate the queue. A mixin
 :class:`~emqfast.Queue` (the Workers run promote, reap and trim on their beat)."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from emqfast.backends.scripts import load
-from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH, batches, chunks
+from emqfast.core.batching import REAP_BATCH, TRIM_BATCH, batches, chunks
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, Scan, operation
 from emqfast.core.scores import MAX_RUN_AT_MS
@@ -14,21 +14,14 @@ from emqfast.core.validation import check_int
 from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
-from emqfast.facade.due import delayed_due, expired_leases, parse_due
+from emqfast.facade.due import expired_leases, parse_due
+from emqfast.facade.promote import promote_op
 
-PROMOTE = load("promote")
 _REAP = load("reap")
 _TRIM = load("trim")
 
 MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handle in all
 TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
-
-
-def promote_call(k: QueueKeys, pending: str, ids: List[str]) -> Call:
-    """promote.lua moving due ``ids`` from ``delayed`` to ``pending`` (the flat set or a
-    group's lane); also sent by :func:`emqfast.promote_many`."""
-    return Call(PROMOTE, [k.delayed, pending, k.marker, k.meta, k.events, *k.jobs(ids)],
-                [KEYSPACE_VERSION, *ids])
 
 
 class QueueMaintenance:
@@ -44,28 +37,8 @@ class QueueMaintenance:
         many moved. Reads the due ids :data:`DUE_BATCH` at a time and moves them in script
         calls of at most :data:`PROMOTE_BATCH` jobs (bounded work per call)."""
         check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
-        moved = 0
-        for asked in batches(limit, DUE_BATCH):
-            seen, n = yield from self._promote_batch(asked)
-            moved += n
-            if seen < asked:  # the due head is drained
-                break
+        moved: int = yield from promote_op(self.keys, limit)
         return moved
-
-    def _promote_batch(self, asked: int) -> Op:
-        """One round of :meth:`promote`: ``(due ids seen, jobs moved)``."""
-        k = self.keys
-        due = parse_due((yield delayed_due(k, asked)))
-        if not due.ids:
-            return 0, 0
-        # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
-        # standing in for its pending set (queues that never had groups skip the lookup)
-        by_group = (yield from lanes.groups_of(k, due.ids)) if due.grouped else {None: due.ids}
-        calls = lanes.lane_moves(k, by_group, lambda pending, ids: promote_call(k, pending, ids),
-                                 PROMOTE_BATCH)
-        if len(calls) == 1:
-            return len(due.ids), int((yield calls[0]))
-        return len(due.ids), lanes.combine_moves(calls, (yield Batch(calls)), sum)
 
     @operation
     def reap(self, max_stalled: int = 1, limit: int = 1000) -> Returns[Tuple[int, int]]:

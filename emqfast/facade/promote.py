@@ -1,0 +1,95 @@
+"""Promote: release a queue's due delayed jobs to pending, on the server clock, in bounded
+calls. ``Queue.promote`` runs :func:`promote_op`; :func:`emqfast.promote_many` sends the
+same :func:`promote_call` for many queues at once (:mod:`emqfast.facade.bulk`).
+
+Each round reads up to :data:`DUE_BATCH` due ids with ``due.lua`` (read-only, so the next
+step can declare the jobs' keys) and moves them with ``promote.lua``, :data:`PROMOTE_BATCH`
+ids per call, all of a round's calls in one pipelined batch through the backend Batcher
+(hiredis under C). Ids and keys stay bytes from the due reply to the wire: a promoted job
+costs no text decode or encode on the client.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+from emqfast.backends.scripts import load
+from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, batches
+from emqfast.core.keys import QueueKeys
+from emqfast.core.ops import Batch, Call, Op, Returns
+from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.facade import lanes
+from emqfast.facade.due import delayed_due
+
+PROMOTE = load("promote")
+_VERSION = KEYSPACE_VERSION.encode()
+
+
+def as_bytes(value: Any) -> bytes:
+    """A reply value as bytes (a client made with ``decode_responses=True`` gives str)."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def due_reply(reply: Sequence[Any]) -> tuple:
+    """A ``delayed_due`` reply as ``(grouped, ids as bytes)``, oldest first."""
+    ids = list(reply[2:])
+    if ids and not isinstance(ids[0], bytes):
+        ids = [as_bytes(i) for i in ids]
+    return bool(int(reply[1])), ids
+
+
+def promote_call(k: QueueKeys, pending: str, ids: Sequence[Any]) -> Call:
+    """promote.lua moving due ``ids`` (str or bytes) from ``delayed`` to ``pending`` (the
+    flat set or a group's lane); also sent by :func:`emqfast.promote_many`. Framed as
+    bytes, so the Batcher packs the call without encoding each value."""
+    raw = [i if isinstance(i, bytes) else i.encode() for i in ids]
+    prefix = k.job("").encode()
+    fixed = [k.delayed, pending, k.marker, k.meta, k.events]
+    return Call(PROMOTE, [*(x.encode() for x in fixed), *[prefix + i for i in raw]],
+                [_VERSION, *raw])
+
+
+def ungrouped_calls(k: QueueKeys, ids: List[bytes]) -> List[Call]:
+    """The promote calls for due ``ids`` of a queue that never held grouped jobs."""
+    return [promote_call(k, k.pending, ids[s:s + PROMOTE_BATCH])
+            for s in range(0, len(ids), PROMOTE_BATCH)]
+
+
+def grouped_calls(k: QueueKeys, ids: List[bytes],
+                  group_of: Dict[str, Optional[str]]) -> List[Call]:
+    """The calls for due ``ids`` of a queue that has held grouped jobs: a ring join first
+    when any is grouped, then promote calls per lane (``group_of``: id -> group)."""
+    by_group: Dict[Optional[str], List[str]] = {}
+    for raw in ids:
+        job_id = raw.decode()
+        by_group.setdefault(group_of.get(job_id), []).append(job_id)
+    return lanes.lane_moves(k, by_group, lambda pending, part: promote_call(k, pending, part),
+                            PROMOTE_BATCH)
+
+
+def promote_op(k: QueueKeys, limit: int) -> Returns[int]:
+    """Release up to ``limit`` (checked by the caller) due jobs of one queue; how many
+    moved."""
+    moved = 0
+    for asked in batches(limit, DUE_BATCH):
+        seen, n = yield from _round(k, asked)
+        moved += n
+        if seen < asked:  # the due head is drained
+            break
+    return moved
+
+
+def _round(k: QueueKeys, asked: int) -> Op:
+    """One round of :func:`promote_op`: ``(due ids seen, jobs moved)``."""
+    grouped, ids = due_reply((yield delayed_due(k, asked)))
+    if not ids:
+        return 0, 0
+    if grouped:
+        # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
+        # standing in for its pending set (queues that never had groups skip the lookup)
+        by_group = yield from lanes.groups_of(k, [i.decode() for i in ids])
+        group_of = {j: g for g, members in by_group.items() for j in members}
+        calls = grouped_calls(k, ids, group_of)
+    else:
+        calls = ungrouped_calls(k, ids)
+    replies = yield Batch(calls, via_batcher=True)
+    return len(ids), lanes.combine_moves(calls, replies, lambda moves: sum(map(int, moves)))
