@@ -12,15 +12,11 @@ owns the handler pool, the acker thread, the wait for handler threads, and signa
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import queue as queue_mod
 import threading
 import time
-import traceback
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from emqfast.backends.batcher import run_calls
@@ -28,16 +24,15 @@ from emqfast.backends.scripts import run_pipeline
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
-from emqfast.worker import core, effects, signals
+from emqfast.worker import effects, signals
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.thread_stops import ThreadStops
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
-                                     check_decodable, check_worker_args, failure, job_group,
-                                     refuse_async_handler, success)
+from emqfast.worker.outcomes import Outcome, check_worker_args, refuse_async_handler
 from emqfast.worker.resend import raise_typed
-from emqfast.worker.stats import RunningJob, WorkerStats
+from emqfast.worker.stats import WorkerStats
 from emqfast.worker.thread_acker import ThreadAcker
+from emqfast.worker.thread_slots import HandlerSlots
 from emqfast.worker.wake import MarkerWaiter
 
 __all__ = ["Worker", "WorkerStats"]
@@ -47,11 +42,9 @@ log = logging.getLogger("emqfast.worker")
 Handler = Callable[[Job], Any]
 
 DEFAULT_BATCH = 256    # most jobs claimed per round trip, unless batch_size says otherwise
-_ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many at a time...
-_ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
-class Worker(ThreadAcker, ThreadStops, WorkerMachine):
+class Worker(ThreadAcker, ThreadStops, HandlerSlots, WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
@@ -109,14 +102,13 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         refuse_async_handler(handler)
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
+        self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
         self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
                     max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
                     keep_completed=keep_completed, keep_failed=keep_failed,
                     max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
                     allow_eviction=allow_eviction, prefetch=prefetch)
-        self._ready: "deque[Tuple[Job, str]]" = deque()  # claimed, waiting for a handler thread
-        self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
-        self._awaiting_slot = False  # the claim loop waits for a handler to return
+        self._setup_slots()
         self._lock = threading.Condition()
         self._guard = self._lock
         self._acks: "queue_mod.SimpleQueue[Optional[List[Outcome]]]" = queue_mod.SimpleQueue()
@@ -219,12 +211,16 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
         capacity minus the jobs it holds (started or not). With neither a slot for a held
         job nor room to claim, wait for a handler to return or an outcome to be written."""
         with self._lock:
-            slots, room = self._room()
-            if self._waits_for_room(slots, room):
-                self._awaiting_slot = True
-                self._lock.wait(effect.seconds)
-                self._awaiting_slot = False
+            # set before the slots are read: a handler ending after that read sees it and
+            # notifies (under the lock, so only once this waits)
+            self._awaiting_slot = True
+            try:
                 slots, room = self._room()
+                if self._waits_for_room(slots, room):
+                    self._lock.wait(effect.seconds)
+                    slots, room = self._room()
+            finally:
+                self._awaiting_slot = False
             return slots, room
 
     def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
@@ -238,111 +234,6 @@ class Worker(ThreadAcker, ThreadStops, WorkerMachine):
         if self._waiter is None:
             self._waiter = MarkerWaiter(self._redis)
         return self._waiter.wait(self._keys.marker, effect.seconds)
-
-    # --- running jobs ------------------------------------------------------------------
-    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
-        """Queue started jobs for the handler pool, starting only the missing drainers."""
-        now = time.monotonic()
-        extend, progress = self._extend_run, self._progress_run
-        for job, token in started:  # partials, not closures: cheaper per job (issue 12)
-            job._extend = partial(extend, job.id, token)
-            job._progress = partial(progress, job.id, token)
-        timed = self.job_timeout_ms is not None
-        running = self._running
-        with self._lock:
-            for job, token in started:
-                running[job.id] = RunningJob(job, token, now)
-                if timed or job.extra:  # (issue 15; once running: may fire at once)
-                    self._arm_timeout(job, token, now)
-            self._stop_early(started)  # cancelled while held: stopped before a handler sees it
-            self._in_hand += len(started)
-            self._ready.extend(started)
-            # Handler tasks take jobs from _ready until it is empty; start only the
-            # missing ones, so at most `concurrency` handlers ever run at once.
-            spawn = min(self.concurrency - self._drainers, len(self._ready))
-            self._drainers += spawn
-        assert self._pool is not None
-        for _ in range(spawn):
-            self._pool.submit(self._drain_ready)
-
-    def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
-        """``(id, token, group)`` of jobs waiting for a handler thread, taken from the
-        queue (``peek``: left there)."""
-        with self._lock:
-            held = [(job.id, token, job_group(job)) for job, token in self._ready]
-            if not peek:
-                self._ready.clear()
-                self._in_hand -= len(held)
-            return held
-
-    def _drain_ready(self) -> None:
-        """One handler slot: run waiting jobs one after another until none is left."""
-        done: List[Outcome] = []
-        flush_at = 0.0
-        ready, clock, lock, observe = self._ready, time.perf_counter, self._lock, self._holding.observe
-        while True:
-            try:
-                job, token = ready.popleft()
-            except IndexError:
-                self._hand_over(done)
-                done = []
-                with self._lock:  # decided under the lock _hand_out spawns under: no job strands
-                    if ready:
-                        continue
-                    self._drainers -= 1
-                    return
-            started = clock()
-            outcome: Optional[Outcome] = self._run_one(job, token)
-            ended = clock()
-            if self._stops:  # a stopped run ends by its stop (None: abandoned, written already)
-                outcome = self._settle_run(outcome)  # type: ignore[arg-type]
-            if outcome is not None:
-                done.append(outcome)
-            with lock:  # a handler slot is free: the claim loop may start a held job
-                self._in_hand -= 1
-                if self._awaiting_slot:
-                    lock.notify_all()
-            observe(ended - started)
-            if len(done) == 1 and outcome is not None:
-                flush_at = ended + _ACK_FLUSH_S
-            if len(done) >= _ACK_FLUSH or ended >= flush_at:
-                self._hand_over(done)
-                done = []
-
-    def _run_one(self, job: Job, token: str) -> Outcome:
-        """Run the handler; the outcome the acker writes."""
-        try:
-            if job._undecodable is not None:  # fails for good, its handler never runs
-                check_decodable(job)
-            result = self.handler(job)
-        except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
-            return failure(job, token, exc, traceback.format_exc())
-        if result is None:  # the common case first: no awaitable, nothing to encode
-            return Done(job, token, NULL_RESULT)
-        if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
-            return awaitable_result(job, token, result)
-        try:
-            return success(job, token, result)
-        except BaseException as exc:  # noqa: BLE001 - an unserialisable result fails the job
-            return failure(job, token, exc, traceback.format_exc())
-
-    def _hand_over(self, outcomes: List[Outcome]) -> None:
-        """Queue outcomes for the acker, a handful per queue item."""
-        if not outcomes:
-            return
-        with self._lock:
-            self._pending_acks += len(outcomes)
-            self._mark_acking(outcomes)
-        self._acks.put(outcomes)
-
-    def _extend_run(self, job_id: str, token: str, ms: int) -> None:
-        """``job.extend_lease(ms)`` of a running job (bound to it with ``partial``)."""
-        self._drive(self._extend_one(job_id, token, ms))
-
-    def _progress_run(self, job_id: str, token: str, value: Any) -> None:
-        """``job.progress(value)`` of a running job (bound to it with ``partial``)."""
-        call = core.progress_call(self._keys, job_id, token, value)
-        call.script(self._redis, call.keys, call.args)
 
     # --- shutdown ------------------------------------------------------------------
     def _shutdown(self) -> None:

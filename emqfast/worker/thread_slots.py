@@ -1,0 +1,185 @@
+"""The thread Worker's handler slots (mixed into :class:`emqfast.Worker`): started jobs
+queue on ``_ready`` and up to ``concurrency`` handler-pool tasks drain it, each running
+jobs one after another and handing their outcomes to the acker in small batches.
+
+Slot accounting without a lock per job (issue 12): ``_in_hand`` (started jobs whose
+handler has not returned, what the claim loop's room is computed from) is the jobs
+handed out less the runs each slot ended; each slot counts its own runs in its item of
+``_ended`` (one writer per item), and a slot takes the lock only to wake a claim loop
+that waits for a slot (``_awaiting_slot``, set before that loop reads the counts).
+"""
+from __future__ import annotations
+
+import inspect
+import queue as queue_mod
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+from emqfast.facade.job import Job
+from emqfast.worker import core
+from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
+                                     check_decodable, failure, job_group, success)
+from emqfast.worker.stats import RunningJob
+
+if TYPE_CHECKING:  # a checker sees the machine it is mixed with; at run time: object
+    from emqfast.worker.machine import WorkerMachine as _Host
+else:
+    _Host = object
+
+_ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many at a time...
+_ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
+
+
+class HandlerSlots(_Host):
+    """Running started jobs on the handler pool (mixed before the machine)."""
+
+    _ready: "deque[Tuple[Job, str]]"
+    _lock: threading.Condition
+    _pool: Optional[ThreadPoolExecutor]
+    _acks: "queue_mod.SimpleQueue[Optional[List[Outcome]]]"
+    _drainers: int
+    _awaiting_slot: bool
+    _ended: List[int]
+    _free_slots: List[int]
+    _handed: int
+    job_timeout_ms: Optional[int]
+
+    if TYPE_CHECKING:
+        def _arm_timeout(self, job: Job, token: str, now: float) -> None: ...
+        def _stop_early(self, started: Any) -> None: ...
+        def _settle_run(self, outcome: Outcome) -> Optional[Outcome]: ...
+        def _drive(self, logic: Any) -> Any: ...
+        _stops: Any
+
+    def _setup_slots(self) -> None:
+        """The handler-slot state (after the machine's setup: needs ``concurrency``)."""
+        self._ready = deque()  # claimed, waiting for a handler thread
+        self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
+        self._awaiting_slot = False  # the claim loop waits for a handler to return
+        self._ended = [0] * self.concurrency
+        self._free_slots = list(range(self.concurrency))  # slot indexes of no drainer
+
+    @property
+    def _in_hand(self) -> int:
+        """Started jobs whose handler has not returned: handed out, less the runs the
+        handler slots ended. Each slot counts its own (one writer per list item), so a
+        handler thread ends a run without taking the lock (issue 12)."""
+        return self._handed - sum(self._ended)
+
+    @_in_hand.setter
+    def _in_hand(self, value: int) -> None:  # the machine's setup: 0
+        self._handed = value + sum(self._ended)
+
+
+    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
+        """Queue started jobs for the handler pool, starting only the missing drainers."""
+        now = time.monotonic()
+        extend, progress = self._extend_run, self._progress_run
+        for job, token in started:  # partials, not closures: cheaper per job (issue 12)
+            job._extend = partial(extend, job.id, token)
+            job._progress = partial(progress, job.id, token)
+        timed = self.job_timeout_ms is not None
+        runs = {job.id: RunningJob(job, token, now) for job, token in started}
+        with self._lock:
+            self._running.update(runs)
+            for job, token in started:
+                if timed or job.extra:  # (issue 15; once running: may fire at once)
+                    self._arm_timeout(job, token, now)
+            self._stop_early(started)  # cancelled while held: stopped before a handler sees it
+            self._handed += len(started)
+            self._ready.extend(started)
+            # Handler tasks take jobs from _ready until it is empty; start only the
+            # missing ones, so at most `concurrency` handlers ever run at once.
+            spawn = min(self.concurrency - self._drainers, len(self._ready))
+            self._drainers += spawn
+            slots = [self._free_slots.pop() for _ in range(spawn)]
+        assert self._pool is not None
+        for slot in slots:
+            self._pool.submit(self._drain_ready, slot)
+
+    def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
+        """``(id, token, group)`` of jobs waiting for a handler thread, taken from the
+        queue (``peek``: left there)."""
+        with self._lock:
+            held = [(job.id, token, job_group(job)) for job, token in self._ready]
+            if not peek:
+                self._ready.clear()
+                self._handed -= len(held)
+            return held
+
+    def _drain_ready(self, slot: int) -> None:
+        """One handler slot (``slot``: its index in ``_ended``): run waiting jobs one after
+        another until none is left."""
+        done: List[Outcome] = []
+        flush_at = 0.0
+        ready, clock, lock, observe = self._ready, time.perf_counter, self._lock, self._holding.observe
+        ends = self._ended
+        while True:
+            try:
+                job, token = ready.popleft()
+            except IndexError:
+                self._hand_over(done)
+                done = []
+                with self._lock:  # decided under the lock _hand_out spawns under: no job strands
+                    if ready:
+                        continue
+                    self._drainers -= 1
+                    self._free_slots.append(slot)
+                    return
+            started = clock()
+            outcome: Optional[Outcome] = self._run_one(job, token)
+            ended = clock()
+            if self._stops:  # a stopped run ends by its stop (None: abandoned, written already)
+                outcome = self._settle_run(outcome)  # type: ignore[arg-type]
+            if outcome is not None:
+                done.append(outcome)
+            ends[slot] += 1  # a handler slot is free: the claim loop may start a held job
+            if self._awaiting_slot:
+                with lock:
+                    lock.notify_all()
+            observe(ended - started)
+            if len(done) == 1 and outcome is not None:
+                flush_at = ended + _ACK_FLUSH_S
+            if len(done) >= _ACK_FLUSH or ended >= flush_at:
+                self._hand_over(done)
+                done = []
+
+    def _run_one(self, job: Job, token: str) -> Outcome:
+        """Run the handler; the outcome the acker writes."""
+        try:
+            if job._undecodable is not None:  # fails for good, its handler never runs
+                check_decodable(job)
+            result = self.handler(job)
+        except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+            return failure(job, token, exc, traceback.format_exc())
+        if result is None:  # the common case first: no awaitable, nothing to encode
+            return Done(job, token, NULL_RESULT)
+        if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
+            return awaitable_result(job, token, result)
+        try:
+            return success(job, token, result)
+        except BaseException as exc:  # noqa: BLE001 - an unserialisable result fails the job
+            return failure(job, token, exc, traceback.format_exc())
+
+    def _hand_over(self, outcomes: List[Outcome]) -> None:
+        """Queue outcomes for the acker, a handful per queue item."""
+        if not outcomes:
+            return
+        with self._lock:
+            self._pending_acks += len(outcomes)
+            self._mark_acking(outcomes)
+        self._acks.put(outcomes)
+
+    def _extend_run(self, job_id: str, token: str, ms: int) -> None:
+        """``job.extend_lease(ms)`` of a running job (bound to it with ``partial``)."""
+        self._drive(self._extend_one(job_id, token, ms))
+
+    def _progress_run(self, job_id: str, token: str, value: Any) -> None:
+        """``job.progress(value)`` of a running job (bound to it with ``partial``)."""
+        call = core.progress_call(self._keys, job_id, token, value)
+        call.script(self._redis, call.keys, call.args)
