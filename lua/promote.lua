@@ -90,7 +90,8 @@ end
 -- Per job, in list order: its pending score and its run-at stamp (the text made once
 -- per delayed score met: a batch shares a few). A due id whose hash is gone still
 -- leaves delayed (an orphan) but is not released. The 'promoted' events go in
--- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end.
+-- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end (a
+-- single entry, as emq_event writes it, by its own XADD).
 local cap = emq_events_cap(KEYS[4])
 local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
 local released = {}  -- ids joining pending, for their batched 'promoted' events
@@ -115,8 +116,12 @@ for i = 2, #ARGV do
   end
 end
 local moved = #released
-emq_events_batched(KEYS[5], cap, 'promoted', released)
-emq_trim_events(KEYS[5], cap)
+if moved <= EMQ_EVENT_BATCH then  -- at most one entry: its XADD trims as it appends
+  if moved > 0 then emq_event(KEYS[5], cap, 'promoted', 'ids', cjson.encode(released)) end
+else
+  emq_events_batched(KEYS[5], cap, 'promoted', released)
+  emq_trim_events(KEYS[5], cap)
+end
 
 if by_score then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', by_score)
