@@ -10,19 +10,16 @@ not a round trip.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
-from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH
+from emqfast.core.batching import DUE_BATCH
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.core.validation import check_int
-from emqfast.facade.due import delayed_due, parse_due
-from emqfast.facade.lanes import lane_moves
-from emqfast.facade.promote import PROMOTE, promote_call
+from emqfast.facade.promote import PROMOTE, due_call, due_reply, grouped_calls, ungrouped_calls
 from emqfast.server.connection import resolve
 
 QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue
@@ -67,41 +64,27 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
                    moved: Dict[str, int]) -> Op:
     """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
     per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
-    replies = yield Batch([delayed_due(k, asked[k.name]) for k in keys], via_batcher=True)
-    found: List[Tuple[QueueKeys, List[str]]] = []
-    grouped: List[Tuple[QueueKeys, List[str]]] = []  # queues that have had grouped jobs
+    replies = yield Batch([due_call(k, asked[k.name]) for k in keys], via_batcher=True)
+    found: List[Tuple[QueueKeys, List[bytes]]] = []
+    grouped: List[Tuple[QueueKeys, List[bytes]]] = []  # queues that have had grouped jobs
     for k, reply in zip(keys, replies):
         if isinstance(reply, Exception):
             raise reply
-        due = parse_due(reply)
-        if due.ids:
-            found.append((k, due.ids))
-            if due.grouped:
-                grouped.append((k, due.ids))
+        was_grouped, ids = due_reply(reply)
+        if ids:
+            found.append((k, ids))
+            if was_grouped:
+                grouped.append((k, ids))
     if not found:
         return found
-    # A grouped job rejoins its lane: read the due jobs' groups in one pipelined pass,
-    # only for queues that ever held grouped jobs.
-    groups = (yield Batch([Cmd.of("HGET", key, "group")
-                           for k, ids in grouped for key in k.jobs(ids)])) if grouped else []
-    group_of: Dict[str, Dict[str, Optional[str]]] = {}
-    at = 0
-    for k, ids in grouped:
-        group_of[k.name] = {j: (_text(g) if g is not None else None)
-                            for j, g in zip(ids, groups[at:at + len(ids)])}
-        at += len(ids)
+    group_of = (yield from _groups(grouped)) if grouped else {}
     calls, owners = [], []
     for k, ids in found:
-        by_group: Dict[Optional[str], List[str]] = defaultdict(list)
-        known = group_of.get(k.name, {})
-        for job_id in ids:
-            by_group[known.get(job_id)].append(job_id)
-        # promote_call: the very calls Queue.promote makes
-        moves = lane_moves(k, by_group, lambda pending, ids_, k=k: promote_call(k, pending, ids_),
-                           PROMOTE_BATCH)
-        for call in moves:
-            calls.append(call)
-            owners.append(k.name if call.script is PROMOTE else None)
+        # the very calls Queue.promote makes
+        known = group_of.get(k.name)
+        moves = ungrouped_calls(k, ids) if known is None else grouped_calls(k, ids, known)
+        calls += moves
+        owners += [k.name if call.script is PROMOTE else None for call in moves]
     # One round trip per distinct due count (a single one when every queue had `limit`).
     for name, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
         if isinstance(reply, Exception):
@@ -109,6 +92,20 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
         if name is not None:  # None: a ring join, not a count
             moved[name] += int(reply)
     return found
+
+
+def _groups(grouped: List[Tuple[QueueKeys, List[bytes]]]) -> Op:
+    """A grouped job rejoins its lane: the due jobs' groups, ``{queue: {id: group}}``, in
+    one pipelined HGET pass (only for queues that ever held grouped jobs)."""
+    found = yield Batch([Cmd.of("HGET", key, "group")
+                         for k, ids in grouped for key in k.jobs(i.decode() for i in ids)])
+    group_of: Dict[str, Dict[str, Optional[str]]] = {}
+    at = 0
+    for k, ids in grouped:
+        group_of[k.name] = {i.decode(): (_text(g) if g is not None else None)
+                            for i, g in zip(ids, found[at:at + len(ids)])}
+        at += len(ids)
+    return group_of
 
 
 def validate(queues: Iterable[QueueLike], limit: int) -> List[QueueKeys]:

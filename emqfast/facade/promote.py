@@ -10,7 +10,7 @@ costs no text decode or encode on the client.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, batches
@@ -18,10 +18,33 @@ from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Op, Returns
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
-from emqfast.facade.due import delayed_due
 
 PROMOTE = load("promote")
+_DUE = load("due")
 _VERSION = KEYSPACE_VERSION.encode()
+
+
+Framed = Tuple[bytes, bytes, bytes, bytes, bytes, bytes]
+_FRAMED: Dict[str, Framed] = {}  # key prefix -> its keys as bytes (bounded: cleared when full)
+
+
+def _framed(k: QueueKeys) -> Framed:
+    """A queue's keys as bytes: delayed, marker, meta, events, the job-key prefix, pending
+    (made once per queue: promote_many frames thousands of queues per call)."""
+    got = _FRAMED.get(k.base)
+    if got is None:
+        if len(_FRAMED) >= 16_384:
+            _FRAMED.clear()
+        got = _FRAMED[k.base] = (k.delayed.encode(), k.marker.encode(), k.meta.encode(),
+                                 k.events.encode(), k.job("").encode(), k.pending.encode())
+    return got
+
+
+def due_call(k: QueueKeys, limit: int) -> Call:
+    """due.lua: up to ``limit`` due ids on ``delayed``, with the queue's grouped flag (as
+    :func:`emqfast.facade.due.delayed_due`, framed as bytes)."""
+    delayed, _, meta, _, _, _ = _framed(k)
+    return Call(_DUE, [delayed, meta], [b"%d" % limit, b"1"])
 
 
 def as_bytes(value: Any) -> bytes:
@@ -42,9 +65,9 @@ def promote_call(k: QueueKeys, pending: str, ids: Sequence[Any]) -> Call:
     flat set or a group's lane); also sent by :func:`emqfast.promote_many`. Framed as
     bytes, so the Batcher packs the call without encoding each value."""
     raw = [i if isinstance(i, bytes) else i.encode() for i in ids]
-    prefix = k.job("").encode()
-    fixed = [k.delayed, pending, k.marker, k.meta, k.events]
-    return Call(PROMOTE, [*(x.encode() for x in fixed), *[prefix + i for i in raw]],
+    delayed, marker, meta, events, prefix, flat = _framed(k)
+    lane = flat if pending == k.pending else pending.encode()
+    return Call(PROMOTE, [delayed, lane, marker, meta, events, *[prefix + i for i in raw]],
                 [_VERSION, *raw])
 
 
@@ -80,7 +103,7 @@ def promote_op(k: QueueKeys, limit: int) -> Returns[int]:
 
 def _round(k: QueueKeys, asked: int) -> Op:
     """One round of :func:`promote_op`: ``(due ids seen, jobs moved)``."""
-    grouped, ids = due_reply((yield delayed_due(k, asked)))
+    grouped, ids = due_reply((yield due_call(k, asked)))
     if not ids:
         return 0, 0
     if grouped:
@@ -91,5 +114,8 @@ def _round(k: QueueKeys, asked: int) -> Op:
         calls = grouped_calls(k, ids, group_of)
     else:
         calls = ungrouped_calls(k, ids)
+    if len(calls) == 1:  # a beat's few due jobs: one call on the client's own connection
+        return len(ids), int((yield calls[0]))
+    # a backlog: the round's calls pipelined through the Batcher (framed in C)
     replies = yield Batch(calls, via_batcher=True)
     return len(ids), lanes.combine_moves(calls, replies, lambda moves: sum(map(int, moves)))
