@@ -53,4 +53,6 @@ def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[An
 
 
 def _typed(reply: Any) -> Any:
-    return map_error(reply) if isinstance(reply, redis.ResponseError) else reply
+    # Not only ResponseError: a LOADING reply comes back as redis-py's BusyLoadingError
+    # (a ConnectionError subclass), which map_error types as ServerBusy too.
+    return map_error(reply) if isinstance(reply, redis.RedisError) else reply

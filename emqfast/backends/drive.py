@@ -201,4 +201,4 @@ async def _watched_async(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 
 def typed(reply: Any) -> Any:
     """A reply with a Lua error reply mapped to its typed class (for per-slot errors)."""
-    return map_error(reply) if isinstance(reply, redis.ResponseError) else reply
+    return map_error(reply) if isinstance(reply, redis.RedisError) else reply

@@ -23,6 +23,10 @@ Wait = Optional[Tuple[int, int]]
 _NETWORK = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
             ConnectionError, TimeoutError, OSError)
 _PACK_BYTES = 64 << 10  # bytes framed per write (few syscalls, bounded copies)
+# Error replies kept in their slot. redis-py raises LOADING as BusyLoadingError, a
+# ConnectionError subclass, but it is a whole reply (the connection is in step) saying the
+# command did not run: typed ServerBusy like the C batcher's, not a lost reply.
+_REPLY_ERRORS = (ResponseError, redis.exceptions.BusyLoadingError)
 
 
 class _Marker:
@@ -111,7 +115,7 @@ def exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for _ in range(len(commands)):
             try:
                 replies.append(conn.read_response())
-            except ResponseError as exc:
+            except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
         conn.disconnect()  # unread replies or half a command: the connection is out of step
@@ -177,7 +181,7 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for _ in range(len(commands)):
             try:
                 replies.append(await conn.read_response())
-            except ResponseError as exc:
+            except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
         try:

@@ -45,7 +45,7 @@ def map_error(exc: Exception) -> Exception:
 
 
 def _typed(replies: List[Any]) -> List[Any]:
-    return [map_error(r) if isinstance(r, redis.exceptions.ResponseError) else r
+    return [map_error(r) if isinstance(r, redis.exceptions.RedisError) else r
             for r in replies]
 
 

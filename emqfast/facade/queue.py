@@ -155,14 +155,15 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
         call = admission.enqueue_call(self.keys, Job(job_id, data, enc), shared)
-        if self._wait is None:
-            reply = yield call
-            return JobRef(job_id, ADMITTED.get(int(reply), "duplicate"))
-        reply, acked = yield Batch([call], wait=self._wait)  # WAIT on the same connection
-        if isinstance(reply, Exception):
-            raise reply
-        ref = JobRef(job_id, ADMITTED.get(int(reply), "duplicate"))
-        admission.check_replicated([ref], acked, self._wait)
+        # Through the Batcher (issue 12): under C, the calling thread's hiredis connection
+        # frames and reads it, skipping redis-py's pool and packer (the web-request path).
+        # WAIT, when asked, follows on the same connection.
+        replies = yield Batch([call], via_batcher=True, wait=self._wait)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        ref = JobRef(job_id, ADMITTED.get(int(replies[0]), "duplicate"))
+        if self._wait is not None:
+            admission.check_replicated([ref], replies[1], self._wait)
         return ref
 
     def enqueue_at(self, payload: Any, run_at_ms: RunAt, **opts: Any) -> JobRef:
