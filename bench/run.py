@@ -38,12 +38,13 @@ from rich.table import Table
 
 import emqfast
 
-from . import (backends, drain, enqueue, memory, micro, peers, promote, report, scale,
-    scheduling, server, server_cost, slowlog, wake)
+from . import (backends, drain, enqueue, enqueue_latency, memory, micro, peers, promote,
+    report, scale, scheduling, server, server_cost, slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "enqueue": enqueue.run,
+    "latency": enqueue_latency.run,  # one q.enqueue at a time vs a bare EVALSHA (issue 12)
     "backends": backends.run,
     "drain": drain.run,
     "wake": wake.run,

@@ -27,6 +27,15 @@ def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[An
     :class:`~emqfast.backends.transport.BatchCut` whose ``replies`` are in call order
     (typed). ``wait=(replicas, timeout_ms)``: a WAIT follows each group's writes on its
     connection; the list then ends with the fewest replicas that acknowledged."""
+    if len(calls) == 1 and not wait:  # one call (a single enqueue): no grouping to do
+        script, keys, args = calls[0]
+        try:
+            [reply] = batcher.evalsha_many(script.sha, script.source.encode(), len(keys),
+                                           [[*keys, *args]])
+        except errors.ConnectionFailed as cut:
+            got = getattr(cut, "replies", None) or [UNSENT]
+            raise cut_error(cut, [_typed(r) for r in got]) from cut
+        return [_typed(reply)]
     groups: Dict[Tuple[str, int], List[int]] = {}
     for i, (script, keys, _) in enumerate(calls):
         groups.setdefault((script.sha, len(keys)), []).append(i)

@@ -4,7 +4,7 @@ the C connection's failure codes mapped to emqfast's typed errors."""
 from __future__ import annotations
 
 from array import array
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from redis.exceptions import DataError
 
@@ -31,6 +31,9 @@ SIZE_T = next(code for code in "QLI" if array(code).itemsize == ffi.sizeof("size
 
 def encode(value: Any) -> bytes:
     """One argument as bytes, the way redis-py encodes it (ints/floats as ASCII)."""
+    exact = _EXACT.get(type(value))  # the common types in one look-up (the per-call path)
+    if exact is not None:
+        return exact(value)
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
@@ -48,6 +51,11 @@ def encode(value: Any) -> bytes:
                     "string, int or float first.")
 
 
+# Exact types only: a subclass (bool is an int) takes the checks above.
+_EXACT: Dict[type, Callable[[Any], bytes]] = {
+    bytes: lambda v: v, str: str.encode, int: lambda v: b"%d" % v}
+
+
 def column_bytes(values: Sequence[Any]) -> List[bytes]:
     """A column as a list of bytes (str as UTF-8, ints as ASCII, like redis-py)."""
     if isinstance(values, list) and all(type(v) is bytes for v in values):
@@ -62,8 +70,9 @@ def pack_args(values: Sequence[Any]) -> Tuple[Sequence[Any], bytes, Any]:
         lens = array(SIZE_T, map(len, values))
         if sum(lens) != len(blob):  # a memoryview whose len() is not its size
             raise TypeError
-    except TypeError:
-        values = [v if type(v) is bytes else encode(v) for v in values]
+    except TypeError:  # str keys and ids, int arguments: the common types inline
+        values = [v if type(v) is bytes else v.encode() if type(v) is str else encode(v)
+                  for v in values]
         blob = b"".join(values)
         lens = array(SIZE_T, map(len, values))
     return values, blob, ffi.from_buffer("size_t[]", lens)

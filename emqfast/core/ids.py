@@ -61,10 +61,11 @@ _counter = 0
 
 def _after_fork_in_child() -> None:
     """A forked child is a new producer: new nonce, fresh counter, a lock no thread holds."""
-    global _lock, _nonce, _last_ms, _counter
+    global _lock, _nonce, _last_ms, _counter, _head
     _lock = threading.Lock()
     _nonce = _draw_nonce()
     _last_ms, _counter = 0, 0
+    _head = (-1, "")  # it holds the parent's nonce
 
 
 if hasattr(os, "register_at_fork"):
@@ -88,10 +89,20 @@ def _reserve(n: int) -> Tuple[int, int, str]:
         return _last_ms, first, _nonce
 
 
+# The last id's head ("JOB" + time digits + nonce) and its ms, as ONE tuple: threads read
+# and replace it whole (two globals could pair one ms with another ms's head).
+_head: Tuple[int, str] = (-1, "")
+
+
 def new_id() -> str:
     """One fresh job id."""
+    global _head
     ms, first, nonce = _reserve(1)
-    return f"JOB{_base62(ms, _TIME_DIGITS)}{nonce}{_counter_str(first)}"
+    head_ms, head = _head  # ids minted in one ms share their head: encode it once
+    if head_ms != ms:
+        head = f"JOB{_base62(ms, _TIME_DIGITS)}{nonce}"
+        _head = (ms, head)
+    return head + _counter_str(first)
 
 
 def new_ids(n: int) -> List[str]:

@@ -73,6 +73,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         check_int(wait_timeout_ms, "wait_timeout_ms", 0, 1 << 31)
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self._wait: admission.Wait = (wait_replicas, wait_timeout_ms) if wait_replicas else None
+        self._default_opts: Optional[Tuple[int, Backoff, bytes]] = None  # see _options
         self._batcher: Any = None  # the live backend's Batcher, made by _live_batcher
         self._batcher_backend: Optional[str] = None  # the backend it was made under
         self._schedules: Optional[Schedules] = None
@@ -96,6 +97,17 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
     def _options(self, priority: int, attempts: Optional[int],
                  backoff: Optional[Backoff], group: Optional[str] = None) -> bytes:
         """A job's encoded options, this queue's defaults filling what is not given."""
+        if type(priority) is int and priority == 0 and attempts is None and backoff is None \
+                and group is None:  # the defaults, encoded once per queue (per-request path)
+            made = self._default_opts
+            if made is not None and made[0] == self.default_attempts \
+                    and made[1] is self.default_backoff:
+                return made[2]
+            opts = admission.job_options(0, None, None, None,
+                                         default_attempts=self.default_attempts,
+                                         default_backoff=self.default_backoff)
+            self._default_opts = (self.default_attempts, self.default_backoff, opts)
+            return opts
         return admission.job_options(priority, attempts, backoff, group,
                                      default_attempts=self.default_attempts,
                                      default_backoff=self.default_backoff)
