@@ -44,7 +44,13 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
         job = o.job
         job_id = job.id.encode()
         keys.append(job_key + job_id)
-        args += (job_id, o.token.encode(), o.result, *run_record(job))
+        started = job.started_ms
+        if started is None:
+            args += (job_id, o.token.encode(), o.result, *run_record(job))
+            continue
+        due = job.run_at_ms if job.run_at_ms is not None else job.created_ms  # run_record's
+        args += (job_id, o.token.encode(), o.result, b"%d" % job.attempts, b"%d" % started,
+                 b"%d" % (max(started - due, 0) if due is not None else -1))
     return Call(_COMPLETE, keys, args)
 
 
@@ -99,6 +105,8 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
 def free_calls(k: QueueKeys, batch: Sequence[Outcome]) -> List[Call]:
     """group_free.lua for a batch's grouped jobs (none for ungrouped batches)."""
     from emqfast.facade.lanes import free_call  # groups imports ops/scripts only; no cycle at import time
+    if not any(o.job.extra for o in batch):  # the common case: nothing grouped
+        return []
     finished = [(g, o.job.id) for o in batch for g in (job_group(o.job),) if g is not None]
     return [free_call(k, finished[i:i + FREE_CHUNK])
             for i in range(0, len(finished), FREE_CHUNK)]
@@ -116,7 +124,11 @@ class AckPlan:
         self.retrying: List[Optional[bool]] = []
         self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
         done_at: List[int] = []
-        for at, outcome in enumerate(batch):
+        if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
+            done_at = list(range(len(batch)))
+            self.retrying = [None] * len(batch)
+            self._slots = [(-1, -1)] * len(batch)
+        for at, outcome in enumerate(batch if not done_at else ()):
             if isinstance(outcome, Failed):
                 call, retry = fail_call(k, outcome)
                 self._slots.append((len(self.calls), -1))
