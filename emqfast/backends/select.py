@@ -204,6 +204,19 @@ def _check_needs_no_password(client: Any, key: ConnKey) -> None:
     _no_password_ok.add(key)  # answered (or refused PING itself: an ACL without +ping)
 
 
+def _refuse_green_sockets() -> None:
+    """The C core's socket is a plain blocking one: under gevent or eventlet (which patch
+    ``socket.socket`` for cooperative I/O) each of its round trips would stall every
+    greenlet of the process. Such apps get redis-py, which speaks through the patched
+    sockets, and the log says why."""
+    import socket
+
+    if socket.socket.__module__ not in ("socket", "_socket"):
+        raise BackendUnavailable(
+            f"socket.socket is patched ({socket.socket.__module__}: gevent/eventlet?): the "
+            "C core's blocking socket would stall other greenlets")
+
+
 def batcher_for(client: Any) -> Any:
     """A pipelining Batcher for ``client``: the hiredis one under the C backend, when the
     connection is one it can speak (TCP, TLS or unix socket; no cluster), else redis-py's.
@@ -219,6 +232,7 @@ def batcher_for(client: Any) -> Any:
 
     if _current == "c":
         try:
+            _refuse_green_sockets()
             from redis.cluster import RedisCluster
             if isinstance(client, RedisCluster):  # a queue's bulk to its slot's master
                 from emqfast.backends.native_cluster import ClusterBatcher
