@@ -57,6 +57,22 @@ def test_promote_many_respects_the_limit_per_queue(client, qname, backend):
     assert all(q.counts()["pending"] == 7 and q.counts()["scheduled"] == 0 for q in queues)
 
 
+def test_promote_many_reads_past_one_calls_id_budget_in_later_rounds(client, qname, backend):
+    """due_many.lua reads at most 4,000 ids per call: queues whose limit no longer fits
+    are left unread and read in the next round, none lost, none twice (issue 12)."""
+    queues = _queues(client, qname, 3)
+    run_at = server_ms(client) + 2_000
+    for q in queues:
+        q.enqueue_many(list(range(3_000)), run_at_ms=run_at)
+    wait_server_past(client, run_at)
+    due_many = load("due_many")
+    reply = due_many(client, [k for q in queues for k in (q.keys.delayed, q.keys.meta)],
+                     [3_000] * 3)
+    assert reply[1:3] == [0, 3_000] and reply[3_003:] == [0, -1, 0, -1]  # the rest unread
+    assert emqfast.promote_many(client, queues, limit=3_000) == {q.name: 3_000 for q in queues}
+    assert all(q.counts()["pending"] == 3_000 and q.counts()["scheduled"] == 0 for q in queues)
+
+
 def test_promote_many_equals_queue_promote(client, qname, backend):
     """Same keyspace afterwards as Queue.promote on each queue (byte for byte, bar times)."""
     a, b = emqfast.Queue(qname + "-a", client), emqfast.Queue(qname + "-b", client)

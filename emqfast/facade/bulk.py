@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+import redis
+
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
 from emqfast.core.batching import DUE_BATCH
@@ -19,7 +21,8 @@ from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.core.validation import check_int
-from emqfast.facade.promote import PROMOTE, due_call, due_reply, grouped_calls, ungrouped_calls
+from emqfast.facade.promote import (DUE_MANY_QUEUES, PROMOTE, due_call, due_many_call,
+                                    due_many_reply, due_reply, grouped_calls, ungrouped_calls)
 from emqfast.server.connection import resolve
 
 QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue
@@ -41,42 +44,67 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def promote_many_op(keys: List[QueueKeys], limit: int) -> Returns[Dict[str, int]]:
+def promote_many_op(keys: List[QueueKeys], limit: int,
+                    one_server: bool = False) -> Returns[Dict[str, int]]:
     """The operation behind :func:`promote_many` (both facades): rounds of pipelined passes
     (due ids, their groups, the moves); a round reads at most ``DUE_BATCH`` due ids per
     queue and moves them in script calls of at most ``PROMOTE_BATCH`` jobs; a queue takes
     part in the next round while it had a full read due and ``limit`` allows more (a limit
-    of at most ``DUE_BATCH`` is a single round)."""
+    of at most ``DUE_BATCH`` is a single round). ``one_server``: every queue lives on one
+    standalone server, so the due ids of many queues are read in one due_many.lua call."""
     moved = {k.name: 0 for k in keys}
     seen = {k.name: 0 for k in keys}
     active = list(keys)
     while active:
         asked = {k.name: min(DUE_BATCH, limit - seen[k.name]) for k in active}
-        found = yield from _promote_round(active, asked, moved)
+        found, unread = yield from _promote_round(active, asked, moved, one_server)
         for k, ids in found:
             seen[k.name] += len(ids)
-        active = [k for k, ids in found
-                  if len(ids) == asked[k.name] and seen[k.name] < limit]
+        active = unread + [k for k, ids in found
+                           if len(ids) == asked[k.name] and seen[k.name] < limit]
     return moved
 
 
-def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
-                   moved: Dict[str, int]) -> Op:
-    """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
-    per queue, ``[(keys, ids)]`` (queues with nothing due left out)."""
+def _due_reads(keys: List[QueueKeys], asked: Dict[str, int], one_server: bool) -> Op:
+    """The due ids of every queue in one pipelined pass: ``[(keys, (grouped, ids) or None
+    when left unread)]``. On one server, due_many.lua reads many queues per call; should
+    the server refuse it (e.g. a Cluster node reached by a plain client: the keys span
+    slots), the read-only pass is simply made again with due.lua per queue."""
+    if one_server:
+        parts = [keys[s:s + DUE_MANY_QUEUES] for s in range(0, len(keys), DUE_MANY_QUEUES)]
+        replies = yield Batch([due_many_call(part, asked) for part in parts], via_batcher=True)
+        if not any(isinstance(reply, Exception) for reply in replies):
+            reads: List[Tuple[QueueKeys, Any]] = []
+            for part, reply in zip(parts, replies):
+                reads += zip(part, due_many_reply(reply))
+            return reads
     replies = yield Batch([due_call(k, asked[k.name]) for k in keys], via_batcher=True)
+    return [(k, due_reply(_raised(reply))) for k, reply in zip(keys, replies)]
+
+
+def _raised(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _promote_round(keys: List[QueueKeys], asked: Dict[str, int], moved: Dict[str, int],
+                   one_server: bool) -> Op:
+    """One round of :func:`promote_many_op`: adds to ``moved``; returns the due ids seen
+    per queue, ``[(keys, ids)]`` (queues with nothing due left out), and the queues left
+    unread (read again next round)."""
     found: List[Tuple[QueueKeys, List[bytes]]] = []
     grouped: List[Tuple[QueueKeys, List[bytes]]] = []  # queues that have had grouped jobs
-    for k, reply in zip(keys, replies):
-        if isinstance(reply, Exception):
-            raise reply
-        was_grouped, ids = due_reply(reply)
-        if ids:
-            found.append((k, ids))
-            if was_grouped:
-                grouped.append((k, ids))
+    unread: List[QueueKeys] = []
+    for k, read in (yield from _due_reads(keys, asked, one_server)):
+        if read is None:
+            unread.append(k)
+        elif read[1]:
+            found.append((k, read[1]))
+            if read[0]:
+                grouped.append((k, read[1]))
     if not found:
-        return found
+        return found, unread
     group_of = (yield from _groups(grouped)) if grouped else {}
     calls, owners = [], []
     for k, ids in found:
@@ -87,11 +115,11 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int],
         owners += [k.name if call.script is PROMOTE else None for call in moves]
     # One round trip per distinct due count (a single one when every queue had `limit`).
     for name, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
-        if isinstance(reply, Exception):
-            raise reply
         if name is not None:  # None: a ring join, not a count
-            moved[name] += int(reply)
-    return found
+            moved[name] += int(_raised(reply))
+        else:
+            _raised(reply)
+    return found, unread
 
 
 def _groups(grouped: List[Tuple[QueueKeys, List[bytes]]]) -> Op:
@@ -134,7 +162,8 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
         return held[0]
 
     try:
-        return run(client, promote_many_op(keys, limit), batcher=one_batcher)
+        one_server = not isinstance(client, redis.RedisCluster)
+        return run(client, promote_many_op(keys, limit, one_server), batcher=one_batcher)
     finally:
         for batcher in held:
             batcher.close()

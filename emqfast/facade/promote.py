@@ -21,6 +21,8 @@ from emqfast.facade import lanes
 
 PROMOTE = load("promote")
 _DUE = load("due")
+_DUE_MANY = load("due_many")
+DUE_MANY_QUEUES = 500  # queues per due_many.lua call (it takes at most 1,000)
 _VERSION = KEYSPACE_VERSION.encode()
 
 
@@ -58,6 +60,33 @@ def due_reply(reply: Sequence[Any]) -> tuple:
     if ids and not isinstance(ids[0], bytes):
         ids = [as_bytes(i) for i in ids]
     return bool(int(reply[1])), ids
+
+
+def due_many_call(keys: Sequence[QueueKeys], asked: Dict[str, int]) -> Call:
+    """due_many.lua: the due ids of many queues of one standalone server in one call (at
+    most ``asked[name]`` per queue, 4,000 in all); read by :func:`due_many_reply`."""
+    pairs: List[bytes] = []
+    for k in keys:
+        delayed, _, meta, _, _, _ = _framed(k)
+        pairs += (delayed, meta)
+    return Call(_DUE_MANY, pairs, [b"%d" % asked[k.name] for k in keys])
+
+
+def due_many_reply(reply: Sequence[Any]) -> List[Optional[Tuple[bool, List[bytes]]]]:
+    """Per queue of a :func:`due_many_call`, in its order: ``(grouped, ids as bytes)``,
+    or None for a queue the call left unread (its id budget was spent)."""
+    out: List[Optional[Tuple[bool, List[bytes]]]] = []
+    at = 1  # reply[0]: the server clock it read
+    while at < len(reply):
+        grouped, count = int(reply[at]), int(reply[at + 1])
+        at += 2
+        if count < 0:
+            out.append(None)
+            continue
+        ids = [as_bytes(i) for i in reply[at:at + count]]
+        at += count
+        out.append((bool(grouped), ids))
+    return out
 
 
 def promote_call(k: QueueKeys, pending: str, ids: Sequence[Any]) -> Call:
