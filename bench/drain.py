@@ -110,3 +110,57 @@ def run(ctx: Ctx) -> List[Result]:
                    details={"n": n, "runs_jobs_s": [rate(n, t) for t in aio_times],
                             **sorted(aio_cpus, key=lambda c: c.process_s)[len(aio_cpus) // 2]
                             .per_job_us(n)})]
+
+
+def compare(url: str, n: int, reps: int, refs: List[str]) -> List[str]:
+    """The drain (``server_probe``'s lifecycle: one Worker, no-op handler, N pending jobs)
+    of this tree and of a worktree of each REF, the contenders alternating per
+    repetition; one line per contender: medians of jobs/s, client and Redis CPU per job."""
+    import statistics
+
+    from .server_cost import ROOT, probe, ref_tree
+
+    trees = {"HEAD": ROOT, **{ref: ref_tree(ref) for ref in refs}}
+    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in trees}
+    for rep in range(reps):
+        order = list(trees.items())
+        for name, tree in order if rep % 2 == 0 else order[::-1]:
+            runs[name].append(probe(tree, url, "lifecycle", n))
+    med = statistics.median
+    first = med(n / r["wall_s"] for r in runs[refs[0]]) if refs else 0.0
+    lines = []
+    for name, got in runs.items():
+        jobs_s = med(n / r["wall_s"] for r in got)
+        lines.append(f"| {name} | {jobs_s:,.0f} | "
+                     f"{f'{jobs_s / first:.2f}x' if first else '-'} | "
+                     f"{med(r['client_cpu_s'] for r in got) * 1e6 / n:.1f} | "
+                     f"{med(r['process_s'] for r in got) * 1e6 / n:.1f} |")
+    return lines
+
+
+def main(argv: Any = None) -> None:
+    """``python -m bench.drain --compare 408ab12 [--compare REF ...] [--n N] [--reps R]``
+    (a private redis-server): the table of :func:`compare`."""
+    import argparse
+
+    from . import server
+
+    p = argparse.ArgumentParser(prog="python -m bench.drain", description=compare.__doc__)
+    p.add_argument("--n", type=int, default=20_000, help="jobs per run (default 20,000)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (median; default 5)")
+    p.add_argument("--compare", metavar="REF", action="append", default=[],
+                   help="also measure commit REF (repeatable; ratios against the first)")
+    args = p.parse_args(argv)
+    srv = server.start(private=True)
+    try:
+        lines = compare(srv.url, args.n, args.reps, args.compare)
+    finally:
+        srv.stop()
+    print(f"drain, 1 worker, no-op handler, n={args.n}, medians of {args.reps}")
+    print(f"| tree | jobs/s | jobs/s ÷ {args.compare[0] if args.compare else '-'} "
+          "| client CPU µs/job | Redis CPU µs/job |\n|---|---|---|---|---|")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
