@@ -157,7 +157,7 @@ class JobTasks(_Host):
         if self._is_coro:
             result = self.handler(job)
             if inspect.iscoroutine(result):
-                result = Timed(result, lambda s: self._on_step(job.id, s))
+                result = Timed(result, partial(self._on_step, job.id))
             return await result
         result = await self._in_executor(job)
         if inspect.isawaitable(result):  # a plain function returning a coroutine
