@@ -1,5 +1,5 @@
-"""enqueue_many on a 3-master Redis Cluster against one standalone server, in one run
-(issue 12's Cluster target: >= 0.9x), under each backend.
+"""enqueue_many and a one-Worker drain on a 3-master Redis Cluster against one standalone
+server, in one run (issue 12's Cluster target: >= 0.9x both), under each backend.
 
     python -m bench.cluster_enqueue [--n 20000] [--reps 3]
 
@@ -41,15 +41,34 @@ def rate(client: Any, payloads: List[bytes]) -> float:
     return len(payloads) / seconds
 
 
-def measure(n: int, reps: int) -> Dict[Tuple[str, str], float]:
-    """(backend, 'cluster' | 'standalone') -> median jobs/s."""
+def drain_rate(client: Any, payloads: List[bytes]) -> float:
+    """jobs/s of one Worker (default settings, no-op handler) running every job of a fresh
+    queue; checks each ran exactly once."""
+    q = emqfast.Queue(f"bench-cd-{uuid.uuid4().hex[:8]}", client)
+    q.enqueue_many(payloads)
+    seen: List[str] = []
+    worker = emqfast.Worker(q, lambda job: seen.append(job.id), keep_completed=len(payloads))
+    start = time.perf_counter()
+    stats = worker.run_until_idle(timeout_s=max(60.0, len(payloads) / 500))
+    seconds = time.perf_counter() - start
+    if stats.completed != len(payloads) or len(seen) != len(payloads) \
+            or len(set(seen)) != len(seen):
+        raise RuntimeError(f"drain ran {len(seen)} handlers, completed {stats.completed}, "
+                           f"for {len(payloads)} jobs")
+    q.obliterate()
+    return len(payloads) / seconds
+
+
+def measure(n: int, reps: int) -> Dict[Tuple[str, str, str], float]:
+    """(workload, backend, 'cluster' | 'standalone') -> median jobs/s; workload is
+    'enqueue_many' or 'drain'."""
     sys.path.insert(0, str(TESTS))
     from cluster_util import start_cluster  # the tests' real cluster
 
     backend = importlib.import_module("emqfast.backend")
     previous = backend.current()
     payloads = data(n)
-    runs: Dict[Tuple[str, str], List[float]] = {}
+    runs: Dict[Tuple[str, str, str], List[float]] = {}
     cluster, single = start_cluster(3), server.start(private=True)
     try:
         targets = {"cluster": emqfast.connect(cluster.url), "standalone": single.client()}
@@ -59,7 +78,10 @@ def measure(n: int, reps: int) -> Dict[Tuple[str, str], float]:
                 backend.use(mode)
                 order = list(targets.items())
                 for where, client in (order if rep % 2 == 0 else order[::-1]):
-                    runs.setdefault((mode, where), []).append(rate(client, payloads))
+                    runs.setdefault(("enqueue_many", mode, where), []).append(
+                        rate(client, payloads))
+                    runs.setdefault(("drain", mode, where), []).append(
+                        drain_rate(client, payloads))
     finally:
         backend.use(previous)
         single.stop()
@@ -73,12 +95,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--reps", type=int, default=3, help="repetitions (median)")
     args = p.parse_args(argv)
     got = measure(args.n, args.reps)
-    print(f"enqueue_many of {args.n} x 100 B, medians of {args.reps}")
-    print("| backend | cluster jobs/s | standalone jobs/s | cluster ÷ standalone |")
-    print("|---|---|---|---|")
-    for mode in sorted({m for m, _ in got}):
-        c, s = got[(mode, "cluster")], got[(mode, "standalone")]
-        print(f"| {mode} | {c:,.0f} | {s:,.0f} | {c / s:.2f}× |")
+    print(f"{args.n} jobs x 100 B, medians of {args.reps}")
+    print("| workload | backend | cluster jobs/s | standalone jobs/s | cluster ÷ standalone |")
+    print("|---|---|---|---|---|")
+    for work, mode in sorted({(w, m) for w, m, _ in got}):
+        c, s = got[(work, mode, "cluster")], got[(work, mode, "standalone")]
+        print(f"| {work} | {mode} | {c:,.0f} | {s:,.0f} | {c / s:.2f}× |")
 
 
 if __name__ == "__main__":
