@@ -1,0 +1,88 @@
+"""The sync Worker's hot path (issue 12): a Job built from a start.lua row is the Job the
+dataclass constructor builds, and handler slots counted without a lock per run still bound
+the handlers to ``concurrency`` and hand each freed slot to the next held job."""
+from __future__ import annotations
+
+import threading
+from typing import Any, List
+
+import pytest
+
+import emqfast
+from emqfast.core import codec
+from emqfast.core.errors import PayloadError
+from emqfast.facade import options
+from emqfast.facade.job import Job
+from emqfast.worker.rows import JobRows
+from waiting import wait_until
+
+
+def _by_constructor(queue: str, job_id: str, row: List[Any]) -> Job:
+    """What rows.py built before issue 12: the dataclass __init__ with every field."""
+    attempts, payload, enc, opts, created, run_at, started = row
+    undecodable = None
+    try:
+        max_attempts, priority, backoff, extra = options.decode(opts)
+        payload = codec.decode(payload, enc)
+    except PayloadError as exc:
+        undecodable = exc
+        max_attempts, priority, backoff, extra = options.decode(None)
+    return Job(id=job_id, queue=queue, state="active", _undecodable=undecodable,
+               payload=payload, attempts=int(attempts), max_attempts=max_attempts,
+               priority=priority, backoff=backoff,
+               created_ms=int(created) if created is not None else None,
+               run_at_ms=int(run_at) if run_at is not None else None,
+               started_ms=int(started) if started is not None else None, extra=dict(extra))
+
+
+@pytest.mark.parametrize("row", [
+    [1, b"x" * 100, b"b", None, b"1700000000000", None, b"1700000000001"],
+    [2, b'{"a": [1, 2]}', None, b'{"a":3,"p":2,"b":{"k":"f","d":10}}', b"5", b"6", b"7"],
+    [1, b'"s"', b"j", b'{"a":1,"p":0,"g":"grp","t":50}', b"5", None, b"9"],
+    [1, b"{not json", None, None, b"5", None, b"6"],           # a corrupt payload
+    [1, b'"fine"', None, b"{corrupt", b"5", None, b"6"],       # corrupt options
+])
+def test_a_row_builds_the_job_the_constructor_builds(row):
+    rows = JobRows("q")
+    for _ in range(2):  # the second from the options cache
+        built, wanted = rows.job("ID1", row), _by_constructor("q", "ID1", row)
+        assert built == wanted and repr(built) == repr(wanted)
+        assert vars(built).keys() == vars(wanted).keys()
+        assert type(built._undecodable) is type(wanted._undecodable)
+    a, b = rows.job("ID1", row), rows.job("ID2", row)
+    a.extra["mine"] = 1  # each job owns its extra dict
+    assert "mine" not in b.extra
+
+
+def test_slots_bound_the_handlers_and_a_freed_slot_starts_the_next_job(redis_url, qname):
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    q.enqueue_many(list(range(12)))
+    lock, gate = threading.Lock(), threading.Event()
+    running: List[int] = []
+    peak, done = [0], []
+
+    def handler(job: Job) -> None:
+        with lock:
+            running.append(job.payload)
+            peak[0] = max(peak[0], len(running))
+        if job.payload < 3:
+            gate.wait(30)  # three slow jobs hold three of the four slots
+        with lock:
+            running.remove(job.payload)
+            done.append(job.payload)
+
+    w = emqfast.Worker(q, handler, concurrency=4)
+    t = threading.Thread(target=w.run_until_idle, kwargs={"timeout_s": 60})
+    t.start()
+    try:
+        # the one free slot runs every other job, one after another, while three wait
+        wait_until(lambda: len(done) == 9, 30, "the nine fast jobs ran through one slot")
+        assert sorted(running) == [0, 1, 2]
+        # the last fast job's end is counted just after its handler returns
+        wait_until(lambda: w._in_hand == 3, 30, "three slots in use")
+        gate.set()
+        t.join(60)
+    finally:
+        gate.set()
+    assert not t.is_alive() and sorted(done) == list(range(12)) and peak[0] <= 4
+    assert w.stats.completed == 12 and w._in_hand == 0
