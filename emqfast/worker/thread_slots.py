@@ -75,7 +75,6 @@ class HandlerSlots(_Host):
     def _in_hand(self, value: int) -> None:  # the machine's setup: 0
         self._handed = value + sum(self._ended)
 
-
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """Queue started jobs for the handler pool, starting only the missing drainers."""
         now = time.monotonic()
@@ -117,8 +116,8 @@ class HandlerSlots(_Host):
         another until none is left."""
         done: List[Outcome] = []
         flush_at = 0.0
-        ready, clock, lock, observe = self._ready, time.perf_counter, self._lock, self._holding.observe
-        ends = self._ended
+        ready, ends, lock = self._ready, self._ended, self._lock
+        clock, observe = time.perf_counter, self._holding.observe
         while True:
             try:
                 job, token = ready.popleft()
