@@ -9,7 +9,7 @@ error (:class:`BatchCut` when anything may have run).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 from redis.exceptions import ResponseError
@@ -71,12 +71,37 @@ def route_key(command: Command) -> Any:
     return None
 
 
+try:  # hiredis frames a command in C; redis.asyncio's own packer is pure Python
+    from hiredis import pack_command as _hiredis_pack_fn
+    _hiredis_pack: Optional[Callable[..., bytes]] = _hiredis_pack_fn
+except ImportError:  # pragma: no cover - hiredis is a dependency
+    _hiredis_pack = None
+
+
+def _packer(conn: Any) -> Callable[[Command], List[bytes]]:
+    """How to frame one command for ``conn``: hiredis when the connection encodes str as
+    strict UTF-8 (hiredis's encoding: the bytes are the same), else the connection's own."""
+    enc = getattr(conn, "encoder", None)
+    if _hiredis_pack is None or enc is None \
+            or str(enc.encoding).lower().replace("-", "") != "utf8" \
+            or enc.encoding_errors != "strict":
+        return lambda args: conn.pack_command(*args)
+
+    def pack(args: Command) -> List[bytes]:
+        try:
+            return [_hiredis_pack(tuple(args))]
+        except TypeError:  # a type hiredis does not frame: redis-py says what is wrong
+            return conn.pack_command(*args)  # type: ignore[no-any-return]
+    return pack
+
+
 def _frames(conn: Any, commands: Sequence[Command]) -> Iterator[Tuple[bytes, int]]:
     """(bytes, index after the last command in it) per ~64 KB of framed commands."""
     buf: List[bytes] = []
     size = 0
+    pack = _packer(conn)
     for i, args in enumerate(commands):
-        for piece in conn.pack_command(*args):
+        for piece in pack(args):
             buf.append(piece)
             size += len(piece)
         if size >= _PACK_BYTES:
