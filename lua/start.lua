@@ -41,9 +41,11 @@
 -- ARGV[1] keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
--- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started} when
---          the lease holds (enc, opts, run_at nil when the hash omits them; started =
---          the start instant, server ms, which the Worker hands back to complete.lua), or 0
+-- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
+--          cancel} when the lease holds (enc, opts, run_at nil when the hash omits them;
+--          started = the start instant, server ms, which the Worker hands back to
+--          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
+--          unstarted, so the Worker stops it as it starts, else nil), or 0
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
 --          queue is paused: the job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
@@ -148,7 +150,7 @@ for i = 14, last_job do
   if held[i - 13] == token then
     -- one read of what the handler needs; no payload field means the hash is gone
     local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
-      'worker', 'started', 'exp')
+      'worker', 'started', 'exp', 'cancel')
     if not h[1] then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', KEYS[2], id)
@@ -157,7 +159,8 @@ for i = 14, last_job do
       emq_event_untrimmed(KEYS[4], cap, 'orphaned', 'id', id)
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
-      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp)}
+      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp),
+        h[10]}
     elseif h[9] and not h[5] and now > (tonumber(h[9]) or now) then
       expire(id, key, token)
     else
@@ -168,7 +171,7 @@ for i = 14, last_job do
           'worker', token)
         started[#started + 1] = id
         started_attempts[#started_attempts + 1] = attempts
-        row = {attempts, h[1], h[2], h[3], h[4], h[6], now}
+        row = {attempts, h[1], h[2], h[3], h[4], h[6], now, h[10]}
       else
         defer(id, gw)
       end

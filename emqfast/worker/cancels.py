@@ -149,14 +149,17 @@ class StopKeeping(_Host):
                 self._early.add(job_id)
 
     def _stop_early(self, started: Sequence[Tuple[Job, str]]) -> None:
-        """Jobs just handed out: stop those cancelled while they were held."""
-        if not self._early:
-            return
+        """Jobs just handed out: stop those cancelled while they were held, whether this
+        Worker heard the cancel (pub/sub) or start.lua found its mark (a cancel whose
+        message had not arrived yet: the mark is read in the same step that starts it)."""
         for job, token in started:
-            with self._guard:
-                early = job.id in self._early
-                self._early.discard(job.id)
-            if early:
+            if self._early:
+                with self._guard:
+                    early = job.id in self._early
+                    self._early.discard(job.id)
+            else:
+                early = False
+            if early or "_cancel_at_start" in job.__dict__:
                 self._on_cancel(job.id, token)
 
     def _stop_run(self, job_id: str, reason: str, token: Optional[str] = None

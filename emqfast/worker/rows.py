@@ -42,11 +42,13 @@ class JobRows:
         return hit
 
     def job(self, job_id: str, row: Any) -> Job:
-        """``row`` = ``[attempts, payload, enc, opts, created, run_at, started]`` from
-        start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them: JSON,
-        the default options, never delayed; rows of older scripts end after ``created``)."""
+        """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel]``
+        from start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
+        JSON, the default options, never delayed; rows of older scripts end after
+        ``created`` or ``started``). A ``cancel`` mark (a cancel asked for while the job was
+        held unstarted) sets ``_cancel_at_start``: the Worker stops the run as it begins."""
         attempts, payload, enc, opts, created, *times = row
-        run_at, started = times if times else (None, None)
+        run_at, started = times[:2] if times else (None, None)
         fields = self._template.copy()
         try:
             fields["max_attempts"], fields["priority"], fields["backoff"], extra = \
@@ -63,6 +65,8 @@ class JobRows:
         fields["run_at_ms"] = int(run_at) if run_at is not None else None
         fields["started_ms"] = int(started) if started is not None else None
         fields["extra"] = dict(extra) if extra else {}
+        if len(times) > 2 and times[2]:
+            fields["_cancel_at_start"] = True
         job = _new_job(Job)
         job.__dict__ = fields
         return job
