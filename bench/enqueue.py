@@ -72,4 +72,46 @@ def run(ctx: Ctx) -> List[Result]:
             res.details["ceiling_command"] = mid.command
             res.details["ceiling_admitted"] = mid.admitted
         results.append(res)
+    results.append(aio_vs_sync(ctx, n, data))
     return results
+
+
+AIO_TARGET = 0.8
+
+
+def aio_enqueue_once(ctx: Ctx, n: int, data: List[bytes]) -> float:
+    """Seconds for one ``emqfast.aio`` ``enqueue_many`` of ``data`` on a fresh queue."""
+    import asyncio
+
+    import emqfast.aio as emq_aio
+
+    with fresh_queue(ctx, "aio-enqueue") as sync_q:
+        async def main() -> Tuple[float, int]:
+            q = emq_aio.Queue(sync_q.name, emq_aio.connect(ctx.server.url))
+            await q.enqueue(b"warm")  # connected, scripts loaded: as the sync run is
+            with stopwatch() as t:
+                refs = await q.enqueue_many(data)
+            await q.aclose()
+            return t[0], sum(r.status == "pending" for r in refs)
+        seconds, admitted = asyncio.run(main())
+        check(admitted == n and sync_q.redis.zcard(sync_q.keys.pending) == n + 1,
+              f"aio enqueue_many admitted {admitted} of {n}")
+        return seconds
+
+
+def aio_vs_sync(ctx: Ctx, n: int, data: List[bytes]) -> Result:
+    """``emqfast.aio`` enqueue_many against the sync path (the live backend) in one run,
+    alternating: issue 12's target >= 0.8x."""
+    aio_times, sync_times = [], []
+    for rep in range(ctx.reps):
+        ctx.progress(f"enqueue_many asyncio vs sync: rep {rep + 1}/{ctx.reps}")
+        aio_times.append(aio_enqueue_once(ctx, n, data))
+        sync_times.append(enqueue_once(ctx, n, data, {}, "pending")[0])
+    aio_s, sync_s = median(rate(n, t) for t in aio_times), median(rate(n, t) for t in sync_times)
+    return Result(workload="enqueue", name="emqfast.aio enqueue_many vs the sync path",
+                  value=aio_s, unit="jobs/s", reference=sync_s,
+                  reference_label=f"sync enqueue_many ({emqfast.backend()}), same run",
+                  ratio=aio_s / sync_s, target=f">= {AIO_TARGET}x the sync path",
+                  ok=aio_s / sync_s >= AIO_TARGET, verified=f"{n}/{n} pending",
+                  details={"aio_runs_jobs_s": [rate(n, t) for t in aio_times],
+                           "sync_runs_jobs_s": [rate(n, t) for t in sync_times]})
