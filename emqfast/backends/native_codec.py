@@ -65,17 +65,24 @@ def column_bytes(values: Sequence[Any]) -> List[bytes]:
 
 def pack_args(values: Sequence[Any]) -> Tuple[Sequence[Any], bytes, Any]:
     """(encoded values, their concatenation, a C size_t array of their lengths)."""
-    try:
-        blob = b"".join(values)
-        lens = array(SIZE_T, map(len, values))
-        if sum(lens) != len(blob):  # a memoryview whose len() is not its size
-            raise TypeError
-    except TypeError:  # str keys and ids, int arguments: the common types inline
-        values = [v if type(v) is bytes else v.encode() if type(v) is str else encode(v)
-                  for v in values]
-        blob = b"".join(values)
-        lens = array(SIZE_T, map(len, values))
+    if len(values) > _SHORT:  # a bulk, often all bytes already: try the join first
+        try:
+            blob = b"".join(values)
+            lens = array(SIZE_T, map(len, values))
+            if sum(lens) == len(blob):  # (not so for a memoryview of wide items)
+                return values, blob, ffi.from_buffer("size_t[]", lens)
+        except TypeError:
+            pass
+    # str keys and ids, int arguments: the common types inline (a single call mixes them,
+    # and a failed join costs more than this pass)
+    values = [v if type(v) is bytes else v.encode() if type(v) is str else encode(v)
+              for v in values]
+    blob = b"".join(values)
+    lens = array(SIZE_T, map(len, values))
     return values, blob, ffi.from_buffer("size_t[]", lens)
+
+
+_SHORT = 64  # values in one call's worth of arguments
 
 
 # --- replies ------------------------------------------------------------------------------
