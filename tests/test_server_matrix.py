@@ -85,6 +85,7 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
     assert q.cancel(q.enqueue_in({"n": "late"}, 3_600_000).id)  # cancel
     early = q.enqueue_in({"n": "early"}, 3_600_000).id
     assert q.promote_job(early)                                 # promote_one
+    assert emqfast.promote_many(conn, [q]) == {q.name: 0}       # due_many
     assert q.delete(early)                                      # delete
     q.trim(keep_completed=1, keep_failed=1)                     # trim
     assert q.schedules.remove("tick")                           # schedule_remove
