@@ -4,8 +4,8 @@ same :func:`promote_call` for many queues at once (:mod:`emqfast.facade.bulk`).
 
 Each round reads up to :data:`DUE_BATCH` due ids with ``due.lua`` (read-only, so the next
 step can declare the jobs' keys) and moves them with ``promote.lua``, :data:`PROMOTE_BATCH`
-ids per call, all of a round's calls in one pipelined batch through the backend Batcher
-(hiredis under C). Ids and keys stay bytes from the due reply to the wire: a promoted job
+ids per call, a round's calls in one pipelined batch through the backend Batcher
+(hiredis under C; a round of one call goes on the client's own connection). Ids and keys stay bytes from the due reply to the wire: a promoted job
 costs no text decode or encode on the client.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def as_bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
-def due_reply(reply: Sequence[Any]) -> tuple:
+def due_reply(reply: Sequence[Any]) -> Tuple[bool, List[bytes]]:
     """A ``delayed_due`` reply as ``(grouped, ids as bytes)``, oldest first."""
     ids = list(reply[2:])
     if ids and not isinstance(ids[0], bytes):
