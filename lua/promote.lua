@@ -71,10 +71,9 @@ if exact and one_ms then
   for i = 2, #ARGV do due[i] = true end
 else
   local in_head, seen = {}, {}  -- id -> delayed score; ids met already
-  local scored = head  -- the head with its scores: read again for a long exact list
+  local scored = head  -- the head with its scores (a long list's is read again for them)
   if step == 1 then
-    scored = exact and redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES',
-      'LIMIT', 0, n) or {}
+    scored = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', bound, 'WITHSCORES', 'LIMIT', 0, n)
   end
   for j = 1, #scored, 2 do in_head[scored[j]] = scored[j + 1] end
   for i = 2, #ARGV do
