@@ -78,6 +78,13 @@ def test_cancel_reaches_a_running_handler_in_another_process(redis_url, qname, r
     assert proc.returncode == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
 
 
+def _run_until_cancelled(job) -> None:
+    """A sync handler that works until it is told to stop, then stops as asked."""
+    while not job.cancelled:
+        time.sleep(0.001)
+    job.raise_if_cancelled()
+
+
 def _serve(w) -> threading.Thread:
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -152,11 +159,7 @@ def test_a_sync_handler_that_ignores_the_cancel_is_abandoned_and_keeps_its_slot(
 
 def test_a_lost_cancel_message_is_caught_on_the_beat(redis_url, qname, r):
     q = emqfast.Queue(qname, emqfast.connect(redis_url))
-
-    def handler(job):
-        while not job.cancelled:
-            time.sleep(0.001)
-        job.raise_if_cancelled()
+    handler = _run_until_cancelled
 
     w = emqfast.Worker(q, handler, lease_ms=1000)  # a beat every 250 ms
     t = _serve(w)
@@ -277,11 +280,7 @@ def test_an_async_handler_that_swallows_and_keeps_running_is_abandoned(redis_url
 
 def test_a_waiter_learns_the_cancel_of_a_running_job(redis_url, qname, r):
     q = emqfast.Queue(qname, emqfast.connect(redis_url))
-
-    def handler(job):
-        while not job.cancelled:
-            time.sleep(0.001)
-        job.raise_if_cancelled()
+    handler = _run_until_cancelled
 
     w = emqfast.Worker(q, handler)
     t = _serve(w)
@@ -310,10 +309,7 @@ def test_a_waiter_learns_the_cancel_of_a_running_job(redis_url, qname, r):
 def test_cancel_and_timeout_under_each_backend(backend, redis_url, qname, r, driver):
     """cancel_active.lua and the timeout's fail.lua go through the acker's pipeline: the C
     batcher or its Python twin."""
-    def handler(job):
-        while not job.cancelled:
-            time.sleep(0.001)
-        job.raise_if_cancelled()
+    handler = _run_until_cancelled
 
     if driver == "thread":
         q = emqfast.Queue(qname, emqfast.connect(redis_url))
@@ -354,11 +350,7 @@ def test_cancel_and_timeout_under_each_backend(backend, redis_url, qname, r, dri
 
 def test_a_cancel_published_while_the_listener_reconnects_is_not_lost(redis_url, qname, r):
     q = emqfast.Queue(qname, emqfast.connect(redis_url))
-
-    def handler(job):
-        while not job.cancelled:
-            time.sleep(0.001)
-        job.raise_if_cancelled()
+    handler = _run_until_cancelled
 
     w = emqfast.Worker(q, handler, lease_ms=60_000)  # beat ~1 s: the re-subscribe finds it
     t = _serve(w)
