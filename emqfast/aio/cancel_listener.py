@@ -30,49 +30,105 @@ else:
 
 log = logging.getLogger("emqfast.worker")
 
-_POLL_S = 1.0  # a listener's longest wait for a message (it is cancelled to stop anyway)
+_POLL_S = 1.0  # a listener's longest wait for a message
+_CANCEL_GRACE_S = 0.2  # how long close() trusts the cancel alone before cutting the socket
 
 
-async def listen(client: Any, channels: Sequence[str], on_cancel: Callable[[str], None],
-                 on_subscribed: Callable[[], Awaitable[None]], who: str,
-                 subscribed: Optional[asyncio.Event] = None) -> None:
-    """Hand every id published on ``channels`` to ``on_cancel`` until cancelled."""
-    backoff = Backoff(0.05, 2.0)
-    while True:
-        try:
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-        except (AttributeError, NotImplementedError):  # a client without pub/sub
-            log.warning("%s: this client has no pub/sub: cancels are seen on the beat only",
-                        who)
+class AioCancelListener:
+    """Hands every id published on ``channels`` to ``on_cancel`` until :meth:`close`.
+
+    Stopping it takes more than a cancel: when the cancel lands just as a pub/sub read's own
+    timeout fires, redis.asyncio can swallow it and read on with no timeout at all (seen
+    in CI: a Worker whose listener outlived it hung ``asyncio.run``'s teardown). So the
+    loop also stops on a flag and on any cancel request it can count
+    (:func:`emqfast.aio.cancels.requests`), and :meth:`close` cuts the connection of a
+    read the cancel did not end.
+    """
+
+    def __init__(self, client: Any, channels: Sequence[str],
+                 on_cancel: Callable[[str], None],
+                 on_subscribed: Callable[[], Awaitable[None]], who: str):
+        self._client, self._channels = client, list(channels)
+        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._closed = False
+        self._pubsub: Any = None  # the live pub/sub, for close() to cut
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._backoff = Backoff(0.05, 2.0)  # between re-subscribes after losses
+        self.subscribed = asyncio.Event()  # set while subscribed (tests wait on it)
+
+    def start(self) -> None:
+        self._closed = False
+        self._task = cancels.spawn(self._run(), name="emq-cancels")
+
+    async def close(self) -> None:
+        """Stop listening; returns once the task ended (or after a couple of seconds)."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is None or task.done():
             return
-        try:
-            await pubsub.subscribe(*channels)
-            if subscribed is not None:
-                subscribed.set()
-            backoff.reset()
-            await on_subscribed()
-            while True:
-                message = await pubsub.get_message(timeout=_POLL_S)
-                if message and message.get("type") == "message":
-                    data = message["data"]
-                    on_cancel(data.decode() if isinstance(data, bytes) else str(data))
-        except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
-            wait = backoff()
-            log.warning("%s: cancel listener lost its connection (%s); re-subscribing in "
-                        "%.2fs", who, type(typed(exc)).__name__, wait)
-            await asyncio.sleep(wait)
-        finally:
-            if subscribed is not None:
-                subscribed.clear()
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=_CANCEL_GRACE_S)
+        if not done:  # the cancel was swallowed inside redis.asyncio: end the read itself
+            log.debug("%s: cancel listener ignored its cancel; cutting its connection",
+                      self._who)
+            _cut(self._pubsub)
+            task.cancel()
+            await asyncio.wait([task], timeout=2.0)
+
+    def _stopping(self) -> bool:
+        me = asyncio.current_task()
+        return self._closed or (me is not None and cancels.requests(me) > 0)
+
+    async def _run(self) -> None:
+        while not self._stopping():
+            try:
+                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            except (AttributeError, NotImplementedError):  # a client without pub/sub
+                log.warning("%s: this client has no pub/sub: cancels are seen on the beat "
+                            "only", self._who)
+                return
+            self._pubsub = pubsub
+            try:
+                await self._listen(pubsub)
+            except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
+                if self._stopping():  # a swallowed cancel, or close() cut the connection
+                    return
+                wait = self._backoff()
+                log.warning("%s: cancel listener lost its connection (%s); re-subscribing "
+                            "in %.2fs", self._who, type(typed(exc)).__name__, wait)
+                await asyncio.sleep(wait)
+            finally:
+                self.subscribed.clear()
+                self._pubsub = None
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _listen(self, pubsub: Any) -> None:
+        await pubsub.subscribe(*self._channels)
+        self.subscribed.set()
+        self._backoff.reset()
+        await self._on_subscribed()
+        while not self._stopping():
+            message = await pubsub.get_message(timeout=_POLL_S)
+            if message and message.get("type") == "message":
+                data = message["data"]
+                self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+
+
+def _cut(pubsub: Any) -> None:
+    """Abort the transport of ``pubsub``'s connection: a read blocked on it ends at once."""
+    connection = getattr(pubsub, "connection", None) if pubsub is not None else None
+    writer = getattr(connection, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 class AioStops(StopKeeping, _Host):
     """Mixed into :class:`emqfast.aio.Worker` (before the machine)."""
 
     _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
-    _listener: Optional["asyncio.Task[None]"]
+    _listener: Optional[AioCancelListener]
     cancel_listening: Optional[asyncio.Event]  # set while subscribed (tests wait on it)
 
     def _setup_listening(self) -> None:
@@ -82,17 +138,16 @@ class AioStops(StopKeeping, _Host):
         self.beat_hooks.append(self._recheck_cancels)  # a cancel message lost meanwhile
 
     def _start_listening(self) -> None:
-        self.cancel_listening = asyncio.Event()  # (made on the running loop: Python 3.9)
-        self._listener = cancels.spawn(
-            listen(self._redis, self._cancel_channels(), self._on_cancel,
-                   self._recheck_cancels, self._who, self.cancel_listening),
-            name="emq-cancels")
+        # (made on the running loop: its Event needs one on Python 3.9)
+        self._listener = AioCancelListener(self._redis, self._cancel_channels(),
+                                           self._on_cancel, self._recheck_cancels, self._who)
+        self.cancel_listening = self._listener.subscribed
+        self._listener.start()
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener.cancel()
-            await asyncio.wait([listener], timeout=2.0)
+            await listener.close()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
