@@ -9,8 +9,7 @@ import inspect
 import logging
 import time
 import traceback
-from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Sequence, Tuple
 
 from emqfast.aio import cancels
 from emqfast.facade.job import Job
@@ -30,26 +29,28 @@ Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, gro
 
 class Timed:
     """Awaits a handler's coroutine step by step, timing each step: how long the handler
-    held the event loop before its next ``await`` (see :meth:`Worker._on_step`)."""
+    held the event loop before its next ``await`` (``on_step(job_id, seconds)``, see
+    :meth:`JobTasks._on_step`)."""
 
-    __slots__ = ("_coro", "_on_step")
+    __slots__ = ("_coro", "_on_step", "_job_id")
 
-    def __init__(self, coro: Any, on_step: Callable[[float], None]):
-        self._coro, self._on_step = coro, on_step
+    def __init__(self, coro: Any, on_step: Callable[[str, float], None], job_id: str):
+        self._coro, self._on_step, self._job_id = coro, on_step, job_id
 
     def __await__(self) -> Any:
         coro, value, error = self._coro, None, None
+        on_step, job_id = self._on_step, self._job_id
         while True:
             began = time.monotonic()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as done:
-                self._on_step(time.monotonic() - began)
+                on_step(job_id, time.monotonic() - began)
                 return done.value
             except BaseException:
-                self._on_step(time.monotonic() - began)
+                on_step(job_id, time.monotonic() - began)
                 raise
-            self._on_step(time.monotonic() - began)
+            on_step(job_id, time.monotonic() - began)
             value, error = None, None
             try:
                 value = yield yielded
@@ -73,6 +74,8 @@ def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
 class JobTasks(_Host):
     """How :class:`emqfast.aio.Worker` runs its handlers (mixed into it)."""
 
+    _run_hooks: "AioRunHooks"  # each running job's Job._run (made by the Worker's setup)
+
     if TYPE_CHECKING:  # issue 15: AioStops' (emqfast.aio.cancel_listener)
         def _arm_timeout(self, job: Job, token: str) -> None: ...
         def _disarm(self, job_id: str, token: str) -> None: ...
@@ -83,13 +86,10 @@ class JobTasks(_Host):
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """A task per started job (bounded by the semaphore)."""
         now = time.monotonic()
-        extend, progress, blocking = self._extend_run, self._progress_run, self._blocking
+        hooks = self._run_hooks
         timed = self.job_timeout_ms is not None
-        for job, token in started:  # partials, not closures: cheaper per job (issue 12)
-            job._extend_async = extend_async = partial(extend, job.id, token)
-            job._extend = partial(blocking, extend_async, "await job.extend_lease_async(ms)")
-            job._progress_async = progress_async = partial(progress, job.id, token)
-            job._progress = partial(blocking, progress_async, "await job.progress_async(value)")
+        for job, token in started:  # no per-job callables: cheaper per job (issue 12)
+            job._run, job._run_token = hooks, token
             running = RunningJob(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
@@ -157,7 +157,7 @@ class JobTasks(_Host):
         if self._is_coro:
             result = self.handler(job)
             if inspect.iscoroutine(result):
-                result = Timed(result, partial(self._on_step, job.id))
+                result = Timed(result, self._on_step, job.id)
             return await result
         result = await self._in_executor(job)
         if inspect.isawaitable(result):  # a plain function returning a coroutine
@@ -228,15 +228,15 @@ class JobTasks(_Host):
         raise value
 
     async def _extend_run(self, job_id: str, token: str, ms: int) -> None:
-        """``await job.extend_lease_async(ms)`` of a running job (bound with ``partial``)."""
+        """``await job.extend_lease_async(ms)`` of a running job (through :class:`AioRunHooks`)."""
         await self._drive(self._extend_one(job_id, token, ms))
 
     async def _progress_run(self, job_id: str, token: str, value: Any) -> None:
-        """``await job.progress_async(value)`` of a running job (bound with ``partial``)."""
+        """``await job.progress_async(value)`` of a running job (through :class:`AioRunHooks`)."""
         call = core.progress_call(self._keys, job_id, token, value)
         await call.script.call_async(self._redis, call.keys, call.args)
 
-    def _blocking(self, call: Callable[[Any], Any], instead: str, arg: Any) -> None:
+    def _blocking(self, call: Awaitable[None], instead: str) -> None:
         """``job.extend_lease`` / ``job.progress`` for plain handlers running in the
         executor: ``call`` run on the Worker's loop; a coroutine handler is told ``instead``."""
         try:
@@ -244,6 +244,37 @@ class JobTasks(_Host):
         except RuntimeError:
             loop = self._loop
             assert loop is not None
-            asyncio.run_coroutine_threadsafe(call(arg), loop).result()
+            asyncio.run_coroutine_threadsafe(call, loop).result()  # type: ignore[arg-type]
             return
+        if inspect.iscoroutine(call):
+            call.close()  # never awaited: no "was never awaited" warning
         raise RuntimeError(f"in a coroutine handler use `{instead}`")
+
+
+class AioRunHooks:
+    """``Job._run`` of the jobs an asyncio Worker runs (:class:`emqfast.facade.job.RunHooks`):
+    the awaitable writes for coroutine handlers, and the blocking ones for plain handlers
+    in the executor (run on the Worker's loop)."""
+
+    __slots__ = ("_worker",)
+    is_async = True
+
+    def __init__(self, worker: JobTasks):
+        self._worker = worker
+
+    def extend_async(self, job_id: str, token: Optional[str], ms: int) -> Awaitable[None]:
+        assert token is not None
+        return self._worker._extend_run(job_id, token, ms)
+
+    def progress_async(self, job_id: str, token: Optional[str],
+                       value: Any) -> Awaitable[None]:
+        assert token is not None
+        return self._worker._progress_run(job_id, token, value)
+
+    def extend(self, job_id: str, token: Optional[str], ms: int) -> None:
+        self._worker._blocking(self.extend_async(job_id, token, ms),
+                               "await job.extend_lease_async(ms)")
+
+    def progress(self, job_id: str, token: Optional[str], value: Any) -> None:
+        self._worker._blocking(self.progress_async(job_id, token, value),
+                               "await job.progress_async(value)")

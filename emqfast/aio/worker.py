@@ -51,7 +51,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from emqfast.aio import cancels
 from emqfast.aio.cancel_listener import AioStops
-from emqfast.aio.handlers import JobTasks
+from emqfast.aio.handlers import AioRunHooks, JobTasks
 from emqfast.aio.lifecycle import Lifecycle
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
@@ -131,6 +131,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         self.stall_warn_s = self.lease_ms * 0.4 / 1000.0
         self._last_stall = 0.0  # monotonic s a handler step's stall was last reported
         self._setup_listening()  # issue 15: cancels heard, timeouts armed
+        self._run_hooks = AioRunHooks(self)
 
     # --- public control ----------------------------------------------------------------
     async def run(self) -> WorkerStats:

@@ -3,13 +3,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, Dict, Optional
+from typing import Any, Awaitable, ClassVar, Dict, Optional, Protocol
 
 from emqfast.backends import select as backend
 from emqfast.core import codec
 from emqfast.core.errors import Cancelled, InvalidInput, JobTimeout
 from emqfast.facade import options
 from emqfast.facade.backoff import Backoff
+
+class RunHooks(Protocol):
+    """What a Worker lends the jobs it runs (``Job._run``): their lease and progress
+    writes, given the job's id and its run's lease token. ``is_async``: the awaitable
+    twins work (:class:`emqfast.aio.Worker`)."""
+
+    is_async: bool
+
+    def extend(self, job_id: str, token: Optional[str], ms: int) -> None: ...
+
+    def progress(self, job_id: str, token: Optional[str], value: Any) -> None: ...
+
+    def extend_async(self, job_id: str, token: Optional[str], ms: int) -> Awaitable[None]: ...
+
+    def progress_async(self, job_id: str, token: Optional[str],
+                       value: Any) -> Awaitable[None]: ...
+
 
 STATES = ("scheduled", "pending", "active", "completed", "failed", "cancelled",
           "waiting_deps", "expired")
@@ -79,15 +96,11 @@ class Job:
     stalls: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
     last_progress: Any = None  # the latest job.progress(value) of the running handler
-    # set by the Worker for the job it is running: extends this job's lease
-    _extend: Optional[Callable[[int], None]] = field(default=None, repr=False, compare=False)
-    # set by emqfast.aio.Worker: the awaitable twin of _extend
-    _extend_async: Optional[Callable[[int], Awaitable[None]]] = field(default=None, repr=False,
-                                                                      compare=False)
-    # set by the Workers for the running job: write its progress (sync / awaitable)
-    _progress: Optional[Callable[[Any], None]] = field(default=None, repr=False, compare=False)
-    _progress_async: Optional[Callable[[Any], Awaitable[None]]] = field(default=None, repr=False,
-                                                                        compare=False)
+    # set by the Worker for the job it is running: what extend_lease / progress (and their
+    # awaitable twins) call, with this run's lease token. One hooks object per Worker, not
+    # four bound callables per job: cheaper on the drain's hot path (issue 12).
+    _run: Optional["RunHooks"] = field(default=None, repr=False, compare=False)
+    _run_token: Optional[str] = field(default=None, repr=False, compare=False)
     # set by the Workers when the stored payload cannot be decoded: the job fails with it
     # (no retry) instead of its handler running, and the worker goes on with the others
     _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
@@ -162,26 +175,30 @@ class Job:
 
     def extend_lease(self, ms: int) -> None:
         """From inside a handler: keep the lease for ``ms`` more (raises LeaseLost if gone)."""
-        if self._extend is None:
+        run = self._run
+        if run is None:
             raise RuntimeError("extend_lease() is only available to the running handler")
-        self._extend(ms)
+        run.extend(self.id, self._run_token, ms)
 
     def progress(self, value: Any) -> None:
         """From inside a handler: record ``value`` (JSON) as this job's progress and
         append a ``progress`` event (raises LeaseLost if the lease is gone)."""
-        if self._progress is None:
+        run = self._run
+        if run is None:
             raise RuntimeError("progress() is only available to the running handler")
-        self._progress(value)
+        run.progress(self.id, self._run_token, value)
 
     async def progress_async(self, value: Any) -> None:
         """The awaitable :meth:`progress` for coroutine handlers of :class:`emqfast.aio.Worker`."""
-        if self._progress_async is None:
+        run = self._run
+        if run is None or not run.is_async:
             raise RuntimeError("progress_async() is only available to a running aio handler")
-        await self._progress_async(value)
+        await run.progress_async(self.id, self._run_token, value)
 
     async def extend_lease_async(self, ms: int) -> None:
         """From inside a coroutine handler of :class:`emqfast.aio.Worker`: keep the lease
         for ``ms`` more (raises LeaseLost if gone). ``extend_lease`` would block the loop."""
-        if self._extend_async is None:
+        run = self._run
+        if run is None or not run.is_async:
             raise RuntimeError("extend_lease_async() is only available to a running aio handler")
-        await self._extend_async(ms)
+        await run.extend_async(self.id, self._run_token, ms)

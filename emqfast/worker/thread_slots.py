@@ -17,8 +17,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Awaitable, List, Optional, Tuple
 
 from emqfast.facade.job import Job
 from emqfast.worker import core
@@ -35,6 +34,32 @@ _ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many 
 _ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
+class ThreadRunHooks:
+    """``Job._run`` of the jobs a thread Worker runs (:class:`emqfast.facade.job.RunHooks`):
+    ``job.extend_lease`` and ``job.progress`` reach the Worker with the run's token."""
+
+    __slots__ = ("_worker",)
+    is_async = False  # extend_lease_async / progress_async are the aio Worker's
+
+    def __init__(self, worker: "HandlerSlots"):
+        self._worker = worker
+
+    def extend(self, job_id: str, token: Optional[str], ms: int) -> None:
+        assert token is not None
+        self._worker._extend_run(job_id, token, ms)
+
+    def progress(self, job_id: str, token: Optional[str], value: Any) -> None:
+        assert token is not None
+        self._worker._progress_run(job_id, token, value)
+
+    def extend_async(self, job_id: str, token: Optional[str], ms: int) -> Awaitable[None]:
+        raise RuntimeError("extend_lease_async() is only available to a running aio handler")
+
+    def progress_async(self, job_id: str, token: Optional[str],
+                       value: Any) -> Awaitable[None]:
+        raise RuntimeError("progress_async() is only available to a running aio handler")
+
+
 class HandlerSlots(_Host):
     """Running started jobs on the handler pool (mixed before the machine)."""
 
@@ -47,6 +72,7 @@ class HandlerSlots(_Host):
     _ended: List[int]
     _free_slots: List[int]
     _handed: int
+    _run_hooks: ThreadRunHooks
     job_timeout_ms: Optional[int]
 
     if TYPE_CHECKING:
@@ -59,6 +85,7 @@ class HandlerSlots(_Host):
     def _setup_slots(self) -> None:
         """The handler-slot state (after the machine's setup: needs ``concurrency``)."""
         self._ready = deque()  # claimed, waiting for a handler thread
+        self._run_hooks = ThreadRunHooks(self)  # each running job's Job._run
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
         self._awaiting_slot = False  # the claim loop waits for a handler to return
         self._ended = [0] * self.concurrency
@@ -78,10 +105,9 @@ class HandlerSlots(_Host):
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """Queue started jobs for the handler pool, starting only the missing drainers."""
         now = time.monotonic()
-        extend, progress = self._extend_run, self._progress_run
-        for job, token in started:  # partials, not closures: cheaper per job (issue 12)
-            job._extend = partial(extend, job.id, token)
-            job._progress = partial(progress, job.id, token)
+        hooks = self._run_hooks
+        for job, token in started:  # no per-job callables: cheaper per job (issue 12)
+            job._run, job._run_token = hooks, token
         timed = self.job_timeout_ms is not None
         runs = {job.id: RunningJob(job, token, now) for job, token in started}
         with self._lock:
@@ -175,10 +201,10 @@ class HandlerSlots(_Host):
         self._acks.put(outcomes)
 
     def _extend_run(self, job_id: str, token: str, ms: int) -> None:
-        """``job.extend_lease(ms)`` of a running job (bound to it with ``partial``)."""
+        """``job.extend_lease(ms)`` of a running job (through :class:`ThreadRunHooks`)."""
         self._drive(self._extend_one(job_id, token, ms))
 
     def _progress_run(self, job_id: str, token: str, value: Any) -> None:
-        """``job.progress(value)`` of a running job (bound to it with ``partial``)."""
+        """``job.progress(value)`` of a running job (through :class:`ThreadRunHooks`)."""
         call = core.progress_call(self._keys, job_id, token, value)
         call.script(self._redis, call.keys, call.args)
