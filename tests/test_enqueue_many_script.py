@@ -16,6 +16,7 @@ from emqfast import InvalidInput, KindError, Queue, RangeError
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import enqueue_batch
+from emqfast.facade.events import parse_entry
 
 from conftest import dump_queue, require_native
 from engine_util import server_ms
@@ -26,7 +27,8 @@ CHUNK = 7  # jobs per enqueue_many.lua call in these tests: several calls per ba
 
 def state(r: redis.Redis, qname: str) -> Dict[str, Any]:
     """Every key of a queue by suffix, with its contents in order (the creation instant
-    and the events' stream ids, both server clock readings, left out)."""
+    and the events' stream ids, both server clock readings, left out; the events as
+    readers get them)."""
     out: Dict[str, Any] = {}
     for key in sorted(r.scan_iter(match=f"emq:{{{qname}}}:*", count=1000)):
         suffix = key.decode().split("}:", 1)[1]
@@ -36,8 +38,10 @@ def state(r: redis.Redis, qname: str) -> Dict[str, Any]:
                            for f, v in r.hgetall(key).items()]
         elif kind == b"zset":
             out[suffix] = r.zrange(key, 0, -1, withscores=True)
-        elif kind == b"stream":
-            out[suffix] = [fields for _, fields in r.xrange(key)]
+        elif kind == b"stream":  # as readers see it: enqueue_many batches its entries
+            out[suffix] = [(e.name, e.job_id, e.fields)
+                           for entry_id, fields in r.xrange(key)
+                           for e in parse_entry(entry_id, fields)]
         else:
             out[suffix] = r.get(key)
     return out
@@ -156,6 +160,25 @@ def test_each_admitted_job_has_its_enqueued_event(backend, r, qname, monkeypatch
     assert [(e.name, e.job_id, e.fields["state"]) for e in events] == \
         [("enqueued", x.id, "pending") for x in refs] + [("enqueued", "JOBnew", "scheduled")]
     assert [x.status for x in again] == ["duplicate", "scheduled"]
+
+
+def test_ids_minted_together_share_an_entry_per_hundred_jobs(backend, r, qname):
+    """The bulk path's events cost one XADD per 100 jobs (issue 12), and read back as one
+    event per admitted job, in job order, whatever ids a batch holds."""
+    q = Queue(qname, r)
+    refs = q.enqueue_many(jobs(250))  # minted together: one head, 4-character tails
+    assert r.xlen(q.keys.events) == 3
+    n = r.xlen(q.keys.events)
+    odd = ["JOBodd-1", "JOBodd-22", "JOBodd-3"]  # lengths differ: one entry per job
+    wide = ["JOBwé01", "JOBwé02"]  # not ASCII: one entry per job
+    dup = [refs[0].id, "JOBtwin0001", "JOBtwin0002"]  # a duplicate leaves the others a run
+    for ids in (odd, wide, dup):
+        q.enqueue_many(jobs(len(ids)), job_ids=ids)
+    assert r.xlen(q.keys.events) - n == len(odd) + len(wide) + 1
+    events = list(q.events())
+    assert [e.job_id for e in events] == \
+        [x.id for x in refs] + odd + wide + ["JOBtwin0001", "JOBtwin0002"]
+    assert {(e.name, e.fields["state"]) for e in events} == {("enqueued", "pending")}
 
 
 def test_a_batch_goes_in_calls_of_the_chunk_size(backend, r, qname, monkeypatch):

@@ -119,9 +119,16 @@ def test_events_can_be_capped_or_turned_off(redis_url, qname, r):
     q.enqueue_many(list(range(50)))
     assert r.exists(q.keys.events) == 0
     q.configure_events(100)
-    q.enqueue_many(list(range(2000)))
+    # ids of different lengths (not minted together): one entry per job
+    q.enqueue_many(list(range(2000)), job_ids=[f"JOBx{i}" for i in range(2000)])
     # MAXLEN ~ trims whole stream nodes (100 entries each by default): near the cap
     assert 100 <= r.xlen(q.keys.events) < 400
+    # minted ids go 100 to an entry: the cap counts entries, so all 2,000 are kept
+    q.configure_events(25)
+    r.delete(q.keys.events)
+    refs = q.enqueue_many(list(range(2000)))
+    assert r.xlen(q.keys.events) == 20
+    assert [e.job_id for e in q.events()] == [ref.id for ref in refs]
 
 
 def test_bad_observability_input_writes_nothing(redis_url, qname, r):

@@ -5,11 +5,14 @@ Every Lua move that changes a job's state appends an event (``XADD ... MAXLEN ~`
 ``retrying``, ``stalled``, ``cancelled``, ``retried`` (manual), ``released``.
 Moves of many jobs at once (``promoted``, ``active``, ``completed``) write one stream
 entry per 16 jobs (``ids`` and per-job fields as JSON arrays: an XADD per job was a third
-of a promote's Redis CPU); :func:`read_op` expands them, so readers see one
-:class:`Event` per job, those of one entry sharing its stream id. The stream's cap is the
-queue's ``events`` setting (``Queue.configure_events``; 0 turns events off), counted in
-stream entries: a batched entry counts once, so a busy queue's stream keeps up to 16x
-``events`` events. :func:`read_op` is the sans-IO read both facades iterate.
+of a promote's Redis CPU). ``enqueue_many`` writes one ``enqueued`` entry per 100 jobs
+whose ids were minted together (their shared head once, then each id's last 4
+characters: 4 bytes a job), else one per job. :func:`read_op` expands them, so readers
+see one :class:`Event` per job, those of one entry sharing its stream id. The stream's
+cap is the queue's ``events`` setting (``Queue.configure_events``; 0 turns events off),
+counted in stream entries: a batched entry counts once, so a busy queue's stream keeps
+more events than ``events`` (up to 16x, or 100x for bulk enqueues). :func:`read_op` is
+the sans-IO read both facades iterate.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Cmd, Op
 
+TAIL_WIDTH = 4  # enqueue_many.lua's compact 'enqueued' entries: characters per id's tail
 DEFAULT_EVENTS_CAP = 10_000  # common.lua's default when meta has no 'events' setting
 # Longest single XREAD BLOCK: well under redis-py's default 5 s socket timeout, so a
 # long or endless wait is a series of server-side blocks, never a client timeout.
@@ -73,15 +77,22 @@ class Event:
 
 def parse_entry(entry_id: Any, raw: Any) -> List[Event]:
     """The :class:`Event` s of one XREAD/XRANGE entry (field dict or flat list): one, or one
-    per job of a batched entry (``ids`` a JSON array of job ids; another field holding a
-    JSON array as long gives each job its value, any other field is shared by all), all at
-    the entry's stream id."""
+    per job of a batched entry, all at the entry's stream id. A batched entry names its
+    jobs by ``ids`` (a JSON array; another field holding a JSON array as long gives each
+    job its value, any other field is shared by all) or by ``head`` + ``tails`` (each id
+    is the head and the next :data:`TAIL_WIDTH` characters of the tails; every other
+    field is shared)."""
     if isinstance(raw, dict):
         items = {_text(k): _text(v) for k, v in raw.items()}
     else:
         items = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw), 2)}
     position = _text(entry_id)
     name = items.pop("event", "")
+    tails = items.pop("tails", None)
+    if tails is not None:  # enqueue_many's ids minted together: one head, 4-char tails
+        head = items.pop("head", "")
+        return [Event(position, name, head + tails[i:i + TAIL_WIDTH], dict(items))
+                for i in range(0, len(tails), TAIL_WIDTH)]
     batch = items.pop("ids", None)
     if batch is None:
         return [Event(position, name, items.pop("id", ""), items)]

@@ -41,6 +41,9 @@ DISCOVERY_TTL_S = 5.0  # a SCAN of a big keyspace is not redone on every poll
 PAGE_SIZE = 50
 MAX_GROUPS = 100  # lanes listed on a queue page
 TIMELINE_SCAN = 4000  # events read at most to build one job's timeline
+# stream entries per read: a bulk enqueue's entry holds 100 events, so one read brings
+# at most 5,000 of them
+TIMELINE_ENTRIES = 50
 LEADERBOARD_TOP = 10
 
 
@@ -289,7 +292,7 @@ def timeline(q: Queue, job: Job) -> List[Any]:
     since = f"{max((job.created_ms or 1) - 1, 0)}-0"
     found, seen = [], 0
     while seen < TIMELINE_SCAN:
-        batch = q.read_events(since, count=500)
+        batch = q.read_events(since, count=TIMELINE_ENTRIES)
         if not batch:
             break
         seen += len(batch)
