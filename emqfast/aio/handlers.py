@@ -138,7 +138,13 @@ class JobTasks(_Host):
         async with self._sem:
             began = time.perf_counter()
             try:
-                result = await self._handle(job)
+                if self._is_coro:  # _handle's coroutine case inline: one coroutine less per job
+                    check_decodable(job)
+                    result = self.handler(job)
+                    result = await (Timed(result, self._on_step, job.id)
+                                    if inspect.iscoroutine(result) else result)
+                else:
+                    result = await self._handle(job)
                 self._holding.observe(time.perf_counter() - began)
                 return success(job, token, result)
             except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
