@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 from emqfast.backends import transport
 from emqfast.backends.scripts import load, map_error
 from emqfast.core.errors import ConnectionFailed, InvalidInput, PartialBatch
+from emqfast.core.gcpause import gc_paused
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Columns, Op, Request, Returns, Slot
 from emqfast.core.version import KEYSPACE_VERSION
@@ -17,7 +18,7 @@ from emqfast.facade.admission import (ENCODING_COLUMN, ID_COLUMN, PAYLOAD_COLUMN
                                       Shared, Wait, check_replicated, enqueue_call, status_of)
 from emqfast.facade import keyed
 from emqfast.facade.dedupe import STATUSES
-from emqfast.facade.job import JobRef
+from emqfast.facade.job import JobRef, refs_of
 
 ENQUEUE_CHUNK = 50_000  # jobs per streamed batch (bounds the framing buffers)
 ACL_CHECKED_ALONE = 64  # chunks above this send one checked call first (see sends)
@@ -200,7 +201,8 @@ def _nothing_landed(replies: List[Any]) -> bool:
 def _refs(queue: str, batch: EnqueueBatch, replies: List[Any]) -> List[JobRef]:
     """One ref per job of a batch whose every request was answered."""
     try:  # the common case, every reply a status code: one cheap pass
-        refs = [JobRef(job.id, STATUS[reply]) for job, reply in zip(batch.jobs, replies)]
+        with gc_paused(len(replies)):  # (they all survive: core/gcpause.py)
+            refs = refs_of([job.id for job in batch.jobs], [STATUS[r] for r in replies])
     except (KeyError, TypeError):
         first = map_error([r for r in replies if isinstance(r, Exception)][0])
         if _nothing_landed(replies):

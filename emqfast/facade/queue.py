@@ -6,7 +6,7 @@ whose reads, control writes and housekeeping moves come from its mixins
 :mod:`~emqfast.facade.enqueue_batch`."""
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Sized, Tuple
 
 import redis
 
@@ -14,6 +14,7 @@ from emqfast.backends import select as backend
 from emqfast.backends.drive import run
 from emqfast.core import codec, ids
 from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
+from emqfast.core.gcpause import BULK, gc_paused
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
@@ -231,20 +232,23 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
             # a lone payload would be split into characters / bytes / keys
             raise InputTypeError("enqueue_many takes an iterable of payloads (a list), not "
                                f"one payload ({type(payloads).__name__}): use enqueue for one")
-        encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
-                                            for p in payloads]
-        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
-                              timeout_ms)
-        if job_ids is None:
-            job_ids = ids.new_ids(len(encoded))
-        elif isinstance(job_ids, str) or not _iterable(job_ids):
-            raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), one per "
-                               f"payload, not {type(job_ids).__name__}")
-        else:
-            job_ids = [check_job_id(j) for j in job_ids]
-            if len(job_ids) != len(encoded):
-                raise InvalidInput("job_ids and payloads differ in length")
-        jobs = [Job(j, data, enc) for j, (data, enc) in zip(job_ids, encoded)]
+        # (the rows all survive the call: built with the cyclic GC paused, core/gcpause.py)
+        with gc_paused(len(payloads) if isinstance(payloads, Sized) else BULK):
+            encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
+                                                for p in payloads]
+            shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
+                                  timeout_ms)
+            if job_ids is None:
+                job_ids = ids.new_ids(len(encoded))
+            elif isinstance(job_ids, str) or not _iterable(job_ids):
+                raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), "
+                                     f"one per payload, not {type(job_ids).__name__}")
+            else:
+                job_ids = [check_job_id(j) for j in job_ids]
+                if len(job_ids) != len(encoded):
+                    raise InvalidInput("job_ids and payloads differ in length")
+            row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__
+            jobs = [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
         keys = key_list(dedupe_keys, len(jobs))
         shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
                                                       expires_ms))

@@ -39,6 +39,7 @@ from emqfast.backends.scripts import load
 from emqfast.core import codec
 from emqfast.core.errors import (Cancelled, InputTypeError, InvalidInput, JobExpired,
                                  JobFailed, JobNotFound, WaitTimeout)
+from emqfast.core.gcpause import gc_paused
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.validation import check_job_id
@@ -113,9 +114,11 @@ def binds_refs(fn: _F) -> _F:
     @functools.wraps(fn)
     def bound(self: Any, *args: Any, **kwargs: Any) -> Op:
         result = yield from fn(self, *args, **kwargs)
-        for ref in (result if isinstance(result, list) else [result]):
-            if isinstance(ref, JobRef):
-                self._bind(ref)
+        refs = result if isinstance(result, list) else [result]
+        with gc_paused(len(refs)):  # (binding allocates nothing new, but a pass may land)
+            for ref in refs:
+                if isinstance(ref, JobRef):
+                    self._bind(ref)
         return result
     return cast(_F, bound)
 
