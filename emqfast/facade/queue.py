@@ -213,7 +213,11 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         C Batcher is a blocking socket). With ``group`` every job joins that group's
         lane (pipelined calls of enqueue_group.lua). ``dedupe_keys`` (one key or None per
         payload; ``dedupe_ms`` and ``dedupe`` shared) and ``expires_ms`` work as in
-        :meth:`enqueue`; such jobs go as pipelined enqueue.lua calls.
+        :meth:`enqueue`; such jobs go as pipelined enqueue.lua calls. A batch of 1,000
+        jobs or more builds its rows and refs with Python's cyclic garbage collector
+        paused (only around those loops; a collector your app turned off stays off).
+        Jobs minted together share one ``enqueued`` stream entry per 100 (readers of
+        :meth:`events` still get one event per job).
 
         Failures (issue 11). Nothing is re-sent blindly. When the batch fails part-way
         (the connection drops mid-batch, the server fills up, ...) this raises
