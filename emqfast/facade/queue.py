@@ -236,23 +236,9 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
             # a lone payload would be split into characters / bytes / keys
             raise InputTypeError("enqueue_many takes an iterable of payloads (a list), not "
                                f"one payload ({type(payloads).__name__}): use enqueue for one")
-        # (the rows all survive the call: built with the cyclic GC paused, core/gcpause.py)
-        with gc_paused(len(payloads) if isinstance(payloads, Sized) else BULK):
-            encoded: List[Tuple[bytes, Any]] = [codec.encode(p, self.max_payload_bytes)
-                                                for p in payloads]
-            shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
-                                  timeout_ms)
-            if job_ids is None:
-                job_ids = ids.new_ids(len(encoded))
-            elif isinstance(job_ids, str) or not _iterable(job_ids):
-                raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), "
-                                     f"one per payload, not {type(job_ids).__name__}")
-            else:
-                job_ids = [check_job_id(j) for j in job_ids]
-                if len(job_ids) != len(encoded):
-                    raise InvalidInput("job_ids and payloads differ in length")
-            row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__
-            jobs = [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
+        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
+                              timeout_ms)
+        jobs = _job_rows(payloads, job_ids, self.max_payload_bytes)
         keys = key_list(dedupe_keys, len(jobs))
         shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
                                                       expires_ms))
@@ -288,6 +274,27 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         if self._schedules is None:
             self._schedules = Schedules(self)
         return self._schedules
+
+
+def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
+              max_payload_bytes: int) -> List[Job]:
+    """``enqueue_many``'s jobs: every payload encoded and every id checked (or minted)
+    before anything is sent. The rows all survive the call, so they are built with the
+    cyclic GC paused (:mod:`emqfast.core.gcpause`)."""
+    with gc_paused(len(payloads) if isinstance(payloads, Sized) else BULK):
+        encoded: List[Tuple[bytes, Any]] = [codec.encode(p, max_payload_bytes)
+                                            for p in payloads]
+        if job_ids is None:
+            job_ids = ids.new_ids(len(encoded))
+        elif isinstance(job_ids, str) or not _iterable(job_ids):
+            raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), one "
+                                 f"per payload, not {type(job_ids).__name__}")
+        else:
+            job_ids = [check_job_id(j) for j in job_ids]
+            if len(job_ids) != len(encoded):
+                raise InvalidInput("job_ids and payloads differ in length")
+        row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__
+        return [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
 
 
 def _iterable(value: Any) -> bool:
