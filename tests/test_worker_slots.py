@@ -86,3 +86,29 @@ def test_slots_bound_the_handlers_and_a_freed_slot_starts_the_next_job(redis_url
         gate.set()
     assert not t.is_alive() and sorted(done) == list(range(12)) and peak[0] <= 4
     assert w.stats.completed == 12 and w._in_hand == 0
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_finished_job_is_written_while_its_slot_runs_a_long_next_job(redis_url, qname,
+                                                                       concurrency):
+    """A handler slot runs queued jobs one after another; the outcome of a quick job must
+    reach Redis while the same slot runs a long one after it (it once waited in the slot's
+    private batch until that next handler returned: a job that another waits on, through
+    job.wait or depends_on, then never completed)."""
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    quick = q.enqueue({"n": "quick"})
+    slow = q.enqueue({"n": "slow"})
+    saw: List[Any] = []
+
+    def handler(job):
+        if job.payload == {"n": "slow"}:  # runs until it sees quick's result in Redis
+            try:
+                saw.append(quick.wait(timeout_s=10))
+            except emqfast.WaitTimeout:
+                saw.append("timed out")
+        return job.payload
+
+    w = emqfast.Worker(q, handler, concurrency=concurrency)
+    w.run_until_idle(timeout_s=60)
+    assert saw == [{"n": "quick"}]
+    assert slow.wait(timeout_s=5) == {"n": "slow"}

@@ -1,6 +1,8 @@
 """The thread Worker's handler slots (mixed into :class:`emqfast.Worker`): started jobs
 queue on ``_ready`` and up to ``concurrency`` handler-pool tasks drain it, each running
-jobs one after another and handing their outcomes to the acker in small batches.
+jobs one after another and handing each outcome to the acker the moment its handler
+returns (the acker, on its own thread, gathers them into batches: a slot that kept them
+back would hold a finished job's result for as long as its next handler runs).
 
 Slot accounting without a lock per job (issue 12): ``_in_hand`` (started jobs whose
 handler has not returned, what the claim loop's room is computed from) is the jobs
@@ -29,9 +31,6 @@ if TYPE_CHECKING:  # a checker sees the machine it is mixed with; at run time: o
     from emqfast.worker.machine import WorkerMachine as _Host
 else:
     _Host = object
-
-_ACK_FLUSH = 64        # a handler thread hands outcomes to the acker this many at a time...
-_ACK_FLUSH_S = 0.001   # ...or after this long, whichever comes first
 
 
 class ThreadRunHooks:
@@ -66,7 +65,7 @@ class HandlerSlots(_Host):
     _ready: "deque[Tuple[Job, str]]"
     _lock: threading.Condition
     _pool: Optional[ThreadPoolExecutor]
-    _acks: "queue_mod.SimpleQueue[Optional[List[Outcome]]]"
+    _acks: "queue_mod.SimpleQueue[Optional[Outcome]]"
     _drainers: int
     _awaiting_slot: bool
     _ended: List[int]
@@ -140,16 +139,12 @@ class HandlerSlots(_Host):
     def _drain_ready(self, slot: int) -> None:
         """One handler slot (``slot``: its index in ``_ended``): run waiting jobs one after
         another until none is left."""
-        done: List[Outcome] = []
-        flush_at = 0.0
         ready, ends, lock = self._ready, self._ended, self._lock
-        clock, observe = time.perf_counter, self._holding.observe
+        clock, observe, ack = time.perf_counter, self._holding.observe, self._acks.put
         while True:
             try:
                 job, token = ready.popleft()
             except IndexError:
-                self._hand_over(done)
-                done = []
                 with self._lock:  # decided under the lock _hand_out spawns under: no job strands
                     if ready:
                         continue
@@ -162,17 +157,12 @@ class HandlerSlots(_Host):
             if self._stops:  # a stopped run ends by its stop (None: abandoned, written already)
                 outcome = self._settle_run(outcome)  # type: ignore[arg-type]
             if outcome is not None:
-                done.append(outcome)
+                ack(outcome)  # at once: the next handler may run for hours
             ends[slot] += 1  # a handler slot is free: the claim loop may start a held job
             if self._awaiting_slot:
                 with lock:
                     lock.notify_all()
             observe(ended - started)
-            if len(done) == 1 and outcome is not None:
-                flush_at = ended + _ACK_FLUSH_S
-            if len(done) >= _ACK_FLUSH or ended >= flush_at:
-                self._hand_over(done)
-                done = []
 
     def _run_one(self, job: Job, token: str) -> Outcome:
         """Run the handler; the outcome the acker writes."""
@@ -192,13 +182,9 @@ class HandlerSlots(_Host):
             return failure(job, token, exc, traceback.format_exc())
 
     def _hand_over(self, outcomes: List[Outcome]) -> None:
-        """Queue outcomes for the acker, a handful per queue item."""
-        if not outcomes:
-            return
-        with self._lock:
-            self._pending_acks += len(outcomes)
-            self._mark_acking(outcomes)
-        self._acks.put(outcomes)
+        """Queue outcomes for the acker (which counts and marks them as it takes them)."""
+        for outcome in outcomes:
+            self._acks.put(outcome)
 
     def _extend_run(self, job_id: str, token: str, ms: int) -> None:
         """``job.extend_lease(ms)`` of a running job (through :class:`ThreadRunHooks`)."""

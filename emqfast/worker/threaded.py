@@ -111,7 +111,7 @@ class Worker(ThreadAcker, ThreadStops, HandlerSlots, WorkerMachine):
         self._setup_slots()
         self._lock = threading.Condition()
         self._guard = self._lock
-        self._acks: "queue_mod.SimpleQueue[Optional[List[Outcome]]]" = queue_mod.SimpleQueue()
+        self._acks: "queue_mod.SimpleQueue[Optional[Outcome]]" = queue_mod.SimpleQueue()
         self._ack_batcher: Any = None  # the acker thread's Batcher (hiredis under C)
         self._stop = threading.Event()
         self._pool: Optional[ThreadPoolExecutor] = None
