@@ -212,7 +212,8 @@ def write_order(name: str, raw: str) -> WriteOrder:
     for no, line in enumerate(code.split("\n"), 1):
         if no in inside:
             continue
-        if "emq_fence(" in plain[no - 1]:
+        # emq_fence_check: a many-queue script's fence, each queue's checked before any write
+        if "emq_fence(" in plain[no - 1] or "emq_fence_check(" in plain[no - 1]:
             last_fence = no
             fence = no if fence is None else fence
         if "redis.error_reply(" in line:

@@ -34,6 +34,11 @@ def _server(r: redis.Redis) -> str:
     return f"{info.get('server_name', 'redis')} {info['redis_version']}"
 
 
+def _server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
+
+
 def test_the_session_server_is_the_one_asked_for(r):
     want = os.environ.get("EMQ_EXPECT_SERVER")
     if not want:
@@ -86,6 +91,11 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
     early = q.enqueue_in({"n": "early"}, 3_600_000).id
     assert q.promote_job(early)                                 # promote_one
     assert emqfast.promote_many(conn, [q]) == {q.name: 0}       # due_many
+    plain = emqfast.Queue(q.name + "-plain", conn)  # never grouped: many queues per call
+    soon = plain.enqueue_in({"n": "soon"}, 1)
+    wait_until(lambda: _server_ms(conn) > plain.get(soon.id).run_at_ms, 10, "soon to be due")
+    assert emqfast.promote_many(conn, [plain]) == {plain.name: 1}  # promote_many
+    plain.obliterate()
     assert q.delete(early)                                      # delete
     q.trim(keep_completed=1, keep_failed=1)                     # trim
     assert q.schedules.remove("tick")                           # schedule_remove

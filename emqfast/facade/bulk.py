@@ -21,8 +21,9 @@ from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.core.validation import check_int
-from emqfast.facade.promote import (DUE_MANY_QUEUES, PROMOTE, due_call, due_many_call,
-                                    due_many_reply, due_reply, grouped_calls, ungrouped_calls)
+from emqfast.facade.promote import (DUE_MANY_QUEUES, PROMOTE, PROMOTE_MANY_FEW, due_call,
+                                    due_many_call, due_many_reply, due_reply, grouped_calls,
+                                    promote_many_calls, ungrouped_calls)
 from emqfast.server.connection import resolve
 
 QueueLike = Union[str, Any]  # a queue name or an emqfast.Queue
@@ -106,19 +107,26 @@ def _promote_round(keys: List[QueueKeys], asked: Dict[str, int], moved: Dict[str
     if not found:
         return found, unread
     group_of = (yield from _groups(grouped)) if grouped else {}
-    calls, owners = [], []
+    calls, owners = [], []  # owners: per call, the queues its reply counts (in order)
+    few = []  # on one server: queues moved by promote_many.lua, many per call
     for k, ids in found:
-        # the very calls Queue.promote makes
         known = group_of.get(k.name)
+        if one_server and known is None and len(ids) <= PROMOTE_MANY_FEW:
+            few.append((k, ids))
+            continue
+        # the very calls Queue.promote makes
         moves = ungrouped_calls(k, ids) if known is None else grouped_calls(k, ids, known)
         calls += moves
-        owners += [k.name if call.script is PROMOTE else None for call in moves]
-    # One round trip per distinct due count (a single one when every queue had `limit`).
-    for name, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
-        if name is not None:  # None: a ring join, not a count
-            moved[name] += int(_raised(reply))
-        else:
-            _raised(reply)
+        owners += [[k.name] if call.script is PROMOTE else [] for call in moves]
+    for call, names in promote_many_calls(few):
+        calls.append(call)
+        owners.append(names)
+    # every move of the round in one pipelined batch
+    for names, reply in zip(owners, (yield Batch(calls, via_batcher=True))):
+        reply = _raised(reply)  # [] owners: a ring join, not a count
+        counts = reply if isinstance(reply, list) else [reply] * len(names)
+        for name, count in zip(names, counts):
+            moved[name] += int(count)
     return found, unread
 
 

@@ -20,6 +20,9 @@ from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
 
 PROMOTE = load("promote")
+PROMOTE_MANY = load("promote_many")
+PROMOTE_MANY_FEW = 16  # promote_many.lua takes queues with at most this many due ids...
+PROMOTE_MANY_QUEUES = 500  # ...this many queues per call, and at most DUE_BATCH ids in all
 _DUE = load("due")
 _DUE_MANY = load("due_many")
 DUE_MANY_QUEUES = 500  # queues per due_many.lua call (it takes at most 1,000)
@@ -98,6 +101,33 @@ def promote_call(k: QueueKeys, pending: str, ids: Sequence[Any]) -> Call:
     lane = flat if pending == k.pending else pending.encode()
     return Call(PROMOTE, [delayed, lane, marker, meta, events, *[prefix + i for i in raw]],
                 [_VERSION, *raw])
+
+
+def promote_many_calls(found: Sequence[Tuple[QueueKeys, List[bytes]]]
+                       ) -> List[Tuple[Call, List[str]]]:
+    """promote_many.lua calls moving the due ids of many queues of one standalone server
+    (each never grouped, with at most ``PROMOTE_MANY_FEW`` ids), as few as its limits
+    allow: ``(call, its queues' names)``; a call's reply lists the jobs released per queue,
+    in that order."""
+    calls: List[Tuple[Call, List[str]]] = []
+    keys: List[bytes] = []
+    args: List[bytes] = [_VERSION]
+    names: List[str] = []
+    ids_in = 0
+    for k, ids in found:
+        if len(names) == PROMOTE_MANY_QUEUES or ids_in + len(ids) > DUE_BATCH:
+            calls.append((Call(PROMOTE_MANY, keys, args), names))
+            keys, args, names, ids_in = [], [_VERSION], [], 0
+        delayed, marker, meta, events, prefix, pending = _framed(k)
+        keys += (delayed, pending, marker, meta, events)
+        keys += [prefix + i for i in ids]
+        args.append(b"%d" % len(ids))
+        args += ids
+        names.append(k.name)
+        ids_in += len(ids)
+    if names:
+        calls.append((Call(PROMOTE_MANY, keys, args), names))
+    return calls
 
 
 def ungrouped_calls(k: QueueKeys, ids: List[bytes]) -> List[Call]:

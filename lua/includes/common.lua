@@ -49,29 +49,37 @@ local function emq_int(n)
   return string.format('%.0f', n)
 end
 
--- The boot fence: the first write records the keyspace version; a client of
--- another major version is refused instead of corrupting the queue.
--- Returns an error string, or nil when the caller may proceed.
-local function emq_fence(meta, version)
+-- The boot fence's check, without a read or a write: nil when a caller speaking `version`
+-- may use a queue whose meta 'version' field is `have` (false: none yet), else the error.
+-- (A script touching many queues reads every 'version' first, checks them all with this,
+-- and only then writes: emq_fence reads and stamps one queue's.)
+local function emq_fence_check(have, version)
   -- a call site still using an older KEYS/ARGV layout would hand us a job id or a
   -- number here: refuse before anything is written rather than stamp a wrong key
   if type(version) ~= 'string' or not string.match(version, '^[%w_%-]+:%d') then
     return 'EMQINPUT expected a keyspace version (e.g. emqfast:1.0), got ' .. tostring(version)
   end
-  local have = redis.call('HGET', meta, 'version')
-  if not have then
-    redis.call('HSET', meta, 'version', version)
-    return nil
-  end
-  if string.match(have, '^[^.]*') ~= string.match(version, '^[^.]*') then
+  if have and string.match(have, '^[^.]*') ~= string.match(version, '^[^.]*') then
     return 'EMQVERSION queue keyspace is ' .. have .. ', this client speaks ' .. version
   end
   return nil
 end
 
+-- The boot fence: the first write records the keyspace version; a client of
+-- another major version is refused instead of corrupting the queue.
+-- Returns an error string, or nil when the caller may proceed.
+local function emq_fence(meta, version)
+  local have = redis.call('HGET', meta, 'version')
+  local err = emq_fence_check(have, version)
+  if not err and not have then
+    redis.call('HSET', meta, 'version', version)
+  end
+  return err
+end
+
 -- Wake one blocked worker now (score 0 = "work is ready").
 local function emq_wake(marker)
-  redis.call('ZADD', marker, 0, '0')
+  redis.call('ZADD', marker, '0', '0')
 end
 
 -- Wake a blocked worker at `run_at` unless an earlier wake-up is already set.
@@ -81,10 +89,14 @@ end
 
 -- The events stream's cap: meta field 'events' (0 = events off; default 10000 entries,
 -- trimmed approximately). Read once per script, then passed to emq_event.
-local function emq_events_cap(meta)
-  local cap = tonumber(redis.call('HGET', meta, 'events') or '10000')
+local function emq_events_cap_of(field)  -- from the field's value (false: unset)
+  local cap = tonumber(field or '10000')
   if not cap or cap <= 0 then return nil end
   return cap
+end
+
+local function emq_events_cap(meta)
+  return emq_events_cap_of(redis.call('HGET', meta, 'events'))
 end
 
 -- Append one event (field pairs after the name) unless events are off (cap nil).
