@@ -27,20 +27,36 @@ log = logging.getLogger("emqfast.worker")
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
+_NOT_STARTED = object()  # Timed's `first` when the coroutine has not run a step yet
+
+
 class Timed:
     """Awaits a handler's coroutine step by step, timing each step: how long the handler
     held the event loop before its next ``await`` (``on_step(job_id, seconds)``, see
-    :meth:`JobTasks._on_step`)."""
+    :meth:`JobTasks._on_step`). ``first``: what the coroutine's first step (run and timed
+    by the caller, see :func:`first_step`) yielded to the task."""
 
-    __slots__ = ("_coro", "_on_step", "_job_id")
+    __slots__ = ("_coro", "_on_step", "_job_id", "_first")
 
-    def __init__(self, coro: Any, on_step: Callable[[str, float], None], job_id: str):
+    def __init__(self, coro: Any, on_step: Callable[[str, float], None], job_id: str,
+                 first: Any = _NOT_STARTED):
         self._coro, self._on_step, self._job_id = coro, on_step, job_id
+        self._first = first
 
     def __await__(self) -> Any:
         coro, value, error = self._coro, None, None
         on_step, job_id = self._on_step, self._job_id
+        yielded = self._first
         while True:
+            if yielded is not _NOT_STARTED:
+                value, error = None, None
+                try:
+                    value = yield yielded
+                except GeneratorExit:
+                    coro.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - handed to the handler
+                    error = exc
             began = time.monotonic()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
@@ -51,14 +67,24 @@ class Timed:
                 on_step(job_id, time.monotonic() - began)
                 raise
             on_step(job_id, time.monotonic() - began)
-            value, error = None, None
-            try:
-                value = yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 - handed to the handler
-                error = exc
+
+
+def first_step(coro: Any, on_step: Callable[[str, float], None], job_id: str) -> Any:
+    """Run a handler coroutine's first step here, timed: ``(True, its result)`` when it
+    returned without suspending (most short handlers: no Timed, no generator per job),
+    else ``(False, a Timed that awaits the rest)``. Its exception propagates, as ``await``
+    would raise it."""
+    began = time.monotonic()
+    try:
+        yielded = coro.send(None)
+    except StopIteration as done:
+        on_step(job_id, time.monotonic() - began)
+        return True, done.value
+    except BaseException:
+        on_step(job_id, time.monotonic() - began)
+        raise
+    on_step(job_id, time.monotonic() - began)
+    return False, Timed(coro, on_step, job_id, yielded)
 
 
 def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
@@ -134,15 +160,22 @@ class JobTasks(_Host):
     async def _outcome_of(self, job: Job, token: str) -> Outcome:
         """Run the handler; its result or exception as an outcome. Raises CancelledError
         only when this job's task itself was cancelled."""
-        assert self._sem is not None
-        async with self._sem:
+        slots = self._sem
+        assert slots is not None
+        if not slots.take_now():  # nearly always free: the Worker starts jobs into free slots
+            await slots.take()
+        try:
             began = time.perf_counter()
             try:
                 if self._is_coro:  # _handle's coroutine case inline: one coroutine less per job
                     check_decodable(job)
                     result = self.handler(job)
-                    result = await (Timed(result, self._on_step, job.id)
-                                    if inspect.iscoroutine(result) else result)
+                    if inspect.iscoroutine(result):
+                        done, result = first_step(result, self._on_step, job.id)
+                        if not done:
+                            result = await result
+                    else:
+                        result = await result
                 else:
                     result = await self._handle(job)
                 self._holding.observe(time.perf_counter() - began)
@@ -155,6 +188,8 @@ class JobTasks(_Host):
                 return failure(job, token, exc, traceback.format_exc())
             except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
                 return failure(job, token, exc, traceback.format_exc())
+        finally:
+            slots.give()
 
     async def _handle(self, job: Job) -> Any:
         """The handler's result: a coroutine awaited (its steps timed), a plain function

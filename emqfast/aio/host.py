@@ -12,6 +12,7 @@ import asyncio
 from abc import abstractmethod
 from typing import Any, List, Optional, Set
 
+from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.effects import Logic
 from emqfast.worker.host import Held
 from emqfast.worker.machine import WorkerMachine
@@ -33,7 +34,7 @@ class AioHost(WorkerMachine):
     _run_task: Optional[asyncio.Task[Any]]
     _cancels_before: int
     _loop: Optional[asyncio.AbstractEventLoop]
-    _sem: Optional[asyncio.Semaphore]
+    _sem: Optional[AsyncSlots]
     _ack_ready: Optional[asyncio.Event]
     _hurry: Optional[asyncio.Event]
     _wakers: Set[asyncio.Future[Any]]

@@ -61,6 +61,7 @@ from emqfast.facade.job import Job
 from emqfast.server import eviction
 from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
+from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
@@ -121,7 +122,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         self._run_task: Optional["asyncio.Task[Any]"] = None
         self._cancels_before = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._sem: Optional[asyncio.Semaphore] = None
+        self._sem: Optional[AsyncSlots] = None
         self._changed: Optional[asyncio.Event] = None   # a job finished / an outcome written
         self._ack_ready: Optional[asyncio.Event] = None
         self._hurry: Optional[asyncio.Event] = None  # set: cancel handlers now, no grace
@@ -220,7 +221,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         before run() is honoured)."""
         self._loop = asyncio.get_running_loop()
         self._fatal = None
-        self._sem = asyncio.Semaphore(self.concurrency)
+        self._sem = AsyncSlots(self.concurrency)
         self._changed = asyncio.Event()
         self._ack_ready = asyncio.Event()
         self._hurry = asyncio.Event()

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence
 
 from emqfast.worker import signals
+from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.many import Many
 from emqfast.worker.stats import WorkerStats
 
@@ -172,7 +173,7 @@ class AioMany(Many):
                 raise
 
         self.order.reset()
-        self.sem = asyncio.Semaphore(self.concurrency)
+        self.sem = AsyncSlots(self.concurrency)
         results = await asyncio.gather(*(one(m) for m in self.members), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
