@@ -22,7 +22,7 @@ SUBSET=(
   tests/test_engine_payloads.py tests/test_compact_jobs.py tests/test_engine_bad_input.py
   tests/test_engine_fence.py tests/test_engine_lease.py tests/test_bulk.py
   tests/test_group_rate_limit.py tests/test_results.py tests/test_protocol_doc.py
-  tests/test_tracing.py
+  tests/test_tracing.py tests/test_promote_many_script.py tests/test_promote_script.py
   tests/test_server_matrix.py   # last: the server's identity, and every script ran on it
 )
 
