@@ -27,36 +27,31 @@ log = logging.getLogger("emqfast.worker")
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
-_NOT_STARTED = object()  # Timed's `first` when the coroutine has not run a step yet
-
-
 class Timed:
-    """Awaits a handler's coroutine step by step, timing each step: how long the handler
-    held the event loop before its next ``await`` (``on_step(job_id, seconds)``, see
-    :meth:`JobTasks._on_step`). ``first``: what the coroutine's first step (run and timed
-    by the caller, see :func:`first_step`) yielded to the task."""
+    """Awaits the rest of a handler's coroutine step by step, timing each step: how long
+    the handler held the event loop before its next ``await`` (``on_step(job_id,
+    seconds)``, see :meth:`JobTasks._on_step`). ``first``: what the coroutine's first step
+    (run and timed by :func:`first_step`) yielded to the task."""
 
     __slots__ = ("_coro", "_on_step", "_job_id", "_first")
 
     def __init__(self, coro: Any, on_step: Callable[[str, float], None], job_id: str,
-                 first: Any = _NOT_STARTED):
+                 first: Any):
         self._coro, self._on_step, self._job_id = coro, on_step, job_id
         self._first = first
 
     def __await__(self) -> Any:
-        coro, value, error = self._coro, None, None
-        on_step, job_id = self._on_step, self._job_id
+        coro, on_step, job_id = self._coro, self._on_step, self._job_id
         yielded = self._first
         while True:
-            if yielded is not _NOT_STARTED:
-                value, error = None, None
-                try:
-                    value = yield yielded
-                except GeneratorExit:
-                    coro.close()
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - handed to the handler
-                    error = exc
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the handler
+                error = exc
             began = time.monotonic()
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
@@ -167,7 +162,7 @@ class JobTasks(_Host):
         try:
             began = time.perf_counter()
             try:
-                if self._is_coro:  # _handle's coroutine case inline: one coroutine less per job
+                if self._is_coro:  # inline (no coroutine of ours per job); plain: _handle_plain
                     check_decodable(job)
                     result = self.handler(job)
                     if inspect.iscoroutine(result):
@@ -177,7 +172,7 @@ class JobTasks(_Host):
                     else:
                         result = await result
                 else:
-                    result = await self._handle(job)
+                    result = await self._handle_plain(job)
                 self._holding.observe(time.perf_counter() - began)
                 return success(job, token, result)
             except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
@@ -191,15 +186,10 @@ class JobTasks(_Host):
         finally:
             slots.give()
 
-    async def _handle(self, job: Job) -> Any:
-        """The handler's result: a coroutine awaited (its steps timed), a plain function
-        run in the executor (and what it returns awaited when awaitable)."""
+    async def _handle_plain(self, job: Job) -> Any:
+        """A plain handler's result: run in the executor (and what it returns awaited
+        when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
         check_decodable(job)
-        if self._is_coro:
-            result = self.handler(job)
-            if inspect.iscoroutine(result):
-                result = Timed(result, self._on_step, job.id)
-            return await result
         result = await self._in_executor(job)
         if inspect.isawaitable(result):  # a plain function returning a coroutine
             result = await result
