@@ -325,7 +325,7 @@ def test_acks_are_cut_into_calls_no_command_can_outgrow(q):
     """A Worker's ack batch becomes complete.lua calls of at most COMPLETE_CHUNK jobs and ~1 MB of
     results (Redis drops a client whose single command outgrows its query buffer), with
     each failure in a call of its own; every outcome maps back to its own reply."""
-    from emqfast.worker import acks, outcomes
+    from emqfast.worker import calls as acks, outcomes
     from emqfast.facade.job import Job
 
     def job(i: int) -> Job:

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import emqfast
-from emqfast.worker.rows import JobRows
+from emqfast.worker.calls import JobRows
 from emqfast.worker.prefetch import Prefetch
 from emqfast.facade.job import Job
 from emqfast.worker.wake import MarkerWaiter

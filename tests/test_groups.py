@@ -134,7 +134,7 @@ def test_reaped_grouped_job_frees_its_slot_and_returns_to_its_lane(redis_url, qn
     q.groups.set_concurrency("g1", 1)
     first = q.enqueue("one", group="g1")
     second = q.enqueue("two", group="g1")
-    from emqfast.worker import core as w
+    from emqfast.worker import calls as w
     call = w.claim_call(q.keys, 5, 50, "zombie", ["g1"])
     reply = call.script(q.redis, call.keys, call.args)
     _, _, _, pairs = w.parse_claim(reply)
@@ -268,7 +268,7 @@ def test_a_batch_claim_of_flat_jobs_is_one_pop(redis_url, qname, r):
     whole batch (the hot path stays a single pop, not one per job)."""
     q = make_queue(redis_url, qname)
     q.enqueue_many(list(range(30)))
-    from emqfast.worker import core as w
+    from emqfast.worker import calls as w
 
     def pops() -> int:
         return r.info("commandstats").get("cmdstat_zpopmin", {}).get("calls", 0)

@@ -21,7 +21,7 @@ import emqfast.aio as emq
 from emqfast import Backoff
 from emqfast.facade import metrics
 from emqfast.backends import scripts
-from emqfast.worker import core as worker_core
+from emqfast.worker import calls as worker_core
 from emqfast.tools.cli import cli
 from emqfast.core.errors import InvalidInput, LeaseLost, PayloadError, RangeError
 from conftest import _free_port, dump_queue

@@ -8,7 +8,7 @@ import pytest
 
 import emqfast
 import emqfast.aio as emq
-from emqfast.worker import core as worker_core
+from emqfast.worker import calls as worker_core
 from emqfast.core.errors import InvalidInput, RangeError
 from conftest import dump_queue
 from engine_util import claim, make_queue

@@ -183,7 +183,7 @@ def test_ungrouped_backlog_does_not_starve_group_lanes_aio_worker(redis_url, qna
 # --- item 3: idle workers sleep while every group's window is full --------------------------
 
 def test_idle_worker_does_not_spin_on_many_full_group_windows(redis_url, qname, monkeypatch):
-    from emqfast.worker import core as worker_core
+    from emqfast.worker import calls as worker_core
     q = make_queue(redis_url, qname)
     groups = [f"rl{i}" for i in range(40)]
     for g in groups:
@@ -236,7 +236,7 @@ def test_capped_group_runs_at_its_cap_woken_by_freed_slots(redis_url, qname, mon
 
 def _raw_claim(q: emqfast.Queue, worker: str, groups: List[str], n: int = 1000):
     """One claim.lua call as a Worker makes it: (pairs, the ready groups it names next)."""
-    from emqfast.worker import core as worker_core
+    from emqfast.worker import calls as worker_core
     call = worker_core.claim_call(q.keys, n, 60_000, worker, groups)
     reply = call.script(q.redis, call.keys, call.args)
     return worker_core.parse_claim(reply)[3], worker_core.claim_groups(reply)
@@ -320,7 +320,7 @@ def test_finished_jobs_leave_their_capped_groups_active_count(redis_url, qname, 
 # --- item 8 (part): a job claimed before pause() is not started after it -------------------
 
 def test_start_after_pause_hands_claimed_jobs_back(redis_url, qname):
-    from emqfast.worker import core as worker_core
+    from emqfast.worker import calls as worker_core
     q = make_queue(redis_url, qname)
     ids = [r.id for r in q.enqueue_many(["a", "b", "c"])]
     call = worker_core.claim_call(q.keys, 3, 60_000, "w", [], "r1")

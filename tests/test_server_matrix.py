@@ -22,7 +22,7 @@ from emqfast import Backoff
 from emqfast.core import lua
 from emqfast.core.keys import QueueKeys
 from emqfast.facade.deps import deplink_key
-from emqfast.worker import core
+from emqfast.worker import calls as core
 from waiting import wait_until
 
 

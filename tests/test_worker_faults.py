@@ -29,7 +29,8 @@ import redis
 import emqfast
 import emqfast.aio
 from emqfast.facade.events import parse_entry
-from emqfast.worker import acks, core, outcomes, resend
+from emqfast.worker import calls as acks, outcomes, resend
+from emqfast.worker import calls as core
 from emqfast.core.errors import EvictionRisk, InvalidInput, PermissionDenied, ReplyLost
 
 from conftest import dump_queue, start_redis_server
@@ -210,8 +211,7 @@ class _LoseFirstReplies:
 
     def install(self, monkeypatch) -> None:
         from emqfast.backends import scripts
-        from emqfast.worker import threaded as worker_mod
-        from emqfast.aio import worker as aio_worker_mod
+        from emqfast.backends import drive
         faults = self
         real_call, real_async = scripts.Script.__call__, scripts.Script.call_async
 
@@ -229,7 +229,7 @@ class _LoseFirstReplies:
 
         def batch(real):
             def run(*a):
-                calls = a[-1]
+                calls = a[1]  # (batcher or client, calls, wait)
                 replies = real(*a)
                 if any(faults.first_time(c[0].name) for c in calls):
                     raise ReplyLost("simulated: the batch ran, its replies were lost")
@@ -238,7 +238,7 @@ class _LoseFirstReplies:
 
         def batch_async(real):
             async def run(*a):
-                calls = a[-1]
+                calls = a[1]
                 replies = await real(*a)
                 if any(faults.first_time(c[0].name) for c in calls):
                     raise ReplyLost("simulated: the batch ran, its replies were lost")
@@ -247,9 +247,9 @@ class _LoseFirstReplies:
 
         monkeypatch.setattr(scripts.Script, "__call__", call)
         monkeypatch.setattr(scripts.Script, "call_async", call_async)
-        monkeypatch.setattr(worker_mod, "run_calls", batch(worker_mod.run_calls))
-        monkeypatch.setattr(aio_worker_mod, "run_pipeline_async",
-                            batch_async(aio_worker_mod.run_pipeline_async))
+        # the drivers' pipelines of script calls: the acks' Batcher (sync), redis.asyncio
+        monkeypatch.setattr(drive, "run_calls", batch(drive.run_calls))
+        monkeypatch.setattr(drive, "send_async", batch_async(drive.send_async))
 
 
 def _flaky_handler(runs: Dict[str, int]):

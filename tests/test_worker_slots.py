@@ -13,7 +13,7 @@ from emqfast.core import codec
 from emqfast.core.errors import PayloadError
 from emqfast.facade import options
 from emqfast.facade.job import Job
-from emqfast.worker.rows import JobRows
+from emqfast.worker.calls import JobRows
 from waiting import wait_until
 
 

@@ -135,12 +135,12 @@ class AioStops(StopKeeping, _Host):
         self._timers = {}
         self._listener = None
         self.cancel_listening = None
-        self.beat_hooks.append(self._recheck_cancels)  # a cancel message lost meanwhile
 
     def _start_listening(self) -> None:
         # (made on the running loop: its Event needs one on Python 3.9)
         self._listener = AioCancelListener(self._redis, self._cancel_channels(),
-                                           self._on_cancel, self._recheck_cancels, self._who)
+                                           self._on_cancel, self._recheck_after_subscribe,
+                                           self._who)
         self.cancel_listening = self._listener.subscribed
         self._listener.start()
 
@@ -154,6 +154,10 @@ class AioStops(StopKeeping, _Host):
 
     def _cancel_channels(self) -> List[str]:
         return [self._keys.cancel_channel]
+
+    async def _recheck_after_subscribe(self) -> None:
+        """The listener (re-)subscribed: a cancel published while nobody listened is caught."""
+        await self._drive(self._recheck_cancels())
 
     def _arm(self, job_id: str, token: str, delay_s: float, kind: str) -> None:
         assert self._loop is not None
@@ -192,17 +196,6 @@ class AioStops(StopKeeping, _Host):
         if self._is_coro and run.task is not None:
             run.task.cancel()
         self._arm(run.job.id, run.token, self.cancel_grace_ms / 1000.0, ABANDON)
-
-    async def _recheck_cancels(self) -> None:
-        """Read the cancel marks of the running jobs not stopped yet (beat, re-subscribe)."""
-        runs = self._unstopped()
-        if not runs:
-            return
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for job_id, _ in runs:
-                pipe.hget(self._keys.job(job_id), "cancel")
-            flags = await pipe.execute()
-        self._marked(runs, flags)
 
     if TYPE_CHECKING:
         def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Sequ
 
 from emqfast.aio import cancels
 from emqfast.facade.job import Job
-from emqfast.worker import core
 from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
 from emqfast.worker.stats import RunningJob
 
@@ -264,8 +263,7 @@ class JobTasks(_Host):
 
     async def _progress_run(self, job_id: str, token: str, value: Any) -> None:
         """``await job.progress_async(value)`` of a running job (through :class:`AioRunHooks`)."""
-        call = core.progress_call(self._keys, job_id, token, value)
-        await call.script.call_async(self._redis, call.keys, call.args)
+        await self._drive(self._progress(job_id, token, value))
 
     def _blocking(self, call: Awaitable[None], instead: str) -> None:
         """``job.extend_lease`` / ``job.progress`` for plain handlers running in the

@@ -1,7 +1,7 @@
 """The asyncio Worker: coroutine handlers under leases, on one event loop.
 
 Same rules as :class:`emqfast.Worker` (the logic is :class:`emqfast.worker.machine.WorkerMachine`,
-shared with it; this driver awaits its effects), different machinery:
+shared with it; this driver awaits its requests), different machinery:
 
 - the claim loop is the task that awaits :meth:`Worker.run`; it claims up to
   ``batch_size`` jobs per round trip, holding those beyond the running ones claimed but
@@ -47,7 +47,7 @@ import contextlib
 import inspect
 import logging
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from emqfast.aio import cancels
 from emqfast.aio.cancel_listener import AioStops
@@ -56,16 +56,15 @@ from emqfast.aio.lifecycle import Lifecycle
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
-from emqfast.backends.scripts import run_pipeline_async
+from emqfast.backends.drive import run_async
+from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
 from emqfast.facade.job import Job
 from emqfast.server import eviction
-from emqfast.worker import effects
 from emqfast.worker.acking import ACK_BATCH
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
-from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import WorkerStats
 from emqfast.worker.threaded import DEFAULT_BATCH
 
@@ -231,9 +230,11 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         task = asyncio.current_task()
         self._run_task, self._cancels_before = task, (cancels.requests(task) if task else 0)
 
-    # --- performing the machine's effects ----------------------------------------------
-    def _drive(self, logic: effects.Logic) -> Any:
-        return effects.drive_async(logic, self)
+    # --- performing the machine's requests---------------------------------------------
+    def _drive(self, logic: Logic) -> Any:
+        """Run a piece of the machine's logic (a coroutine): Redis requests over this
+        loop's client, waits by :meth:`perform`."""
+        return run_async(self._redis, logic, waits=self)
 
     def _stop_requested(self) -> bool:
         return self._stopping
@@ -245,27 +246,18 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         if self._changed is not None:
             self._changed.set()
 
-    async def _call(self, call: Any) -> Any:
-        """Run one script call; errors come up typed."""
-        try:
-            return await call.script.call_async(self._redis, call.keys, call.args)
-        except Exception as exc:  # noqa: BLE001 - typed, then re-raised
-            raise_typed(exc)
+    def perform(self, request: Wait) -> Any:
+        """Perform one of the machine's waits: the coroutine doing it."""
+        return self._waits[type(request)](self, request)
 
-    async def _do_send(self, effect: effects.Send) -> Any:
-        return await self._call(effect.call)
-
-    async def _do_pipeline(self, effect: effects.Pipeline) -> List[Any]:
-        return await run_pipeline_async(self._redis, effect.calls)
-
-    async def _do_sleep(self, effect: effects.Sleep) -> None:
+    async def _do_sleep(self, effect: Sleep) -> None:
         await asyncio.sleep(effect.seconds)
 
-    async def _do_invoke(self, effect: effects.Invoke) -> Any:
-        out = effect.fn(**effect.kwargs)
+    async def _do_hook(self, effect: Hook) -> Any:
+        out = effect.fn()
         return (await out) if inspect.isawaitable(out) else out
 
-    async def _do_wait_for_room(self, effect: effects.WaitForRoom) -> Tuple[int, int]:
+    async def _do_wait_for_room(self, effect: WaitForRoom) -> Tuple[int, int]:
         """``(free handler slots, jobs this worker may claim)``, as for the thread Worker:
         claimed jobs beyond the running ones are held unstarted, and started as slots free
         up (plus the few the slots take up within the prefetch budget)."""
@@ -275,16 +267,20 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
             slots, room = self._room()
         return slots, room
 
-    async def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
+    async def _do_wait_drained(self, effect: WaitDrained) -> bool:
         if self._idle():
             return False
         await self._wait_changed(effect.seconds)
         return True
 
-    async def _do_pop_marker(self, effect: effects.PopMarker) -> Any:
+    async def _do_pop_marker(self, effect: PopMarker) -> Any:
         if self._waiter is None:
             self._waiter = MarkerWaiter(self._redis)
-        return await self._waiter.wait(self._keys.marker, effect.seconds)
+        return await self._waiter.wait(effect.key, effect.seconds)
+
+    _waits: Dict[type, Callable[[Any, Any], Any]] = {
+        Sleep: _do_sleep, WaitForRoom: _do_wait_for_room, WaitDrained: _do_wait_drained,
+        PopMarker: _do_pop_marker, Hook: _do_hook}
 
     async def _wait_changed(self, timeout_s: float) -> None:
         assert self._changed is not None

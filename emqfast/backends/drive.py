@@ -19,8 +19,8 @@ from emqfast.backends import transport
 from emqfast.backends.batcher import run_calls
 from emqfast.backends.scripts import map_error, send, send_async
 from emqfast.core import errors
-from emqfast.core.ops import (Batch, Call, Cmd, Columns, Request, Returns, Scan, Watched,
-                              column_calls)
+from emqfast.core.ops import (WAITS, Batch, Call, Cmd, Columns, Request, Returns, Scan, Waits,
+                              Watched, column_calls)
 
 __all__ = ["BatcherSource", "run", "run_async", "typed", "typed_failure"]
 
@@ -31,17 +31,22 @@ BatcherSource = Callable[[], Any]  # returns the Batcher to use (the caller's ca
 _R = TypeVar("_R")
 
 
-def run(client: Any, op: Returns[_R], batcher: Optional[BatcherSource] = None) -> _R:
+def run(client: Any, op: Returns[_R], batcher: Optional[BatcherSource] = None,
+        waits: Optional[Waits] = None) -> _R:
     """Drive ``op`` to completion over the blocking redis-py ``client``.
 
     ``batcher`` returns the Batcher to use for :class:`Columns` and
     ``Batch(via_batcher=True)``; without it a Batcher is made and closed per request.
+    ``waits`` performs a Worker's waits (:data:`~emqfast.core.ops.Wait`).
     """
     try:
         request = op.send(None)
         while True:
             try:
-                reply = _perform(client, request, batcher)
+                if isinstance(request, WAITS):
+                    reply = waits.perform(request)  # type: ignore[union-attr]
+                else:
+                    reply = _perform(client, request, batcher)
             except Exception as exc:
                 request = op.throw(typed_failure(exc))
             else:
@@ -56,6 +61,9 @@ def run(client: Any, op: Returns[_R], batcher: Optional[BatcherSource] = None) -
 # Plain commands that are not idempotent (a re-send adds twice): sent once through
 # emqfast.transport, never through a client's retry. (Reads and idempotent writes such as
 # ZADD of a fixed score may go through redis-py: a re-send changes nothing.)
+# How Redis words an ACL denial of a command a script calls (no NOPERM code prefix).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
+
 ONCE_ONLY = frozenset({"ZINCRBY", "INCR", "INCRBY", "HINCRBY"})
 
 
@@ -68,8 +76,12 @@ def _raised(reply: Any) -> Any:
 def typed_failure(exc: BaseException) -> BaseException:
     """emqfast's typed error for a driver failure (cause chained). A redis-py connection
     error on a plain command counts as sent unless it failed while connecting."""
+    if isinstance(exc, errors.EmqError):
+        return exc  # typed already (a Worker's own waits raise typed errors)
     sent = "connecting to" not in str(exc)
     typed = errors.translate(exc, sent=sent)
+    if not isinstance(typed, errors.EmqError) and _SCRIPT_NOPERM in str(typed):
+        typed = errors.PermissionDenied(str(typed))
     if typed is not exc and typed.__cause__ is None:
         typed.__cause__ = exc
     return typed
@@ -136,13 +148,18 @@ def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 
 # --- the asyncio driver -------------------------------------------------------------------
 
-async def run_async(client: Any, op: Returns[_R]) -> _R:
-    """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk)."""
+async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None) -> _R:
+    """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk);
+    ``waits`` performs a Worker's waits (its ``perform`` returns coroutines). A
+    cancellation is not thrown into the operation: it closes it and propagates."""
     try:
         request = op.send(None)
         while True:
             try:
-                reply = await _perform_async(client, request)
+                if isinstance(request, WAITS):
+                    reply = await waits.perform(request)  # type: ignore[union-attr]
+                else:
+                    reply = await _perform_async(client, request)
             except Exception as exc:
                 request = op.throw(typed_failure(exc))
             else:

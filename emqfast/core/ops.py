@@ -28,12 +28,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, List, NamedTuple, Optional,
-                    Sequence, Tuple, TypeVar, Union)
+                    Protocol, Sequence, Tuple, TypeVar, Union)
 
 from emqfast.core.lua import Script
 
-__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Op", "Returns",
-           "Request", "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Sleep", "WaitForRoom",
+           "WaitDrained", "PopMarker", "Hook", "Wait", "Waits", "Op", "Returns", "Request",
+           "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
 
 
 class Call(NamedTuple):
@@ -126,13 +127,67 @@ class Watched:
     then: Callable[[Any], List[Cmd]]
 
 
+# --- waits: what a Worker's logic asks of the Worker it runs in ----------------------------
+# Operations on the facade only talk to Redis. A Worker's logic (emqfast.worker.machine) is
+# written the same way and also yields these: the drivers hand each to the ``Waits`` the
+# Worker gave them (threads block on a condition; asyncio awaits an event), so a test can
+# script a whole claim loop without Redis or threads.
+
+class Sleep(NamedTuple):
+    """Sleep ``seconds``; ``wake_on_stop``: a stop of the Worker may end the sleep early."""
+
+    seconds: float
+    wake_on_stop: bool = False
+
+
+class WaitForRoom(NamedTuple):
+    """``(free handler slots, jobs the Worker may claim now)``; with no slot for a held job
+    and no room to claim, first wait up to ``seconds`` for a handler to end."""
+
+    seconds: float
+
+
+class WaitDrained(NamedTuple):
+    """While jobs of the Worker run or are being acked, wait up to ``seconds`` for one to
+    be written (True); with none in flight, False at once."""
+
+    seconds: float
+
+
+class PopMarker(NamedTuple):
+    """Block on the wake marker ``key`` up to ``seconds``: ``(member, score)`` or None."""
+
+    key: str
+    seconds: float
+
+
+class Hook(NamedTuple):
+    """Run a callable registered on the Worker (its ``beat_hooks``); an awaitable it
+    returns is awaited under asyncio."""
+
+    fn: Callable[[], Any]
+
+
+Wait = Union[Sleep, WaitForRoom, WaitDrained, PopMarker, Hook]
+WAITS = (Sleep, WaitForRoom, WaitDrained, PopMarker, Hook)
+
+
+class Waits(Protocol):
+    """How a Worker performs the :data:`Wait` requests (its driver's blocking or awaitable
+    methods: ``perform(request)`` returns the reply, or a coroutine of it)."""
+
+    def perform(self, request: Any) -> Any: ...
+
+
 _R = TypeVar("_R")
-Request = Union[Call, Cmd, Batch, Columns, Scan, Watched]
+Request = Union[Call, Cmd, Batch, Columns, Scan, Watched, Sleep, WaitForRoom, WaitDrained,
+                PopMarker, Hook]
 Op = Generator[Request, Any, Any]
+Logic = Op  # a piece of a Worker's logic: yields requests and waits, returns its result
 Returns = Generator[Request, Any, _R]  # an operation whose result is _R: ``-> Returns[int]``
 
 if TYPE_CHECKING:  # what a type checker sees of an @operation; at run time it is a function
-    from typing import Awaitable, Concatenate, Generic, Literal, ParamSpec, Protocol, overload
+    from typing import Awaitable, Concatenate, Generic, Literal, ParamSpec, overload
 
     _P = ParamSpec("_P")
     _S = TypeVar("_S")

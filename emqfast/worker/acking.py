@@ -1,7 +1,7 @@
 """Writing outcomes (the acker's logic, shared by both Workers).
 
-Sans-IO generators (see :mod:`emqfast.worker.effects`): a batch of outcomes is written
-by one :class:`~emqfast.worker.acks.AckPlan`, re-sent until it lands
+Sans-IO generators (see :mod:`emqfast.core.ops`): a batch of outcomes is written
+by one :class:`~emqfast.worker.calls.AckPlan`, re-sent until it lands
 (:func:`~emqfast.worker.resend.until_landed`), counted, forgotten, then its run times
 are added to the histograms. How outcomes reach the acker (a thread's queue, an asyncio
 list) is the driver's.
@@ -12,8 +12,8 @@ import logging
 from typing import TYPE_CHECKING, Any, List, Sequence
 
 from emqfast.core.errors import PermissionDenied, VersionMismatch
-from emqfast.worker.acks import AckPlan, metrics_call, run_times
-from emqfast.worker.effects import Logic, Pipeline
+from emqfast.core.ops import Batch, Logic
+from emqfast.worker.calls import AckPlan, metrics_call, run_times
 from emqfast.worker.outcomes import Outcome, forget_run, tally
 from emqfast.worker.resend import typed, until_landed
 
@@ -57,7 +57,7 @@ class Acking(_Host):
         if not obs:
             return
         try:
-            [reply] = yield Pipeline([metrics_call(self._keys, obs)], acks=True)
+            [reply] = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
             if isinstance(reply, Exception):
                 raise reply
         except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics

@@ -31,15 +31,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from emqfast.backends.scripts import load
 from emqfast.core.errors import Cancelled, JobTimeout
-from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Call
 from emqfast.core.validation import check_int
-from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.job import Job
 from emqfast.facade.options import TIMEOUT_KEY
-from emqfast.worker.effects import Logic
+from emqfast.core.ops import Batch, Cmd, Logic
+from emqfast.worker.calls import cancel_active_call, free_calls
 from emqfast.worker.outcomes import CancelledRun, Failed, Outcome, log_context
 from emqfast.worker.resend import until_landed
 from emqfast.worker.stats import RunningJob
@@ -50,8 +47,6 @@ else:
     _Host = object
 
 log = logging.getLogger("emqfast.worker")
-
-_CANCEL_ACTIVE = load("cancel_active")
 
 CANCELLED, TIMEOUT = "cancelled", "timeout"  # why a running job was stopped
 ABANDON = "abandon"  # a Deadlines kind: the grace after a stop has passed
@@ -83,13 +78,6 @@ def stop_outcome(job: Job, token: str, reason: str, tb: str = "") -> Failed:
     limit = job.extra.get(TIMEOUT_KEY)
     exc = JobTimeout(f"timeout (the run passed its timeout_ms{'=' + str(limit) if limit else ''})")
     return Failed(job, token, exc, tb, True)
-
-
-def cancel_active_call(k: QueueKeys, run: CancelledRun) -> Call:
-    """cancel_active.lua: end a run of ours as cancelled (fenced by its lease token)."""
-    return Call(_CANCEL_ACTIVE, [k.job(run.job.id), k.active, k.leases, k.cancelled, k.meta,
-                                 k.events, k.metrics, k.waiters, k.dependents, k.outbox],
-                [run.job.id, run.token, KEYSPACE_VERSION])
 
 
 def check_timeouts(job_timeout_ms: Optional[int], grace_ms: int) -> Tuple[Optional[int], int]:
@@ -221,8 +209,15 @@ class StopKeeping(_Host):
             return [(i, r.token) for i, r in self._running.items()
                     if i not in self._stops and not r.acking and not r.lost]
 
-    def _marked(self, runs: Sequence[Tuple[str, str]], flags: Sequence[Any]) -> None:
-        """Stop the runs whose job hash carries the cancel mark (a lost message)."""
+    def _recheck_cancels(self) -> Logic:
+        """Read the cancel marks of the running jobs not stopped yet (on the beat, and after
+        the listener (re-)subscribed) and stop those marked: a cancel whose message was
+        lost."""
+        runs = self._unstopped()
+        if not runs:
+            return
+        flags = yield Batch([Cmd.of("HGET", self._keys.job(job_id), "cancel")
+                             for job_id, _ in runs])
         for (job_id, token), flag in zip(runs, flags):
             if flag:
                 self._on_cancel(job_id, token)
@@ -265,7 +260,6 @@ class StopKeeping(_Host):
     def _write_cancelled(self, ended: List[CancelledRun]) -> Logic:
         """End cancelled runs (re-sent until they land: each is fenced by its token),
         free their groups' slots, count and forget them."""
-        from emqfast.worker.acks import free_calls  # the machine's ack calls
         calls = [cancel_active_call(self._keys, o) for o in ended]
         calls += free_calls(self._keys, ended)
         replies = yield from until_landed(calls, self._who, self._ack_until)

@@ -9,8 +9,8 @@ One bounded, expiring record per worker under the queue's slot (``lua/heartbeat.
 - ``emq:{q}:workers`` zset: token -> last beat (server ms), trimmed of stale entries on
   every write, at most 10,000 entries, expiring with its last worker.
 
-The hook is registered in ``WorkerMachine.beat_hooks``; a failed heartbeat is logged and
-never stops a Worker (it is information, not part of the job's safety)."""
+The Worker's beat runs :meth:`Heartbeat.beat`; a failed heartbeat is logged and never stops
+a Worker (it is information, not part of the job's safety)."""
 from __future__ import annotations
 
 import logging
@@ -80,8 +80,12 @@ class Heartbeat:
         return (yield Batch([Cmd.of("DEL", worker_key(keys, m.name)),
                              Cmd.of("ZREM", registry_key(keys), m.name)]))
 
-    def __call__(self) -> Any:
-        return self._run(self.op(), "written")
+    def beat(self) -> Op:
+        """The heartbeat on the Worker's beat (run by its driver); a failure is logged."""
+        try:
+            yield from self.op()
+        except EmqError as exc:  # never stop a worker over its heartbeat
+            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
 
     def sign_off(self) -> Any:
         """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""

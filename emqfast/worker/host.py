@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from emqfast.core.keys import QueueKeys
 from emqfast.facade.job import Job
-from emqfast.worker.effects import Logic
+from emqfast.core.ops import Logic
 from emqfast.worker.stats import HeldLease, RunningJob, WorkerStats
 
 Held = Tuple[str, str, Optional[str]]  # (job id, lease token, group or None)

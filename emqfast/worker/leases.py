@@ -1,6 +1,6 @@
 """Keeping the queue and this worker's leases healthy: the beat, lease renewal, releases.
 
-Sans-IO generators (see :mod:`emqfast.worker.effects`). The thread Worker renews leases
+Sans-IO generators (see :mod:`emqfast.core.ops`). The thread Worker renews leases
 on its claim loop's beat; the asyncio Worker renews them from a task of its own (a claim
 loop blocked on the marker must not let a long job's lease lapse), so the beat there
 leaves them out (``renew_on_beat``).
@@ -12,8 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from emqfast.core.validation import check_int
-from emqfast.worker import core
-from emqfast.worker.effects import Invoke, Logic, Send
+from emqfast.core.ops import Hook, Logic
+from emqfast.facade.queue import Queue
+from emqfast.facade.schedules import Schedules
+from emqfast.worker import calls
 from emqfast.worker.resend import pipeline_until, transient, typed, until_done
 from emqfast.worker.stats import HeldLease, RunningJob
 
@@ -47,23 +49,26 @@ class LeaseKeeping(_Host):
         if self.renew_on_beat:
             yield from self._renew_on_beat(now)
         queue = self.queue
-        yield Invoke(queue.reap, {"max_stalled": self.max_stalled})
+        yield from Queue.reap.op(queue, max_stalled=self.max_stalled)
         # due jobs are promoted on the beat too: a worker whose slots are all busy
         # does not claim, and the claim reply is where promotion is usually noticed
-        yield Invoke(queue.promote, {"limit": core.PROMOTE_BATCH})
+        yield from Queue.promote.op(queue, limit=calls.PROMOTE_BATCH)
         if now >= self._next_trim:
             self._next_trim = now + TRIM_EVERY_S
-            yield Invoke(queue.trim, {"keep_completed": self.keep_completed,
-                                      "keep_failed": self.keep_failed,
-                                      "max_age_ms": self.max_age_ms})
+            yield from Queue.trim.op(queue, keep_completed=self.keep_completed,
+                                     keep_failed=self.keep_failed, max_age_ms=self.max_age_ms)
         yield from self._pump_schedules()
         yield from self._check_paused()
+        yield from self._heartbeat.beat()
+        yield from self._deps.settle()
+        yield from self._recheck_cancels()  # a cancel message lost meanwhile
         for hook in self.beat_hooks:
-            yield Invoke(hook)
+            yield Hook(hook)
 
     def _pump_schedules(self) -> Logic:
         """Mint due schedule occurrences; remember when the next one is due."""
-        self._next_schedule_ms = core.next_schedule_ms((yield Invoke(self.queue.schedules.sweep)))
+        sweep = yield from Schedules.sweep.op(self.queue.schedules)
+        self._next_schedule_ms = calls.next_schedule_ms(sweep)
 
     # --- leases -------------------------------------------------------------------------
     def _due_leases(self, now: float) -> List[Lease]:
@@ -78,10 +83,10 @@ class LeaseKeeping(_Host):
     def _renew(self, due: Sequence[Lease], now: float) -> Logic:
         """Extend ``due`` leases by ``lease_ms``, ``LEASE_CHUNK`` per call; a lease found
         gone is marked lost (logged) unless the job's outcome is being written."""
-        for chunk in core.chunked(due):
-            call = core.extend_call(self._keys, self.lease_ms,
+        for chunk in calls.chunked(due):
+            call = calls.extend_call(self._keys, self.lease_ms,
                                     [(r.job_id, r.token) for r in chunk])
-            replies = yield Send(call)
+            replies = yield call
             for r, ok in zip(chunk, replies):
                 if ok:
                     r.extended_at = now
@@ -119,20 +124,24 @@ class LeaseKeeping(_Host):
         """A handler's ``job.extend_lease(ms)``: re-sent until it lands; LeaseLost when
         the lease is gone."""
         check_int(ms, "ms", 1, 1 << 40)
-        call = core.extend_call(self._keys, ms, [(job_id, token)])
-        core.check_extended(job_id, (yield from until_done(call, "extend", self._who)))
+        call = calls.extend_call(self._keys, ms, [(job_id, token)])
+        calls.check_extended(job_id, (yield from until_done(call, "extend", self._who)))
         running = self._running.get(job_id)
         if running is not None:
             running.extended_at = time.monotonic()
+
+    def _progress(self, job_id: str, token: str, value: Any) -> Logic:
+        """A handler's ``job.progress(value)``: recorded under the run's lease token."""
+        yield calls.progress_call(self._keys, job_id, token, value)
 
     # --- releasing ----------------------------------------------------------------------
     def _releasing(self, held: Sequence[Held], until: float) -> Logic:
         """Give claimed jobs back to pending (grouped ones to their lanes), at most
         ``LEASE_CHUNK`` per round trip; transient faults are retried until ``until``
         (monotonic s), then left to the reaper (their leases expire)."""
-        for chunk in core.chunked(held):
-            calls, skip = core.release_calls(self._keys, chunk)
-            replies = yield from pipeline_until(calls, until, f"release {len(chunk)} jobs")
+        for chunk in calls.chunked(held):
+            release, skip = calls.release_calls(self._keys, chunk)
+            replies = yield from pipeline_until(release, until, f"release {len(chunk)} jobs")
             self._count_released(chunk, replies[skip:])
 
     def _count_released(self, chunk: Sequence[Held], replies: Sequence[Any]) -> None:

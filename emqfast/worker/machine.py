@@ -1,15 +1,17 @@
 """The worker state machine: one claim loop for both Workers, without I/O.
 
-:class:`WorkerMachine` holds a Worker's state and its logic as sans-IO generators
-(:mod:`emqfast.worker.effects`): claim under leases (re-sent with the same request id
-after a lost reply), start the claimed jobs, promote due delayed jobs, block on the wake
-marker until work is ready, the beat (:mod:`emqfast.worker.leases`), and writing
-outcomes (:mod:`emqfast.worker.acking`). A driver subclasses it and supplies only what
-differs between threads and asyncio:
+:class:`WorkerMachine` holds a Worker's state and its logic as sans-IO generators that
+yield :mod:`emqfast.core.ops` requests (script calls, commands, pipelines) and waits
+(``Sleep``, ``WaitForRoom``, ``WaitDrained``, ``PopMarker``, ``Hook``): claim under leases
+(re-sent with the same request id after a lost reply), start the claimed jobs, promote due
+delayed jobs, block on the wake marker until work is ready, the beat
+(:mod:`emqfast.worker.leases`), and writing outcomes (:mod:`emqfast.worker.acking`). The
+facade's own operations (promote, reap, trim, the schedule sweep, the dependency settle)
+are composed with ``yield from``, so a test can script every I/O the machine does. A
+driver subclasses it and supplies only what differs between threads and asyncio:
 
-- ``_drive(logic)``: run a generator, performing its effects (``_do_send``,
-  ``_do_pipeline``, ``_do_sleep``, ``_do_invoke``, ``_do_wait_for_room``,
-  ``_do_wait_drained``, ``_do_pop_marker``);
+- ``_drive(logic)``: run a generator with :func:`emqfast.backends.drive.run` (threads) or
+  ``run_async`` (asyncio), its waits performed by the driver's ``perform``;
 - ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers, and
   ``_take_held(peek)``: take back those whose handler has not begun (a paused queue);
 - ``_guard`` (a context manager around shared state) and ``_notify()`` (a job ended or
@@ -29,16 +31,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 from emqfast.core.errors import EvictionRisk
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
-from emqfast.worker import core
+from emqfast.core.ops import Cmd, Logic, PopMarker, WaitDrained, WaitForRoom
+from emqfast.facade.queue import Queue
+from emqfast.worker import calls as core
 from emqfast.worker.acking import Acking
-from emqfast.worker.effects import Invoke, Logic, PopMarker, WaitDrained, WaitForRoom
 from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import LeaseKeeping
 from emqfast.worker.outbox import DependencyStep
 from emqfast.worker.outcomes import job_group
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.resend import Backoff, typed, until_done, wait_out
-from emqfast.worker.rows import JobRows
+from emqfast.worker.calls import JobRows
 from emqfast.worker.stats import HeldLease, RunningJob, WorkerStats
 
 log = logging.getLogger("emqfast.worker")
@@ -109,7 +112,9 @@ class WorkerMachine(LeaseKeeping, Acking):
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
         self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
         self._deps = DependencyStep(self)  # settles dependencies on the beat and after acks
-        self.beat_hooks: List[Callable[[], Any]] = [self._heartbeat, self._deps]
+        # callables run on every beat after the Worker's own steps (an awaitable one is
+        # awaited under asyncio): extensions and tests hook in here
+        self.beat_hooks: List[Callable[[], Any]] = []
         self._wait_active = False  # run_until_idle(wait_active=True)
 
     # --- state ----------------------------------------------------------------------------
@@ -189,7 +194,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
             # woken at a delayed job's run-at: promote before claiming (saves a round trip)
             self._due_hint = None
-            yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})
+            yield from Queue.promote.op(self.queue, limit=core.PROMOTE_BATCH)
         slots, room = yield WaitForRoom(self.beat_s)
         if slots and self._held:  # a handler slot is free: start a job we hold
             yield from self._start_held(slots)
@@ -211,7 +216,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
         # for an empty claim (one bounded promote; the next claim can take it)
         promoted = core.due_now(status, next_due, now) and \
-            (yield Invoke(self.queue.promote, {"limit": core.PROMOTE_BATCH})) > 0
+            (yield from Queue.promote.op(self.queue, limit=core.PROMOTE_BATCH)) > 0
         if pairs:
             yield from self._start_held(slots)
             return False
@@ -227,13 +232,12 @@ class WorkerMachine(LeaseKeeping, Acking):
         """Idle here, but jobs may be active under other workers' leases (a worker that
         died leaves its jobs there until their leases lapse and the reaper, on the beat,
         hands them back). True: wait for them (``wait_active``); else log what is left."""
-        active = yield Invoke(self._redis.zcard, {"name": self._keys.active})
+        active = yield Cmd.of("ZCARD", self._keys.active)
         if not active:
             return False
         if self._wait_active:
             return True
-        head = yield Invoke(self._redis.zrange, {"name": self._keys.active, "start": 0,
-                                                  "end": 0, "withscores": True})
+        head = yield Cmd.of("ZRANGE", self._keys.active, 0, 0, "WITHSCORES", withscores=True)
         ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
         log.info("%s: queue %s is idle here; leaving %d job(s) active under other workers' "
                  "leases (the earliest lease ends in %.1f s; a job whose worker died is "
@@ -277,7 +281,7 @@ class WorkerMachine(LeaseKeeping, Acking):
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
                 return
-            popped = yield PopMarker(remaining)
+            popped = yield PopMarker(self._keys.marker, remaining)
             if popped is None:
                 return
             score = popped[1]
@@ -293,7 +297,7 @@ class WorkerMachine(LeaseKeeping, Acking):
     def _check_paused(self) -> Logic:
         """On the beat, while jobs wait for a handler slot: a claim loop whose slots are all
         busy does not claim, so it asks whether the queue was paused meanwhile."""
-        if (self._held or self._take_held(peek=True)) and (yield Invoke(self.queue.is_paused)):
+        if (self._held or self._take_held(peek=True)) and (yield from Queue.is_paused.op(self.queue)):
             yield from self._release_held()
 
     def _release_held(self) -> Logic:

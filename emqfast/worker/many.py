@@ -28,7 +28,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.core.errors import InputTypeError, InvalidInput
-from emqfast.worker.effects import Logic
+from emqfast.core.ops import Logic
 from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.prefetch import Prefetch
 from emqfast.worker.queue_order import QueueOrder

@@ -21,64 +21,47 @@ from emqfast.core.errors import EmqError
 from emqfast.facade.dep_settle import Settled, settle_op
 from emqfast.facade.deps import results_op
 from emqfast.facade.job import Job
-from emqfast.worker.effects import Invoke, Logic
+from emqfast.core.ops import Logic
 
 log = logging.getLogger("emqfast.worker")
 
 
 class DependencyStep:
-    """The dependency step of one Worker (``machine``: its WorkerMachine)."""
+    """The dependency step of one Worker (``machine``: its WorkerMachine). Its parts are
+    operations the Worker's driver runs; a failure is logged, never raised."""
 
     def __init__(self, machine: Any):
         self.machine = machine
         self.busy = False  # the queue had dependents or outbox entries at the last look
         self.cursor = 0    # where the next sweep of the dependents hash resumes
 
-    def __call__(self) -> Any:
-        """The beat hook: settle the queue's dependencies (an awaitable under asyncio)."""
-        return self._run(settle_op(self.machine.queue.keys, cursor=self.cursor), self._settled)
+    def settle(self) -> Logic:
+        """On the beat: settle the queue's dependencies (drain, repair, one sweep chunk)."""
+        yield from self._settle(repair=True)
 
     def after_acks(self) -> Logic:
         """After an ack batch: drain the outbox now if the queue has dependency links in
         play (the repair of unsent links is left to the beat)."""
         if self.busy:
-            yield Invoke(self._drain)
+            yield from self._settle(repair=False)
 
-    def _drain(self) -> Any:
-        return self._run(settle_op(self.machine.queue.keys, repair=False, cursor=self.cursor),
-                         self._settled)
-
-    def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
-        """Fill ``dependency_results()`` of the started jobs that have dependencies."""
-        jobs: List[Job] = [job for job, _ in started if job.extra.get("d")]
-        if jobs:
-            yield Invoke(self._results, {"jobs": jobs})
-
-    def _results(self, jobs: List[Job]) -> Any:
-        return self._run(results_op(jobs), lambda _: None)
-
-    def _settled(self, settled: Any) -> None:
+    def _settle(self, repair: bool) -> Logic:
+        try:
+            settled = yield from settle_op(self.machine.queue.keys, repair=repair,
+                                           cursor=self.cursor)
+        except EmqError as exc:  # never stop a worker over it: the next beat retries
+            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
+            return
         if isinstance(settled, Settled):
             self.busy = settled.busy or bool(settled.told or settled.relinked)
             self.cursor = settled.cursor
 
-    def _run(self, op: Any, then: Any) -> Any:
-        queue = self.machine.queue
-        if getattr(queue, "is_async", False):
-            return self._run_async(op, then)
+    def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
+        """Fill ``dependency_results()`` of the started jobs that have dependencies."""
+        jobs: List[Job] = [job for job, _ in started if job.extra.get("d")]
+        if not jobs:
+            return
         try:
-            got = queue._drive(op)
-        except EmqError as exc:  # never stop a worker over it: the next beat retries
-            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
-            return None
-        then(got)
-        return got
-
-    async def _run_async(self, op: Any, then: Any) -> Any:
-        try:
-            got = await self.machine.queue._drive(op)
+            yield from results_op(jobs)
         except EmqError as exc:
-            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
-            return None
-        then(got)
-        return got
+            log.warning("%s: dependency results not read (%s)", self.machine.name, exc)

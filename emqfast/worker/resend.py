@@ -7,7 +7,7 @@ state (LOADING, BUSY, failover: ``ServerBusy``; OOM: ``ServerFull``) is waited o
 :class:`Backoff` and the same call re-sent. Anything else is permanent
 (:class:`~emqfast.errors.PermissionDenied`, :class:`~emqfast.errors.VersionMismatch`)
 and stops the Worker. The loops here are sans-IO generators (see
-:mod:`emqfast.worker.effects`).
+:mod:`emqfast.core.ops`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, List, Optional, Sequence
 
 from emqfast.core.errors import EmqError, PartialBatch, PermissionDenied, is_transient, translate
-from emqfast.worker.effects import Logic, Pipeline, Send, Sleep
+from emqfast.core.ops import Batch, Logic, Sleep
 
 log = logging.getLogger("emqfast.worker")
 
@@ -85,7 +85,7 @@ def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = nev
     backoff = Backoff()
     while True:
         try:
-            return (yield Send(call))
+            return (yield call)
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc):
                 raise
@@ -109,7 +109,7 @@ def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None) 
     backoff = Backoff()
     while True:
         try:
-            got = yield Pipeline([calls[i] for i in todo], acks=True)
+            got = yield Batch([calls[i] for i in todo], via_batcher=True)
             for i, reply in zip(todo, got):
                 replies[i] = reply
             todo = [todo[j] for j in transient_slots(got)]
@@ -134,7 +134,7 @@ def pipeline_until(calls: Sequence[Any], until: float, what: str) -> Logic:
     backoff = Backoff()
     while True:
         try:
-            return (yield Pipeline(calls))
+            return (yield Batch(calls))
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc) or time.monotonic() + backoff.next_s > until:
                 log.warning("could not %s (%s); the reaper will", what, exc)

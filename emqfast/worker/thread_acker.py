@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 from emqfast.backends import select as backend
 from emqfast.worker.acking import ACK_BATCH
-from emqfast.worker.effects import Logic
+from emqfast.core.ops import Logic
 from emqfast.worker.outcomes import Outcome
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Awaitable, List, Optional, Tuple
 
 from emqfast.facade.job import Job
-from emqfast.worker import core
+from emqfast.worker import calls
 from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
                                      check_decodable, failure, job_group, success)
 from emqfast.worker.stats import RunningJob
@@ -192,5 +192,4 @@ class HandlerSlots(_Host):
 
     def _progress_run(self, job_id: str, token: str, value: Any) -> None:
         """``job.progress(value)`` of a running job (through :class:`ThreadRunHooks`)."""
-        call = core.progress_call(self._keys, job_id, token, value)
-        call.script(self._redis, call.keys, call.args)
+        self._drive(self._progress(job_id, token, value))

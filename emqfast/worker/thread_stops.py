@@ -30,13 +30,13 @@ class ThreadStops(StopKeeping):
     def _setup_listening(self) -> None:
         self._listener = None
         self._timer = None
-        self.beat_hooks.append(self._recheck_cancels)  # a cancel message lost meanwhile
 
     def _start_listening(self) -> None:
         """At the start of a run: the timer, and the listener thread subscribing."""
         self._timer = TimeoutTimer(self._on_due)
         self._listener = CancelListener(self._redis, self._cancel_channels(), self._on_cancel,
-                                        self._recheck_cancels, self._who)
+                                        lambda: self._drive(self._recheck_cancels()),
+                                        self._who)
         self._listener.start()
 
     def _stop_listening(self) -> None:
@@ -74,14 +74,3 @@ class ThreadStops(StopKeeping):
         if run is not None and timer is not None:
             timer.add(time.monotonic() + self.cancel_grace_ms / 1000.0, run.job.id,
                       run.token, ABANDON)
-
-    def _recheck_cancels(self) -> None:
-        """Read the cancel marks of the running jobs not stopped yet (on the beat, and
-        after the listener (re-)subscribed): a cancel whose message was lost."""
-        runs = self._unstopped()
-        if not runs:
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        for job_id, _ in runs:
-            pipe.hget(self._keys.job(job_id), "cancel")
-        self._marked(runs, pipe.execute())

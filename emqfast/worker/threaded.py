@@ -7,7 +7,7 @@ threads; one acker thread that writes outcomes. Only the lease holder can
 finish a job: every outcome carries the lease token the claim returned.
 
 The logic is :class:`~emqfast.worker.machine.WorkerMachine`'s (shared with
-:class:`emqfast.aio.Worker`); this driver performs its effects with blocking calls and
+:class:`emqfast.aio.Worker`); this driver performs its requests with blocking calls and
 owns the handler pool, the acker thread, the wait for handler threads, and signals.
 """
 from __future__ import annotations
@@ -17,19 +17,18 @@ import queue as queue_mod
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from emqfast.backends.batcher import run_calls
-from emqfast.backends.scripts import run_pipeline
+from emqfast.backends.drive import run
+from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
-from emqfast.worker import effects, signals
+from emqfast.worker import signals
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.thread_stops import ThreadStops
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, refuse_async_handler
-from emqfast.worker.resend import raise_typed
 from emqfast.worker.stats import WorkerStats
 from emqfast.worker.thread_acker import ThreadAcker
 from emqfast.worker.thread_slots import HandlerSlots
@@ -175,9 +174,19 @@ class Worker(ThreadAcker, ThreadStops, HandlerSlots, WorkerMachine):
             self._shutdown()
         self._raise_fatal()
 
-    # --- performing the machine's effects ----------------------------------------------
-    def _drive(self, logic: effects.Logic) -> Any:
-        return effects.drive(logic, self)
+    # --- performing the machine's requests -------------------------------------------
+    def _drive(self, logic: Logic) -> Any:
+        """Run a piece of the machine's logic: Redis requests over the Worker's client (bulk
+        ones through the live backend's Batcher), waits by :meth:`perform`."""
+        return run(self._redis, logic, batcher=self._batcher, waits=self)
+
+    def _batcher(self) -> Any:
+        return self._ack_batcher if self._ack_batcher is not None else \
+            self.queue._live_batcher()
+
+    def perform(self, request: Wait) -> Any:
+        """Perform one of the machine's waits, blocking."""
+        return self._waits[type(request)](self, request)
 
     def _stop_requested(self) -> bool:
         return self._stop.is_set()
@@ -185,28 +194,13 @@ class Worker(ThreadAcker, ThreadStops, HandlerSlots, WorkerMachine):
     def _notify(self) -> None:
         self._lock.notify_all()
 
-    def _call(self, call: Any) -> Any:
-        """Run one script call; errors come up typed."""
-        try:
-            return call.script(self._redis, call.keys, call.args)
-        except Exception as exc:  # noqa: BLE001 - typed, then re-raised
-            raise_typed(exc)
-
-    def _do_send(self, effect: effects.Send) -> Any:
-        return self._call(effect.call)
-
-    def _do_pipeline(self, effect: effects.Pipeline) -> List[Any]:
-        if effect.acks:  # the acker's: through the live backend's pipeline
-            return run_calls(self._ack_batcher, effect.calls)
-        return run_pipeline(self._redis, effect.calls)
-
-    def _do_sleep(self, effect: effects.Sleep) -> None:
+    def _do_sleep(self, effect: Sleep) -> None:
         (self._stop.wait if effect.wake_on_stop else time.sleep)(effect.seconds)
 
-    def _do_invoke(self, effect: effects.Invoke) -> Any:
-        return effect.fn(**effect.kwargs)
+    def _do_hook(self, effect: Hook) -> Any:
+        return effect.fn()
 
-    def _do_wait_for_room(self, effect: effects.WaitForRoom) -> Tuple[int, int]:
+    def _do_wait_for_room(self, effect: WaitForRoom) -> Tuple[int, int]:
         """``(free handler slots, jobs this worker may claim)``: the claim room is its
         capacity minus the jobs it holds (started or not). With neither a slot for a held
         job nor room to claim, wait for a handler to return or an outcome to be written."""
@@ -223,17 +217,21 @@ class Worker(ThreadAcker, ThreadStops, HandlerSlots, WorkerMachine):
                 self._awaiting_slot = False
             return slots, room
 
-    def _do_wait_drained(self, effect: effects.WaitDrained) -> bool:
+    def _do_wait_drained(self, effect: WaitDrained) -> bool:
         with self._lock:  # checked and waited under one lock: no notify is missed
             if not self._running and not self._pending_acks:
                 return False
             self._lock.wait(effect.seconds)
             return True
 
-    def _do_pop_marker(self, effect: effects.PopMarker) -> Any:
+    def _do_pop_marker(self, effect: PopMarker) -> Any:
         if self._waiter is None:
             self._waiter = MarkerWaiter(self._redis)
-        return self._waiter.wait(self._keys.marker, effect.seconds)
+        return self._waiter.wait(effect.key, effect.seconds)
+
+    _waits: Dict[type, Callable[[Any, Any], Any]] = {
+        Sleep: _do_sleep, WaitForRoom: _do_wait_for_room, WaitDrained: _do_wait_drained,
+        PopMarker: _do_pop_marker, Hook: _do_hook}
 
     # --- shutdown ------------------------------------------------------------------
     def _shutdown(self) -> None:

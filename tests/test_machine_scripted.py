@@ -1,0 +1,291 @@
+"""The worker machine driven by a script instead of Redis: every I/O it does is a request
+(:mod:`emqfast.core.ops`) the test answers, so each rule of the claim loop, the beat, the
+acks and the shutdown is checked without a server, threads or timing. The real-Redis
+tests (test_engine_worker, test_worker_faults, ...) check the scripts and the drivers."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+import redis
+
+from emqfast import Queue
+from emqfast.core.errors import LeaseLost, PermissionDenied, ReplyLost, ServerBusy
+from emqfast.core.ops import (Batch, Call, Cmd, Hook, PopMarker, Sleep, WaitDrained,
+                              WaitForRoom)
+from emqfast.worker.cancels import StopKeeping
+from emqfast.worker.machine import WorkerMachine
+from emqfast.worker.outcomes import Done, Failed
+from emqfast.worker.stats import RunningJob
+
+NOW = 1_800_000_000_000  # server ms the scripted claim replies carry
+
+
+class Machine(StopKeeping, WorkerMachine):
+    """The machine with the smallest driver: handed-out jobs are recorded, never run."""
+
+    def __init__(self, queue: Queue, **options: Any):
+        self._setup_stops(options.pop("job_timeout_ms", None), 5000)
+        settings = dict(concurrency=2, lease_ms=30_000, max_stalled=1, batch_size=None,
+                        batch_floor=256, keep_completed=1000, keep_failed=10_000,
+                        max_age_ms=None, shutdown_timeout_s=1.0, name="w1",
+                        allow_eviction=True, prefetch=0)
+        settings.update(options)
+        self._setup(queue, lambda job: None, **settings)
+        self._guard = contextlib.nullcontext()
+        self.handed: List[Tuple[Any, str]] = []
+        self.stopping = False
+
+    def _hand_out(self, started: List[Tuple[Any, str]]) -> None:
+        self.handed += started
+        for job, token in started:
+            self._running[job.id] = RunningJob(job, token, time.monotonic())
+            self._in_hand += 1
+
+    def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
+        return []
+
+    def _notify(self) -> None:
+        pass
+
+    def _stop_requested(self) -> bool:
+        return self.stopping
+
+    def _stopped(self, run: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stopping = True
+
+
+Answer = Callable[[Any], Any]  # a request -> its reply (or an exception to throw in)
+
+
+def drive(logic: Any, answer: Answer, log: List[Any]) -> Any:
+    """Run ``logic`` to its end, answering each request with ``answer`` (recorded in ``log``);
+    an exception ``answer`` returns is thrown in at the yield, as the drivers do."""
+    reply: Any = None
+    throw: Optional[BaseException] = None
+    try:
+        while True:
+            request = logic.throw(throw) if throw is not None else logic.send(reply)
+            log.append(request)
+            got = answer(request)
+            reply, throw = (None, got) if isinstance(got, BaseException) else (got, None)
+    except StopIteration as done:
+        return done.value
+
+
+def name_of(request: Any) -> str:
+    """A request by what it does: a script's name, a command's verb, a wait's class."""
+    if isinstance(request, Call):
+        return request.script.name
+    if isinstance(request, Cmd):
+        return request.args[0]
+    if isinstance(request, Batch):
+        return "batch:" + ",".join(sorted({name_of(i) for i in request.items}))
+    return type(request).__name__
+
+
+def start_row(attempts: int = 1) -> List[Any]:
+    """One start.lua row: attempts, payload, enc, opts, created, run_at, started, cancel."""
+    return [attempts, b'{"n": 1}', None, None, NOW - 10, None, NOW - 5, None]
+
+
+def claim_reply(*pairs: Tuple[str, str], status: int = 1, next_due: int = -1) -> List[Any]:
+    return [NOW, status, next_due, *[x.encode() for pair in pairs for x in pair]]
+
+
+@pytest.fixture
+def machine() -> Machine:
+    # a client that is never used: every I/O goes through the scripted answers
+    q = Queue("scripted", redis.Redis(host="127.0.0.1", port=1))
+    m = Machine(q)
+    m._next_beat = float("inf")  # beats only where a test asks for one
+    return m
+
+
+def test_a_turn_claims_starts_and_hands_out_the_claimed_jobs(machine):
+    answers = {"WaitForRoom": (2, 2), "claim": claim_reply(("JOBa", "w1:1"), ("JOBb", "w1:2")),
+               "start": [start_row(), start_row()]}
+    log: List[Any] = []
+    done = drive(machine._turn(until_idle=True, wait_scheduled=False),
+                 lambda r: answers[name_of(r)], log)
+    assert done is False  # jobs were claimed: not idle
+    assert [name_of(r) for r in log] == ["WaitForRoom", "claim", "start"]
+    claim = log[1]
+    assert claim.args[0] == 2  # no more than the room
+    assert [(job.id, token) for job, token in machine.handed] == [("JOBa", "w1:1"),
+                                                                   ("JOBb", "w1:2")]
+    assert machine.stats.claimed == 2 and not machine._held
+
+
+def test_an_empty_claim_of_an_idle_worker_ends_run_until_idle_without_blocking(machine):
+    answers = {"WaitForRoom": (2, 2), "claim": claim_reply(), "ZCARD": 0}
+    log: List[Any] = []
+    assert drive(machine._turn(until_idle=True, wait_scheduled=False),
+                 lambda r: answers[name_of(r)], log) is True
+    assert "PopMarker" not in [name_of(r) for r in log]
+
+
+def test_an_empty_claim_of_a_serving_worker_blocks_on_the_marker_until_the_beat(machine):
+    answers = {"WaitForRoom": (2, 2), "claim": claim_reply(), "PopMarker": None}
+    log: List[Any] = []
+    drive(machine._turn(until_idle=False, wait_scheduled=False),
+          lambda r: answers[name_of(r)], log)
+    pops = [r for r in log if isinstance(r, PopMarker)]
+    assert len(pops) == 1 and pops[0].key == machine.queue.keys.marker
+    assert 0 < pops[0].seconds <= machine.beat_s
+
+
+def test_a_claim_reply_naming_a_due_job_promotes_it_before_the_next_claim(machine):
+    answers = {"WaitForRoom": (2, 2), "claim": claim_reply(next_due=NOW - 1), "due": [NOW, 0],
+               "ZCARD": 0}
+    log: List[Any] = []
+    drive(machine._turn(until_idle=True, wait_scheduled=False),
+          lambda r: answers.get(name_of(r), []), log)
+    assert "due" in [name_of(r) for r in log]  # the promote operation's first read
+
+
+def test_a_lost_claim_reply_is_re_sent_with_the_same_request_id(machine):
+    sent: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        n = name_of(r)
+        if n == "claim":
+            sent.append(r)
+            return ReplyLost("cut") if len(sent) == 1 else claim_reply(("JOBa", "w1:1"))
+        return {"WaitForRoom": (2, 2), "Sleep": None, "start": [start_row()]}[n]
+
+    drive(machine._turn(until_idle=True, wait_scheduled=False), answer, [])
+    assert len(sent) == 2 and sent[0].args == sent[1].args  # same request id: no new pops
+    assert [job.id for job, _ in machine.handed] == ["JOBa"]
+
+
+def test_a_busy_server_is_waited_out_and_a_permission_error_stops_the_loop(machine):
+    busy = iter([ServerBusy("BUSY"), ServerBusy("BUSY")])
+
+    def answer(r: Any) -> Any:
+        n = name_of(r)
+        if n == "claim":
+            return next(busy, PermissionDenied("NOPERM claim"))
+        return {"WaitForRoom": (2, 2), "Sleep": None}[n]
+
+    log: List[Any] = []
+    with pytest.raises(PermissionDenied):
+        drive(machine._serve_loop(until_idle=True, deadline=None, wait_scheduled=False),
+              answer, log)
+    sleeps = [r for r in log if isinstance(r, Sleep)]
+    assert len(sleeps) == 2 and sleeps[1].seconds > sleeps[0].seconds  # backed off
+
+
+def _running(machine: Machine, *pairs: Tuple[str, str]) -> None:
+    answers = {"WaitForRoom": (2, 2), "claim": claim_reply(*pairs),
+               "start": [start_row() for _ in pairs]}
+    drive(machine._turn(until_idle=True, wait_scheduled=False),
+          lambda r: answers[name_of(r)], [])
+
+
+def test_outcomes_are_written_in_one_complete_call_and_counted(machine):
+    _running(machine, ("JOBa", "w1:1"), ("JOBb", "w1:2"))
+    batch = [Done(job, token, b"1") for job, token in machine.handed]
+    machine._pending_acks += len(batch)  # what the driver's acker counts as it takes them
+    log: List[Any] = []
+    replies = drive(machine._write_batch(batch),
+                    lambda r: [[[1, 2], [1, 2]]] if name_of(r) == "batch:complete" else [], log)
+    assert [name_of(r) for r in log] == ["batch:complete"]
+    assert log[0].via_batcher  # the acks go through the backend Batcher
+    assert machine.stats.completed == 2 and replies == [[1, 2], [1, 2]]
+    assert not machine._running and machine._pending_acks == 0
+
+
+def test_an_outcome_whose_lease_was_lost_is_discarded_not_counted(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    job, token = machine.handed[0]
+    drive(machine._write_batch([Done(job, token, b"1")]),
+          lambda r: [[b"EMQLEASE lease on JOBa is no longer held"]], [])
+    assert machine.stats.completed == 0 and machine.stats.lease_lost == 1
+
+
+def test_a_failure_retries_through_fail_lua_with_the_backoff_delay(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    job, token = machine.handed[0]
+    log: List[Any] = []
+    drive(machine._write_batch([Failed(job, token, ValueError("x"), "tb", True)]),
+          lambda r: [[1, 0, 5]], log)
+    [fail] = log[0].items
+    assert fail.script.name == "fail" and fail.args[0] == "JOBa" and fail.args[1] == "w1:1"
+    assert machine.stats.retried == 1
+
+
+def test_the_beat_renews_leases_a_third_used_and_marks_lost_ones(machine):
+    _running(machine, ("JOBa", "w1:1"), ("JOBb", "w1:2"))
+    for run in machine._running.values():
+        run.extended_at -= machine.lease_ms / 1000  # all due
+    log: List[Any] = []
+    drive(machine._renew_due(), lambda r: [1, 0], log)
+    [extend] = log
+    assert extend.script.name == "extend"
+    assert list(extend.args[2:]) == ["JOBa", "w1:1", "JOBb", "w1:2"]
+    assert not machine._running["JOBa"].lost and machine._running["JOBb"].lost
+
+
+def test_the_beat_runs_its_steps_as_requests_and_then_the_hooks(machine):
+    machine._next_beat = 0.0
+    seen: List[str] = []
+    machine.beat_hooks.append(lambda: seen.append("hook"))
+    log: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        if isinstance(r, Hook):
+            return r.fn()
+        n = name_of(r)
+        return {"reap": [[], [0, 0]], "due": [NOW, 0], "sweep": None}.get(n, [])
+
+    with contextlib.suppress(Exception):  # the scripted replies are minimal
+        drive(machine._beat_if_due(), answer, log)
+    names = [name_of(r) for r in log]
+    assert names[0] in ("due", "reap") or any("reap" in n for n in names)
+    assert not any(isinstance(r, (WaitForRoom, WaitDrained)) for r in log)
+
+
+def test_a_paused_claim_hands_back_what_it_holds(machine):
+    machine.prefetch = 5
+    answers = {"WaitForRoom": (0, 2), "claim": claim_reply(("JOBa", "w1:1"), status=0),
+               "start": [start_row()]}
+    log: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        n = name_of(r)
+        if n.startswith("batch:"):
+            return [1] * len(r.items)
+        return answers[n]
+
+    drive(machine._turn(until_idle=False, wait_scheduled=False), answer, log)
+    names = [name_of(r) for r in log]
+    assert "batch:release" in names  # handed back, never handed to a handler
+    assert machine.handed == [] and machine.stats.released == 1
+
+
+def test_extend_lease_of_a_lost_lease_raises_lease_lost(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    with pytest.raises(LeaseLost):
+        drive(machine._extend_one("JOBa", "w1:1", 10_000), lambda r: [0], [])
+
+
+def test_a_stopping_worker_settles_a_cut_short_claim_by_re_sending_it(machine):
+    machine._claim_seq += 1
+    from emqfast.worker import calls
+    machine._claiming = calls.claim_call(machine.queue.keys, 2, 30_000, "w1", [], "r:1")
+    answers = {"claim": claim_reply(("JOBa", "w1:1")), "start": [start_row()]}
+    log: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        n = name_of(r)
+        return [1] * len(r.items) if n.startswith("batch:") else answers[n]
+
+    drive(machine._settle(time.monotonic() + 5), answer, log)
+    assert [name_of(r) for r in log] == ["claim", "start", "batch:release"]
+    assert machine.stats.released == 1 and machine._claiming is None
