@@ -28,7 +28,7 @@ from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Entry, Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.core.version import KEYSPACE_VERSION, __version__
-from emqfast.worker.threaded import Worker, WorkerStats
+from emqfast.worker.threads import Worker, WorkerStats
 
 
 __all__ = [

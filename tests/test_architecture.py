@@ -18,7 +18,9 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
 LAYERS = ["core", "server", "backends", "facade", "worker", "aio", "api", "tools"]
 FOLDER_LAYERS = {"web": "tools"}  # folders of a layer named otherwise (the dashboard: a tool)
 ROOT_MODULES = {"emqfast": "api", "emqfast.__main__": "tools"}
-MAX_MODULE_LINES = 400
+# A module holds one cohesive thing: a class is kept whole (the Worker read top to bottom)
+# rather than spread over mixins to fit a smaller limit; functions stay short.
+MAX_MODULE_LINES = 900
 MAX_FUNCTION_LINES = 60
 
 

@@ -308,16 +308,16 @@ def test_acker_survives_an_unexpected_error_and_the_job_is_rerun(q, monkeypatch)
     leases renewed forever: the jobs are handed back to the reaper and re-run."""
     ref = q.enqueue({"n": 1})
     runs = []
-    original = emqfast.Worker._write_outcomes
+    original = emqfast.Worker._ack_outcomes
     broken = {"left": 1}
 
-    def flaky_write(self, batch, batcher):
+    def flaky_write(self, batch):
         if broken["left"]:
             broken["left"] -= 1
             raise RuntimeError("unexpected failure while writing outcomes")
-        return original(self, batch, batcher)
+        return original(self, batch)
 
-    monkeypatch.setattr(emqfast.Worker, "_write_outcomes", flaky_write)
+    monkeypatch.setattr(emqfast.Worker, "_ack_outcomes", flaky_write)
     worker = emqfast.Worker(q, lambda job: runs.append(job.id) or "ok", lease_ms=300)
     worker.run_until_idle(timeout_s=20)
 

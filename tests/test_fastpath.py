@@ -14,7 +14,7 @@ import redis
 
 import emqfast
 from emqfast.worker.calls import JobRows
-from emqfast.worker.prefetch import Prefetch
+from emqfast.worker.leases import Prefetch
 from emqfast.facade.job import Job
 from emqfast.worker.wake import MarkerWaiter
 from waiting import wait_until

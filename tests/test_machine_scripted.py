@@ -18,7 +18,7 @@ from emqfast.core.ops import (Batch, Call, Cmd, Hook, PopMarker, Sleep, WaitDrai
 from emqfast.worker.cancels import StopKeeping
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Done, Failed
-from emqfast.worker.stats import RunningJob
+from emqfast.worker.leases import RunningJob
 
 NOW = 1_800_000_000_000  # server ms the scripted claim replies carry
 

@@ -15,7 +15,7 @@ from typing import Any, List, Tuple
 import pytest
 
 import emqfast
-from emqfast.worker.heartbeat import QueueWorkers
+from emqfast.facade.workers import QueueWorkers
 from engine_util import blocked_on_marker, make_queue, running_worker
 from waiting import wait_until
 

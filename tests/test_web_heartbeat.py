@@ -1,4 +1,4 @@
-"""Issue 14: worker heartbeats (lua/heartbeat.lua, emqfast/worker/heartbeat.py), what the
+"""Issue 14: worker heartbeats (lua/heartbeat.lua, emqfast/facade/workers.py), what the
 dashboard's Workers page lists: both Workers write one on their beat; the record is
 bounded and expires by itself; stale registry entries are trimmed; bad input is typed
 and writes nothing."""
@@ -15,7 +15,7 @@ import redis
 import emqfast
 import emqfast.aio as emq
 from emqfast.core.keys import QueueKeys
-from emqfast.worker.heartbeat import (QueueWorkers, beat_call, registry_key, worker_key)
+from emqfast.facade.workers import (QueueWorkers, beat_call, registry_key, worker_key)
 from conftest import dump_queue
 from engine_util import make_queue
 from waiting import wait_until, wait_until_async

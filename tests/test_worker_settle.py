@@ -1,5 +1,4 @@
-"""A claim or start cut short by the cancellation of ``run()`` (issue 19 item 2/3, on the one
-worker core of issue 13): the jobs it leased go back at once instead of waiting out their
+"""A claim or start cut short by the cancellation of ``run()``: the jobs it leased go back at once instead of waiting out their
 leases. The cut is made deterministic by holding the reply of the call after it ran."""
 from __future__ import annotations
 
@@ -8,22 +7,23 @@ import asyncio
 import pytest
 
 import emqfast.aio as emq
+from emqfast.backends import scripts
 from waiting import wait_until_async
 
 
 @pytest.mark.parametrize("script", ["claim", "start"])
 def test_cancelled_run_hands_back_the_jobs_of_a_cut_short_call(redis_url, qname, monkeypatch,
                                                                script):
-    original = emq.Worker._call
+    original = scripts.Script.call_async
     ran = {"n": 0}
 
-    async def held_reply(self, call):
-        reply = await original(self, call)
-        if call.script.name == script and len(reply) > 3 and not ran["n"]:  # the first only
+    async def held_reply(self, client, keys, args):
+        reply = await original(self, client, keys, args)
+        if self.name == script and len(reply) > 3 and not ran["n"]:  # the first only
             ran["n"] += 1
             await asyncio.sleep(30)  # cancelled here: the call ran, its reply is never read
         return reply
-    monkeypatch.setattr(emq.Worker, "_call", held_reply)
+    monkeypatch.setattr(scripts.Script, "call_async", held_reply)
 
     async def handler(job):
         raise AssertionError("no handler may run")

@@ -21,7 +21,7 @@ from emqfast.facade.job import Job
 from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
-from emqfast.worker.stats import RunningJob
+from emqfast.worker.leases import RunningJob
 
 if TYPE_CHECKING:
     from emqfast.aio.host import AioHost as _Host

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Sequ
 from emqfast.aio import cancels
 from emqfast.facade.job import Job
 from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
-from emqfast.worker.stats import RunningJob
+from emqfast.worker.leases import RunningJob
 
 if TYPE_CHECKING:  # a checker sees what the Worker holds; at run time the base is object
     from emqfast.aio.host import AioHost as _Host

@@ -13,11 +13,11 @@ from abc import abstractmethod
 from typing import Any, List, Optional, Set
 
 from emqfast.worker.async_slots import AsyncSlots
-from emqfast.worker.effects import Logic
-from emqfast.worker.host import Held
+from emqfast.core.ops import Logic
+from emqfast.worker.machine import Held
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome
-from emqfast.worker.prefetch import Prefetch
+from emqfast.worker.leases import Prefetch
 
 
 class AioHost(WorkerMachine):

@@ -60,13 +60,13 @@ from emqfast.backends.drive import run_async
 from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
 from emqfast.facade.job import Job
 from emqfast.server import eviction
-from emqfast.worker.acking import ACK_BATCH
+from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
-from emqfast.worker.stats import WorkerStats
-from emqfast.worker.threaded import DEFAULT_BATCH
+from emqfast.worker.outcomes import WorkerStats
+from emqfast.worker.threads import DEFAULT_BATCH
 
 log = logging.getLogger("emqfast.worker")
 

@@ -119,7 +119,7 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
            allow_eviction: bool, burst: bool, wait_active: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from emqfast.backends import select as live_backend  # callable: the live backend name
-    from emqfast.worker.threaded import Worker
+    from emqfast.worker.threads import Worker
 
     _log_to_stderr()
     state = current_state()

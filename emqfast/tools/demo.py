@@ -39,7 +39,7 @@ from emqfast.tools.demo_plan import (  # noqa: F401 - the scenario's names stay 
     SEND_PRIORITY, TOP_N, WEEKLY_CRON, Check, Run, ScheduleFacts, Scenario, Timeline, band,
     retry_delays)
 from emqfast.tools.render import fmt_delta
-from emqfast.worker.threaded import Worker
+from emqfast.worker.threads import Worker
 
 
 class TransientSendError(Exception):

@@ -23,7 +23,7 @@ from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedule, Schedules
 from emqfast.web.lockstep import run_many
-from emqfast.worker.heartbeat import WorkerInfo, live_workers_op
+from emqfast.facade.workers import WorkerInfo, live_workers_op
 
 log = logging.getLogger("emqfast.web")
 STATES = ("scheduled", "pending", "active", "completed", "failed")

@@ -4,7 +4,7 @@ A running job is *stopped* for a reason:
 
 - ``"cancelled"``: ``q.cancel(id)`` found it active; cancel.lua marked its hash
   (``cancel`` = 1) and published the id on the queue's cancel channel. The Worker's
-  listener (a thread, :mod:`emqfast.worker.cancel_listener`; a task,
+  listener (a thread, :class:`emqfast.worker.threads.CancelListener`; a task,
   :mod:`emqfast.aio.cancel_listener`) hears it at once; the beat (and each re-subscribe)
   re-reads the marks of the running jobs, so a message lost meanwhile is caught.
 - ``"timeout"``: it ran past its ``timeout_ms`` (enqueue option ``"t"``, else the
@@ -39,7 +39,7 @@ from emqfast.core.ops import Batch, Cmd, Logic
 from emqfast.worker.calls import cancel_active_call, free_calls
 from emqfast.worker.outcomes import CancelledRun, Failed, Outcome, log_context
 from emqfast.worker.resend import until_landed
-from emqfast.worker.stats import RunningJob
+from emqfast.worker.leases import RunningJob
 
 if TYPE_CHECKING:  # a checker sees the machine it is mixed with; at run time: object
     from emqfast.worker.machine import WorkerMachine as _Host

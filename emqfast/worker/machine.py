@@ -26,28 +26,35 @@ import socket
 import time
 import uuid
 from itertools import islice
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from emqfast.core.errors import EvictionRisk
+from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.core.ops import Batch, Cmd, Hook, Logic, PopMarker, WaitDrained, WaitForRoom
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
-from emqfast.core.ops import Cmd, Logic, PopMarker, WaitDrained, WaitForRoom
+from emqfast.facade.dep_settle import Settled, settle_op
+from emqfast.facade.deps import results_op
+from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
-from emqfast.worker import calls as core
-from emqfast.worker.acking import Acking
-from emqfast.worker.heartbeat import Heartbeat
-from emqfast.worker.leases import LeaseKeeping
-from emqfast.worker.outbox import DependencyStep
-from emqfast.worker.outcomes import job_group
-from emqfast.worker.prefetch import Prefetch
-from emqfast.worker.resend import Backoff, typed, until_done, wait_out
-from emqfast.worker.calls import JobRows
-from emqfast.worker.stats import HeldLease, RunningJob, WorkerStats
+from emqfast.facade.schedules import Schedules
+from emqfast.facade.workers import Heartbeat
+from emqfast.worker import calls
+from emqfast.worker.calls import AckPlan, JobRows, metrics_call, run_times
+from emqfast.worker.leases import HeldLease, Prefetch, RunningJob
+from emqfast.worker.outcomes import Outcome, WorkerStats, forget_run, job_group, tally
+from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_done,
+                                   until_landed, wait_out)
 
 log = logging.getLogger("emqfast.worker")
 
+TRIM_EVERY_S = 5.0  # retention (trim) runs on the beat at most this often
+ACK_BATCH = 1000  # outcomes written per AckPlan at most
 
-class WorkerMachine(LeaseKeeping, Acking):
+Held = Tuple[str, str, Optional[str]]  # (job id, lease token, group or None)
+Lease = Union[RunningJob, HeldLease]  # a lease this worker renews
+
+
+class WorkerMachine:
     """State and logic shared by :class:`emqfast.Worker` and :class:`emqfast.aio.Worker`."""
 
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
@@ -157,12 +164,12 @@ class WorkerMachine(LeaseKeeping, Acking):
             raise self._fatal
 
     def _write_batch(self, batch: List[Any]) -> Logic:
-        """Acking's, then release the jobs that waited on these (issue 15); not idle until
-        then, so run_until_idle sees the jobs it releases."""
+        """Write a batch of outcomes (:meth:`_write_outcomes`), then release the jobs that
+        waited on these; not idle until then, so run_until_idle sees the jobs it releases."""
         with self._guard:
             self._pending_acks += 1
         try:
-            replies = yield from super()._write_batch(batch)
+            replies = yield from self._write_outcomes(batch)
             yield from self._deps.after_acks()
         finally:
             with self._guard:
@@ -194,7 +201,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         if self._due_hint is not None and self._server_now_ms() >= self._due_hint:
             # woken at a delayed job's run-at: promote before claiming (saves a round trip)
             self._due_hint = None
-            yield from Queue.promote.op(self.queue, limit=core.PROMOTE_BATCH)
+            yield from Queue.promote.op(self.queue, limit=calls.PROMOTE_BATCH)
         slots, room = yield WaitForRoom(self.beat_s)
         if slots and self._held:  # a handler slot is free: start a job we hold
             yield from self._start_held(slots)
@@ -207,22 +214,22 @@ class WorkerMachine(LeaseKeeping, Acking):
         reply = yield from self._claim(min(room, self.batch_size))
         if reply is None:
             return False
-        now, status, next_due, pairs = core.parse_claim(reply)
-        served, self._groups = self._groups, core.claim_groups(reply)  # lanes for next turn
+        now, status, next_due, pairs = calls.parse_claim(reply)
+        served, self._groups = self._groups, calls.claim_groups(reply)  # lanes for next turn
         self._hold(pairs, served)
-        if status == core.CLAIM_PAUSED:
+        if status == calls.CLAIM_PAUSED:
             yield from self._release_held()
         self._server_offset_ms = now - time.monotonic() * 1000
         # a due delayed job (or retry) is promoted now, backlog or not: it must not wait
         # for an empty claim (one bounded promote; the next claim can take it)
-        promoted = core.due_now(status, next_due, now) and \
-            (yield from Queue.promote.op(self.queue, limit=core.PROMOTE_BATCH)) > 0
+        promoted = calls.due_now(status, next_due, now) and \
+            (yield from Queue.promote.op(self.queue, limit=calls.PROMOTE_BATCH)) > 0
         if pairs:
             yield from self._start_held(slots)
             return False
         if promoted:
             return False
-        if idle_before_claim and core.idle(until_idle, wait_scheduled, status, next_due, now):
+        if idle_before_claim and calls.idle(until_idle, wait_scheduled, status, next_due, now):
             if not (yield from self._wait_for_others(now)):
                 return True
         yield from self._wait_for_work(until_idle, now, status, next_due)
@@ -251,7 +258,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         popped (even when stopping, for up to shutdown_timeout_s, so they are released
         rather than left to expire as stalls)."""
         self._claim_seq += 1
-        claim = core.claim_call(self._keys, n, self.lease_ms, self.name, self._groups,
+        claim = calls.claim_call(self._keys, n, self.lease_ms, self.name, self._groups,
                                 f"{self._claim_prefix}:{self._claim_seq}")
         self._claiming = claim
         return (yield from until_done(claim, "claim", self._who, self._stop_overdue))
@@ -259,7 +266,7 @@ class WorkerMachine(LeaseKeeping, Acking):
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """After an empty claim: wait until the beat, a run-at, a rate window's opening or
         the next schedule run, or until new work wakes the marker."""
-        wait_ms, hint = core.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
+        wait_ms, hint = calls.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
         if hint is not None:
             self._due_hint = hint
         # draining: what ends this wait is our own outcomes being written, not the marker,
@@ -337,19 +344,19 @@ class WorkerMachine(LeaseKeeping, Acking):
         if claim is not None:
             reply = yield from until_done(claim, "claim", self._who, give_up)
             if reply is not None:
-                self._hold(core.parse_claim(reply)[3], [])
+                self._hold(calls.parse_claim(reply)[3], [])
         with self._guard:
             pairs = [(h.job_id, h.token) for h in self._held.values()]
             self._held.clear()
             self._held_groups.clear()
         held: List[Tuple[str, str, Optional[str]]] = []
-        for at in range(0, len(pairs), core.START_CHUNK):
-            chunk = pairs[at:at + core.START_CHUNK]
-            rows = yield from until_done(core.start_call(self._keys, chunk), "start",
+        for at in range(0, len(pairs), calls.START_CHUNK):
+            chunk = pairs[at:at + calls.START_CHUNK]
+            rows = yield from until_done(calls.start_call(self._keys, chunk), "start",
                                          self._who, give_up)
             if rows is not None:  # a job whose lease is gone has an empty row: not ours
                 held += [(job.id, token, job_group(job))
-                         for job, token in core.started_jobs(self._rows, chunk, rows)]
+                         for job, token in calls.started_jobs(self._rows, chunk, rows)]
         return held
 
     # --- starting jobs ------------------------------------------------------------------
@@ -370,7 +377,7 @@ class WorkerMachine(LeaseKeeping, Acking):
         each begins at once), in calls of at most ``START_CHUNK`` (bounded work per call)."""
         while slots > 0 and self._held:
             with self._guard:
-                chunk = list(islice(self._held.values(), min(slots, core.START_CHUNK)))
+                chunk = list(islice(self._held.values(), min(slots, calls.START_CHUNK)))
                 groups = sorted(self._held_groups)
             yield from self._start_chunk([(h.job_id, h.token) for h in chunk], groups)
             with self._guard:  # handed out (or no longer ours)
@@ -381,14 +388,234 @@ class WorkerMachine(LeaseKeeping, Acking):
             slots -= len(chunk)
 
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
-        start = core.start_call(self._keys, pairs, groups)
+        start = calls.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
         rows = yield from until_done(start, "start", self._who, self._stop_overdue)
         if rows is None:  # stopping and Redis still unreachable: the leases will expire
             log.warning("%s: could not start %d claimed jobs before stopping; the reaper "
                         "will hand them back", self._who, len(pairs))
             return
-        started = core.started_jobs(self._rows, pairs, rows)
+        started = calls.started_jobs(self._rows, pairs, rows)
         if started:
             yield from self._deps.load_results(started)  # job.dependency_results()
             self._hand_out(started)
+
+    # --- the beat, leases, releases ----------------------------------------------------
+
+    renew_on_beat = True
+
+    # --- the beat -----------------------------------------------------------------------
+    def _beat_if_due(self) -> Logic:
+        """Once per ``beat_s``: renew leases, reap, promote, trim, pump schedules, release held
+        jobs of a paused queue, hooks."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.beat_s
+        if self.renew_on_beat:
+            yield from self._renew_on_beat(now)
+        queue = self.queue
+        yield from Queue.reap.op(queue, max_stalled=self.max_stalled)
+        # due jobs are promoted on the beat too: a worker whose slots are all busy
+        # does not claim, and the claim reply is where promotion is usually noticed
+        yield from Queue.promote.op(queue, limit=calls.PROMOTE_BATCH)
+        if now >= self._next_trim:
+            self._next_trim = now + TRIM_EVERY_S
+            yield from Queue.trim.op(queue, keep_completed=self.keep_completed,
+                                     keep_failed=self.keep_failed, max_age_ms=self.max_age_ms)
+        yield from self._pump_schedules()
+        yield from self._check_paused()
+        yield from self._heartbeat.beat()
+        yield from self._deps.settle()
+        yield from self._recheck_cancels()  # a cancel message lost meanwhile
+        for hook in self.beat_hooks:
+            yield Hook(hook)
+
+    def _pump_schedules(self) -> Logic:
+        """Mint due schedule occurrences; remember when the next one is due."""
+        sweep = yield from Schedules.sweep.op(self.queue.schedules)
+        self._next_schedule_ms = calls.next_schedule_ms(sweep)
+
+    # --- leases -------------------------------------------------------------------------
+    def _due_leases(self, now: float) -> List[Lease]:
+        """Leases a third used (not lost, not being acked): running jobs' and held ones'
+        (claimed, waiting for a handler slot)."""
+        third = self.lease_ms / 3000.0
+        with self._guard:
+            held: List[Lease] = list(self._held.values())
+            return [r for r in [*self._running.values(), *held]
+                    if not r.lost and not r.acking and now - r.extended_at > third]
+
+    def _renew(self, due: Sequence[Lease], now: float) -> Logic:
+        """Extend ``due`` leases by ``lease_ms``, ``LEASE_CHUNK`` per call; a lease found
+        gone is marked lost (logged) unless the job's outcome is being written."""
+        for chunk in calls.chunked(due):
+            call = calls.extend_call(self._keys, self.lease_ms,
+                                    [(r.job_id, r.token) for r in chunk])
+            replies = yield call
+            for r, ok in zip(chunk, replies):
+                if ok:
+                    r.extended_at = now
+                else:
+                    self._lease_gone(r)
+
+    def _lease_gone(self, r: Lease) -> None:
+        """A renewal found the lease gone (reaped after a stall, deleted by hand)."""
+        if isinstance(r, HeldLease):
+            if self._held.get(r.job_id) is r:  # never started: just forget it
+                r.lost = True
+                log.warning("lease on held job %s was lost", r.job_id)
+        elif self._running.get(r.job.id) is r and not r.acking:
+            r.lost = True
+            log.warning("lease on running job %s was lost", r.job.id)
+
+    def _renew_due(self) -> Logic:
+        """Renew every lease that is due now (errors raised)."""
+        now = time.monotonic()
+        yield from self._renew(self._due_leases(now), now)
+
+    def _renew_on_beat(self, now: float) -> Logic:
+        """Renew due leases; a transient fault leaves them due: the next beat (a third of
+        the lease later at most) tries again, long before they expire."""
+        due = self._due_leases(now)
+        try:
+            yield from self._renew(due, now)
+        except Exception as exc:  # noqa: BLE001 - sorted by transient()
+            if not transient(exc):
+                raise
+            log.warning("%s: cannot extend %d leases (%s); next beat", self._who, len(due),
+                        type(typed(exc)).__name__)
+
+    def _extend_one(self, job_id: str, token: str, ms: int) -> Logic:
+        """A handler's ``job.extend_lease(ms)``: re-sent until it lands; LeaseLost when
+        the lease is gone."""
+        check_int(ms, "ms", 1, 1 << 40)
+        call = calls.extend_call(self._keys, ms, [(job_id, token)])
+        calls.check_extended(job_id, (yield from until_done(call, "extend", self._who)))
+        running = self._running.get(job_id)
+        if running is not None:
+            running.extended_at = time.monotonic()
+
+    def _progress(self, job_id: str, token: str, value: Any) -> Logic:
+        """A handler's ``job.progress(value)``: recorded under the run's lease token."""
+        yield calls.progress_call(self._keys, job_id, token, value)
+
+    # --- releasing ----------------------------------------------------------------------
+    def _releasing(self, held: Sequence[Held], until: float) -> Logic:
+        """Give claimed jobs back to pending (grouped ones to their lanes), at most
+        ``LEASE_CHUNK`` per round trip; transient faults are retried until ``until``
+        (monotonic s), then left to the reaper (their leases expire)."""
+        for chunk in calls.chunked(held):
+            release, skip = calls.release_calls(self._keys, chunk)
+            replies = yield from pipeline_until(release, until, f"release {len(chunk)} jobs")
+            self._count_released(chunk, replies[skip:])
+
+    def _count_released(self, chunk: Sequence[Held], replies: Sequence[Any]) -> None:
+        with self._guard:
+            for (job_id, token, _), reply in zip(chunk, replies):
+                if reply == 1:
+                    self.stats.released += 1
+                elif isinstance(reply, Exception):
+                    log.warning("could not release %s (%s); the reaper will", job_id,
+                                reply)
+                running = self._running.get(job_id)
+                if running is not None and running.token == token:
+                    del self._running[job_id]
+            self._notify()
+
+    # --- writing outcomes ---------------------------------------------------------------
+
+    def _mark_acking(self, outcomes: Sequence[Outcome]) -> None:
+        """Outcomes handed to the acker: their leases are renewed no more (the write ends
+        them, and a renewal racing it would read as a lost lease). Under ``_guard``."""
+        running = self._running
+        for outcome in outcomes:
+            run = running.get(outcome.job.id)
+            if run is not None and run.token == outcome.token:
+                run.acking = True
+
+    def _write_outcomes(self, batch: List[Outcome]) -> Logic:
+        """Write a batch of outcomes, count and forget them; the replies (for the run
+        times). A stopping worker re-sends until ``_ack_until`` only."""
+        plan = AckPlan(self._keys, batch)
+        replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until)))
+        tally(self.stats, batch, replies, plan.retrying)
+        self._forget(batch)
+        return replies
+
+    def _write_run_times(self, batch: List[Outcome], replies: List[Any]) -> Logic:
+        """Add the batch's wait/run times to the histograms in one call. Best effort: the
+        outcomes (and the exact counters) are already written, so a failure is logged,
+        not retried."""
+        obs = run_times(batch, replies)
+        if not obs:
+            return
+        try:
+            [reply] = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
+            if isinstance(reply, Exception):
+                raise reply
+        except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
+            log.warning("%s: could not record run times of %d jobs (%s)", self._who,
+                        len(batch), exc)
+
+    def _forget(self, batch: Sequence[Outcome]) -> None:
+        """The batch is written (or abandoned): its runs are over; wake whoever waits."""
+        with self._guard:
+            for outcome in batch:
+                forget_run(self._running, outcome)
+            self._pending_acks -= len(batch)
+            self._notify()
+
+    def _ack_failed(self, batch: Sequence[Outcome], exc: BaseException) -> None:
+        """A batch could not be written: forget its jobs (no longer extending their leases
+        hands them to the reaper: re-run, never lost, never hung). A permanent error
+        stops the worker, and :meth:`run` raises it."""
+        error = typed(exc)
+        log.error("%s: could not write %d outcomes (%s: %s); their leases will expire and "
+                  "the reaper will re-run them", self._who, len(batch), type(error).__name__,
+                  error)
+        self._forget(batch)
+        if isinstance(error, (PermissionDenied, VersionMismatch)) and self._fatal is None:
+            self._fatal = error
+            self.stop()
+
+
+class DependencyStep:
+    """The dependency step of one Worker (``machine``: its WorkerMachine). Its parts are
+    operations the Worker's driver runs; a failure is logged, never raised."""
+
+    def __init__(self, machine: Any):
+        self.machine = machine
+        self.busy = False  # the queue had dependents or outbox entries at the last look
+        self.cursor = 0    # where the next sweep of the dependents hash resumes
+
+    def settle(self) -> Logic:
+        """On the beat: settle the queue's dependencies (drain, repair, one sweep chunk)."""
+        yield from self._settle(repair=True)
+
+    def after_acks(self) -> Logic:
+        """After an ack batch: drain the outbox now if the queue has dependency links in
+        play (the repair of unsent links is left to the beat)."""
+        if self.busy:
+            yield from self._settle(repair=False)
+
+    def _settle(self, repair: bool) -> Logic:
+        try:
+            settled = yield from settle_op(self.machine.queue.keys, repair=repair,
+                                           cursor=self.cursor)
+        except EmqError as exc:  # never stop a worker over it: the next beat retries
+            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
+            return
+        if isinstance(settled, Settled):
+            self.busy = settled.busy or bool(settled.told or settled.relinked)
+            self.cursor = settled.cursor
+
+    def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
+        """Fill ``dependency_results()`` of the started jobs that have dependencies."""
+        jobs: List[Job] = [job for job, _ in started if job.extra.get("d")]
+        if not jobs:
+            return
+        try:
+            yield from results_op(jobs)
+        except EmqError as exc:
+            log.warning("%s: dependency results not read (%s)", self.machine.name, exc)

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from emqfast.core.errors import InputTypeError, InvalidInput
 from emqfast.core.ops import Logic
-from emqfast.worker.heartbeat import Heartbeat
-from emqfast.worker.prefetch import Prefetch
+from emqfast.facade.workers import Heartbeat
+from emqfast.worker.leases import Prefetch
 from emqfast.worker.queue_order import QueueOrder
-from emqfast.worker.stats import WorkerStats
+from emqfast.worker.outcomes import WorkerStats
 
 if TYPE_CHECKING:  # a checker sees the machine it is mixed into; at run time: object
     from emqfast.worker.machine import WorkerMachine as _Base

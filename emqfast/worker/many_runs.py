@@ -22,7 +22,7 @@ from typing import Any, Callable, List, Optional, Sequence
 from emqfast.worker import signals
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.many import Many
-from emqfast.worker.stats import WorkerStats
+from emqfast.worker.outcomes import WorkerStats
 
 
 def serve_many(driver: type, queues: Sequence[Any], handler: Callable[..., Any],

@@ -7,6 +7,7 @@ and :func:`tally` counts the replies into a Worker's stats.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 import logging
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Type, Union
 
@@ -15,6 +16,19 @@ from emqfast.core.errors import InputTypeError, LeaseLost, PayloadError, Unrecov
 from emqfast.facade.job import Job
 
 log = logging.getLogger("emqfast.worker")
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did (counts since it was created)."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    lease_lost: int = 0
+    released: int = 0
+    cancelled: int = 0  # runs stopped by q.cancel and ended as cancelled (never retried)
 
 
 class Done(NamedTuple):

@@ -1,0 +1,689 @@
+"""The thread Worker (:class:`emqfast.Worker`): claims jobs in batches under leases, runs
+the handler in a thread pool, acknowledges outcomes in pipelined batches, and keeps the
+queue healthy on its beat (lease extension, reaping, retention, schedule pumping).
+
+The logic is :class:`~emqfast.worker.machine.WorkerMachine`'s (shared with
+:class:`emqfast.aio.Worker`); this driver performs its requests with blocking calls and
+owns the threads, read top to bottom:
+
+- the caller's thread runs the claim loop (:meth:`Worker.run`, :meth:`Worker.run_until_idle`);
+- handler slots: started jobs queue on ``_ready`` and up to ``concurrency`` handler-pool
+  tasks drain it, each handing every outcome to the acker the moment its handler returns.
+  Slot accounting takes no lock per job: ``_in_hand`` is the jobs handed out less the runs
+  each slot ended (one writer per item of ``_ended``); a slot takes the lock only to wake a
+  claim loop that waits for one (``_awaiting_slot``);
+- the acker thread writes outcomes in batches through the live backend's Batcher (hiredis
+  under C); while more outcomes are coming it lets them gather for up to ``GATHER_S``, so a
+  busy drain writes dozens per round trip while a lone job's outcome is written at once;
+- stops (the rules: :mod:`emqfast.worker.cancels`): a listener thread hears cancels
+  (:class:`CancelListener`), a timer thread fires timeouts and the graces after a stop
+  (:class:`TimeoutTimer`), the beat re-reads the cancel marks. A sync handler cannot be
+  interrupted: it sees ``job.cancelled``; one that ignores it is abandoned after
+  ``cancel_grace_ms`` (its outcome written, its thread keeping its slot until it returns).
+
+Only the lease holder can finish a job: every outcome carries the lease token the claim
+returned.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import queue as queue_mod
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from emqfast.backends import select as backend
+from emqfast.backends.drive import run
+from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
+from emqfast.facade.job import Job
+from emqfast.facade.queue import Queue
+from emqfast.server import eviction
+from emqfast.worker import signals
+from emqfast.worker.machine import ACK_BATCH
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines, StopKeeping,
+                                    timeout_ms_of)
+from emqfast.worker.machine import WorkerMachine
+from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
+                                     check_decodable, check_worker_args, failure, job_group,
+                                     refuse_async_handler, success)
+from emqfast.worker.resend import Backoff, typed
+from emqfast.worker.leases import RunningJob
+from emqfast.worker.outcomes import WorkerStats
+from emqfast.worker.wake import MarkerWaiter
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("emqfast.worker")
+
+Handler = Callable[[Job], Any]
+
+DEFAULT_BATCH = 256    # most jobs claimed per round trip, unless batch_size says otherwise
+GATHER = 64       # outcomes in hand that are worth a write without gathering more...
+GATHER_S = 0.001  # ...else gather for this long while more are coming
+# How long one cancel-channel read waits. close() does not wait for it to run out: it shuts
+# the listener's socket, which ends the read at once (a Worker's stop stays instant).
+_POLL_S = 5.0
+
+
+class Worker(StopKeeping, WorkerMachine):
+    """Runs ``handler(job)`` for jobs of ``queue``.
+
+    ``concurrency`` handlers run at once; each claimed job holds its own lease of
+    ``lease_ms`` (extended while it runs); a job whose lease expires (worker
+    died or froze) goes back to pending and, after ``max_stalled`` such stalls,
+    fails as "stalled". Handler exceptions fail the attempt and retry with the
+    job's backoff; raise :class:`emqfast.Unrecoverable` to skip retries.
+    Return values are stored as the job's result (JSON).
+
+    Jobs are claimed up to ``batch_size`` per round trip. ``prefetch`` jobs may
+    wait (claimed, each with its own lease) beyond the ``concurrency`` running
+    ones: ``None`` sizes it from measured handler times so a waiting job starts
+    within ~2 ms (none for slow handlers, whole batches for fast ones); ``0``
+    turns it off.
+
+    Faults: every call the worker makes is safe to re-send, so a lost connection or reply
+    and a server that is loading, busy, failing over or full (OOM) are waited out with
+    backoff, and outcomes are written, not left to the lease. A permanent error (an ACL
+    lacking a command, a wrong password: :class:`~emqfast.errors.PermissionDenied`) stops
+    the worker: :meth:`run` raises it. A server whose ``maxmemory-policy`` may evict keys
+    is refused (:class:`~emqfast.errors.EvictionRisk`) unless ``allow_eviction=True``.
+
+    Shutdown (:meth:`stop`, SIGTERM/SIGINT): claiming stops, claimed jobs whose handler has
+    not begun are released at once, running handlers get ``shutdown_timeout_s`` to finish.
+    A job whose handler is still running after that is NOT released (its handler may still
+    finish, and a released job would run a second time): its lease is kept and extended
+    until the handler returns, its outcome is written, then :meth:`run` returns (a warning
+    names such jobs when the timeout passes). Handler threads cannot be interrupted; a
+    process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
+
+    Cancels and timeouts (issue 15): ``q.cancel(id)`` on a job this Worker runs reaches it
+    at once (a pub/sub listener thread; the beat re-reads the cancel marks in case a
+    message was lost): ``job.cancelled`` turns True and ``job.raise_if_cancelled()``
+    raises :class:`emqfast.Cancelled`; the job ends ``cancelled`` (never retried) however
+    the handler ends. A job enqueued with ``timeout_ms`` (else ``job_timeout_ms``; None:
+    no limit) is signalled the same way when its run passes it, and fails with
+    :class:`emqfast.JobTimeout` (retried per its attempts/backoff). A handler still running
+    ``cancel_grace_ms`` after either is abandoned: its outcome is written then (the lease
+    ends), its late return is ignored, and its thread keeps its handler slot until it
+    returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
+    """
+
+    def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
+                 concurrency: int = 8,
+                 lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
+                 prefetch: Optional[int] = None,
+                 keep_completed: int = 1000, keep_failed: int = 10_000,
+                 max_age_ms: Optional[int] = None, shutdown_timeout_s: float = 30.0,
+                 name: Optional[str] = None, allow_eviction: bool = False,
+                 job_timeout_ms: Optional[int] = None,
+                 cancel_grace_ms: int = DEFAULT_GRACE_MS,
+                 order: str = "strict", weights: Optional[Sequence[int]] = None):
+        # a list of queues never gets here: WorkerMachine.__new__ makes the many-queue
+        # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
+        check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
+        refuse_async_handler(handler)
+        self._setup_stops(job_timeout_ms, cancel_grace_ms)
+        self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
+        self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
+                    max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
+                    keep_completed=keep_completed, keep_failed=keep_failed,
+                    max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
+                    allow_eviction=allow_eviction, prefetch=prefetch)
+        self._setup_slots()
+        self._lock = threading.Condition()
+        self._guard = self._lock
+        self._acks: "queue_mod.SimpleQueue[Optional[Outcome]]" = queue_mod.SimpleQueue()
+        self._ack_batcher: Any = None  # the acker thread's Batcher (hiredis under C)
+        self._stop = threading.Event()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._acker: Optional[threading.Thread] = None
+        self._setup_listening()
+
+    # --- public control -------------------------------------------------------
+    def run(self) -> WorkerStats:
+        """Process jobs until :meth:`stop` or SIGTERM/SIGINT (graceful: jobs not begun are
+        released, running handlers finish and their outcomes are written; see the class
+        docstring for handlers still running after ``shutdown_timeout_s``). Raises
+        :class:`~emqfast.errors.PermissionDenied` when Redis refuses the worker's commands
+        for good, :class:`~emqfast.errors.EvictionRisk` on an evicting server."""
+        restore = signals.install(self.stop, self.name, worker=self)  # 2nd: force quit
+        try:
+            self._serve(until_idle=False, deadline=None, wait_scheduled=False)
+        finally:
+            restore()
+            self._stop.clear()  # this stop was honoured: the Worker may run again
+        return self.stats
+
+    def run_until_idle(self, timeout_s: Optional[float] = 60.0,
+                       wait_scheduled: bool = False, wait_active: bool = False) -> WorkerStats:
+        """Process jobs until nothing is pending, running or due (with
+        ``wait_scheduled``, until no delayed job is left either). Jobs still active under
+        other workers' leases are left to them (logged at INFO with when the earliest
+        lease ends); with ``wait_active`` it waits for them too, and runs those whose
+        worker died once their lease lapses (the beat reaps them). Raises
+        ``TimeoutError`` if that takes longer than ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._wait_active = wait_active
+        try:
+            self._serve(until_idle=True, deadline=deadline, wait_scheduled=wait_scheduled)
+        finally:
+            self._stop.clear()  # a stop requested meanwhile was honoured
+        return self.stats
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once claimed jobs are released or finished
+        (a running handler is never released: it may still finish). A stop requested
+        before :meth:`run` starts is honoured by it (run returns at once)."""
+        self._stopped_at = time.monotonic()
+        self._stop.set()
+        try:  # wake the claim loop if it is blocked on the marker
+            self._redis.zadd(self._keys.marker, {"0": 0})
+        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
+            pass
+
+    def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
+        if not self.allow_eviction:
+            self._refuse_eviction(eviction.check(self._redis))
+        # _stop is NOT cleared here: a stop() requested before run() is honoured
+        self._fatal = None
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
+        self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
+        self._acker.start()
+        self._start_listening()
+        try:
+            self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
+        finally:
+            self._shutdown()
+        self._raise_fatal()
+
+    # --- performing the machine's requests -------------------------------------------
+    def _drive(self, logic: Logic) -> Any:
+        """Run a piece of the machine's logic: Redis requests over the Worker's client (bulk
+        ones through the live backend's Batcher), waits by :meth:`perform`."""
+        return run(self._redis, logic, batcher=self._batcher, waits=self)
+
+    def _batcher(self) -> Any:
+        return self._ack_batcher if self._ack_batcher is not None else \
+            self.queue._live_batcher()
+
+    def perform(self, request: Wait) -> Any:
+        """Perform one of the machine's waits, blocking."""
+        return self._waits[type(request)](self, request)
+
+    def _stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def _notify(self) -> None:
+        self._lock.notify_all()
+
+    def _do_sleep(self, effect: Sleep) -> None:
+        (self._stop.wait if effect.wake_on_stop else time.sleep)(effect.seconds)
+
+    def _do_hook(self, effect: Hook) -> Any:
+        return effect.fn()
+
+    def _do_wait_for_room(self, effect: WaitForRoom) -> Tuple[int, int]:
+        """``(free handler slots, jobs this worker may claim)``: the claim room is its
+        capacity minus the jobs it holds (started or not). With neither a slot for a held
+        job nor room to claim, wait for a handler to return or an outcome to be written."""
+        with self._lock:
+            # set before the slots are read: a handler ending after that read sees it and
+            # notifies (under the lock, so only once this waits)
+            self._awaiting_slot = True
+            try:
+                slots, room = self._room()
+                if self._waits_for_room(slots, room):
+                    self._lock.wait(effect.seconds)
+                    slots, room = self._room()
+            finally:
+                self._awaiting_slot = False
+            return slots, room
+
+    def _do_wait_drained(self, effect: WaitDrained) -> bool:
+        with self._lock:  # checked and waited under one lock: no notify is missed
+            if not self._running and not self._pending_acks:
+                return False
+            self._lock.wait(effect.seconds)
+            return True
+
+    def _do_pop_marker(self, effect: PopMarker) -> Any:
+        if self._waiter is None:
+            self._waiter = MarkerWaiter(self._redis)
+        return self._waiter.wait(effect.key, effect.seconds)
+
+    _waits: Dict[type, Callable[[Any, Any], Any]] = {
+        Sleep: _do_sleep, WaitForRoom: _do_wait_for_room, WaitDrained: _do_wait_drained,
+        PopMarker: _do_pop_marker, Hook: _do_hook}
+
+    # --- shutdown ------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop: release what has not begun, let running handlers finish; see the class
+        docstring for why a handler still running after ``shutdown_timeout_s`` is waited
+        for (its lease kept) rather than released."""
+        pool, self._pool = self._pool, None
+        end = time.monotonic() + self.shutdown_timeout_s
+        # claimed but not started yet: hand back now instead of running
+        self._drive(self._settle(end))
+        self._drive(self._releasing(self._take_held(), end))
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+        self._wait_for_handlers(end)
+        self._stop_listening()  # before the acker's sentinel: an abandoned run's outcome
+        self._acks.put(None)
+        if self._acker is not None:
+            self._acker.join(timeout=max(end - time.monotonic(), 1.0))
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._heartbeat.sign_off()  # gone from the Workers page now, not when it expires
+
+    def _wait_for_handlers(self, end: float) -> None:
+        """Until every running handler has returned and its outcome is written, renewing
+        their leases (the claim loop's beat has stopped); warn once ``end`` has passed."""
+        warned = False
+        next_beat = time.monotonic() + self.beat_s
+        while not signals.abandon_if_forced(self):  # a 2nd signal: hand back, stop waiting
+            with self._lock:
+                if not self._running and self._pending_acks == 0:
+                    break
+                if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
+                    break  # only jobs whose lease is gone: nothing of ours to write
+                if not warned and time.monotonic() >= end and self._running:
+                    warned = True
+                    log.warning("worker %s: %d handler(s) still running after "
+                                "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
+                                "still finish): keeping their leases until they return",
+                                self.name, len(self._running), self.shutdown_timeout_s,
+                                ", ".join(sorted(self._running)[:10]))
+                self._lock.wait(0.05)
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.beat_s
+                try:  # transient faults: logged, the next beat tries again
+                    self._drive(self._renew_on_beat(time.monotonic()))
+                except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
+                    log.error("worker %s: cannot extend leases while stopping (%s)",
+                              self.name, exc)
+
+    # --- handler slots ------------------------------------------------------------------
+
+
+    def _setup_slots(self) -> None:
+        """The handler-slot state (after the machine's setup: needs ``concurrency``)."""
+        self._ready = deque()  # claimed, waiting for a handler thread
+        self._run_hooks = ThreadRunHooks(self)  # each running job's Job._run
+        self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
+        self._awaiting_slot = False  # the claim loop waits for a handler to return
+        self._ended = [0] * self.concurrency
+        self._free_slots = list(range(self.concurrency))  # slot indexes of no drainer
+
+    @property
+    def _in_hand(self) -> int:
+        """Started jobs whose handler has not returned: handed out, less the runs the
+        handler slots ended. Each slot counts its own (one writer per list item), so a
+        handler thread ends a run without taking the lock (issue 12)."""
+        return self._handed - sum(self._ended)
+
+    @_in_hand.setter
+    def _in_hand(self, value: int) -> None:  # the machine's setup: 0
+        self._handed = value + sum(self._ended)
+
+    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
+        """Queue started jobs for the handler pool, starting only the missing drainers."""
+        now = time.monotonic()
+        hooks = self._run_hooks
+        for job, token in started:  # no per-job callables: cheaper per job (issue 12)
+            job._run, job._run_token = hooks, token
+        timed = self.job_timeout_ms is not None
+        runs = {job.id: RunningJob(job, token, now) for job, token in started}
+        with self._lock:
+            self._running.update(runs)
+            for job, token in started:
+                if timed or job.extra:  # (issue 15; once running: may fire at once)
+                    self._arm_timeout(job, token, now)
+            self._stop_early(started)  # cancelled while held: stopped before a handler sees it
+            self._handed += len(started)
+            self._ready.extend(started)
+            # Handler tasks take jobs from _ready until it is empty; start only the
+            # missing ones, so at most `concurrency` handlers ever run at once.
+            spawn = min(self.concurrency - self._drainers, len(self._ready))
+            self._drainers += spawn
+            slots = [self._free_slots.pop() for _ in range(spawn)]
+        assert self._pool is not None
+        for slot in slots:
+            self._pool.submit(self._drain_ready, slot)
+
+    def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
+        """``(id, token, group)`` of jobs waiting for a handler thread, taken from the
+        queue (``peek``: left there)."""
+        with self._lock:
+            held = [(job.id, token, job_group(job)) for job, token in self._ready]
+            if not peek:
+                self._ready.clear()
+                self._handed -= len(held)
+            return held
+
+    def _drain_ready(self, slot: int) -> None:
+        """One handler slot (``slot``: its index in ``_ended``): run waiting jobs one after
+        another until none is left."""
+        ready, ends, lock = self._ready, self._ended, self._lock
+        clock, observe, ack = time.perf_counter, self._holding.observe, self._acks.put
+        while True:
+            try:
+                job, token = ready.popleft()
+            except IndexError:
+                with self._lock:  # decided under the lock _hand_out spawns under: no job strands
+                    if ready:
+                        continue
+                    self._drainers -= 1
+                    self._free_slots.append(slot)
+                    return
+            started = clock()
+            outcome: Optional[Outcome] = self._run_one(job, token)
+            ended = clock()
+            if self._stops:  # a stopped run ends by its stop (None: abandoned, written already)
+                outcome = self._settle_run(outcome)  # type: ignore[arg-type]
+            if outcome is not None:
+                ack(outcome)  # at once: the next handler may run for hours
+            ends[slot] += 1  # a handler slot is free: the claim loop may start a held job
+            if self._awaiting_slot:
+                with lock:
+                    lock.notify_all()
+            observe(ended - started)
+
+    def _run_one(self, job: Job, token: str) -> Outcome:
+        """Run the handler; the outcome the acker writes."""
+        try:
+            if job._undecodable is not None:  # fails for good, its handler never runs
+                check_decodable(job)
+            result = self.handler(job)
+        except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+            return failure(job, token, exc, traceback.format_exc())
+        if result is None:  # the common case first: no awaitable, nothing to encode
+            return Done(job, token, NULL_RESULT)
+        if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
+            return awaitable_result(job, token, result)
+        try:
+            return success(job, token, result)
+        except BaseException as exc:  # noqa: BLE001 - an unserialisable result fails the job
+            return failure(job, token, exc, traceback.format_exc())
+
+    def _hand_over(self, outcomes: List[Outcome]) -> None:
+        """Queue outcomes for the acker (which counts and marks them as it takes them)."""
+        for outcome in outcomes:
+            self._acks.put(outcome)
+
+    def _extend_run(self, job_id: str, token: str, ms: int) -> None:
+        """``job.extend_lease(ms)`` of a running job (through :class:`ThreadRunHooks`)."""
+        self._drive(self._extend_one(job_id, token, ms))
+
+    def _progress_run(self, job_id: str, token: str, value: Any) -> None:
+        """``job.progress(value)`` of a running job (through :class:`ThreadRunHooks`)."""
+        self._drive(self._progress(job_id, token, value))
+
+    # --- the acker thread ---------------------------------------------------------------
+
+
+    def _ack_loop(self) -> None:
+        """The acker thread: write batches of queued outcomes until the None sentinel."""
+        try:
+            while True:
+                batch = self._next_ack_batch()
+                if batch is None:
+                    return
+                try:
+                    if self._ack_batcher is None:  # the live backend's pipeline
+                        self._ack_batcher = backend.batcher_for(self._redis)
+                    self._ack_outcomes(batch)
+                except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
+                    self._ack_failed(batch, exc)
+        finally:
+            batcher, self._ack_batcher = self._ack_batcher, None
+            if batcher is not None:
+                batcher.close()
+
+    def _next_ack_batch(self) -> Optional[List[Outcome]]:
+        """The next batch (up to ``ACK_BATCH`` queued outcomes), counted as pending and
+        its leases no longer renewed; None: stop."""
+        first = self._acks.get()
+        if first is None:
+            return None
+        batch = [first]
+        stop = self._take_queued(batch)
+        if not stop and len(batch) < GATHER and self._more_coming(len(batch)):
+            time.sleep(GATHER_S)  # not a blocking get: a put wakes no one meanwhile
+            stop = self._take_queued(batch)
+        if stop:
+            self._acks.put(None)  # finish this batch, then exit
+        with self._guard:
+            self._pending_acks += len(batch)
+            self._mark_acking(batch)
+        return batch
+
+    def _take_queued(self, batch: List[Outcome]) -> bool:
+        """Add the outcomes queued now to ``batch`` (up to ``ACK_BATCH``); True when the
+        shutdown's sentinel was met."""
+        get = self._acks.get_nowait
+        while len(batch) < ACK_BATCH:
+            try:
+                item = get()
+            except queue_mod.Empty:
+                return False
+            if item is None:
+                return True
+            batch.append(item)
+        return False
+
+    def _more_coming(self, in_batch: int) -> bool:
+        """More outcomes are due soon: jobs wait for a handler, or more handlers run than
+        outcomes are in this batch (an estimate read without the lock)."""
+        return bool(self._ready) or self._in_hand > in_batch
+
+    def _ack_outcomes(self, batch: List[Outcome]) -> None:
+        """Write a batch (``batcher``: the acker's), then its run times."""
+        replies = self._drive(self._write_batch(batch))
+        self._drive(self._write_run_times(batch, replies))
+
+    # --- stopping running jobs ---------------------------------------------------------
+
+
+    def _setup_listening(self) -> None:
+        self._listener = None
+        self._timer = None
+
+    def _start_listening(self) -> None:
+        """At the start of a run: the timer, and the listener thread subscribing."""
+        self._timer = TimeoutTimer(self._on_due)
+        self._listener = CancelListener(self._redis, self._cancel_channels(), self._on_cancel,
+                                        lambda: self._drive(self._recheck_cancels()),
+                                        self._who)
+        self._listener.start()
+
+    def _stop_listening(self) -> None:
+        """At the end of a run, once no handler of ours is left to stop."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.close()
+
+    def _cancel_channels(self) -> List[str]:
+        """The pub/sub channels the cancels of this Worker's jobs are published on."""
+        return [self._keys.cancel_channel]
+
+    def _arm_timeout(self, job: Job, token: str, now: float) -> None:
+        """A job handed to a handler: stop it when its timeout passes (if it has one)."""
+        limit = timeout_ms_of(job, self.job_timeout_ms)
+        if limit and self._timer is not None:
+            self._timer.add(now + limit / 1000.0, job.id, token, TIMEOUT)
+
+    def _on_due(self, job_id: str, token: str, kind: str) -> None:
+        """A deadline passed (timer thread): a run's timeout, or a stop's grace."""
+        if kind == TIMEOUT:
+            self._stopped(self._stop_run(job_id, TIMEOUT, token))
+        elif kind == ABANDON:
+            outcome = self._abandon_run(job_id, token)
+            if outcome is not None:
+                self._hand_over([outcome])
+
+    def _stopped(self, run: Optional[RunningJob]) -> None:
+        """A run was asked to stop (its handler sees ``job.cancelled``): abandon it if it
+        has not ended within the grace."""
+        timer = self._timer
+        if run is not None and timer is not None:
+            timer.add(time.monotonic() + self.cancel_grace_ms / 1000.0, run.job.id,
+                      run.token, ABANDON)
+
+
+class ThreadRunHooks:
+    """``Job._run`` of the jobs a thread Worker runs (:class:`emqfast.facade.job.RunHooks`):
+    ``job.extend_lease`` and ``job.progress`` reach the Worker with the run's token."""
+
+    __slots__ = ("_worker",)
+    is_async = False  # extend_lease_async / progress_async are the aio Worker's
+
+    def __init__(self, worker: Worker):
+        self._worker = worker
+
+    def extend(self, job_id: str, token: Optional[str], ms: int) -> None:
+        assert token is not None
+        self._worker._extend_run(job_id, token, ms)
+
+    def progress(self, job_id: str, token: Optional[str], value: Any) -> None:
+        assert token is not None
+        self._worker._progress_run(job_id, token, value)
+
+    def extend_async(self, job_id: str, token: Optional[str], ms: int) -> Awaitable[None]:
+        raise RuntimeError("extend_lease_async() is only available to a running aio handler")
+
+    def progress_async(self, job_id: str, token: Optional[str],
+                       value: Any) -> Awaitable[None]:
+        raise RuntimeError("progress_async() is only available to a running aio handler")
+
+
+class CancelListener:
+    """Hears the cancel channels ``channels`` on ``client`` (sync redis-py, or Cluster)."""
+
+    def __init__(self, client: Any, channels: Sequence[str], on_cancel: Callable[[str], None],
+                 on_subscribed: Callable[[], None], who: str):
+        self._client, self._channels = client, list(channels)
+        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._closed = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
+        self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
+
+    def start(self) -> None:
+        self._closed.clear()
+        self._thread = threading.Thread(target=self._run, name="emq-cancels", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (returns once the thread ended, or after a couple of seconds)."""
+        self._closed.set()
+        _cut(self._pubsub)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        backoff = Backoff(0.05, 2.0)
+        while not self._closed.is_set():
+            try:
+                self._listen()
+                return
+            except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
+                self.subscribed.clear()
+                if self._closed.is_set():  # close() cut the connection: not a loss
+                    return
+                wait = backoff()
+                log.warning("%s: cancel listener lost its connection (%s); re-subscribing "
+                            "in %.2fs", self._who, type(typed(exc)).__name__, wait)
+                self._closed.wait(wait)
+
+    def _listen(self) -> None:
+        pubsub = self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            if self._closed.is_set():  # closed while this connection was being made
+                return
+            pubsub.subscribe(*self._channels)
+            self.subscribed.set()
+            self._on_subscribed()
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=_POLL_S)
+                if message and message.get("type") == "message":
+                    data = message["data"]
+                    self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+        finally:
+            self.subscribed.clear()
+            self._pubsub = None
+            try:
+                pubsub.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+
+
+def _cut(pubsub: Any) -> None:
+    """Shut the socket of ``pubsub``'s connection (from another thread): its blocked read
+    ends at once with a connection error, which the closed listener takes as its end."""
+    connection = getattr(pubsub, "connection", None) if pubsub is not None else None
+    sock = getattr(connection, "_sock", None)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+class TimeoutTimer:
+    """Hands each passed deadline ``(job id, token, kind)`` to ``on_due`` (its thread)."""
+
+    def __init__(self, on_due: Callable[[str, str, str], None]):
+        self._on_due = on_due
+        self._deadlines = Deadlines()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, at: float, job_id: str, token: str, kind: str) -> None:
+        """``on_due(job_id, token, kind)`` at ``at`` (monotonic s)."""
+        with self._cond:
+            if self._closed:
+                return
+            if self._deadlines.add(at, job_id, token, kind):
+                self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="emq-timeouts",
+                                                daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due: List[Tuple[str, str, str]] = []
+                while not self._closed and not due:
+                    due = self._deadlines.due(time.monotonic())
+                    if not due:
+                        nxt = self._deadlines.next_at()
+                        self._cond.wait(None if nxt is None else max(nxt - time.monotonic(), 0))
+                if self._closed:
+                    return
+            for job_id, token, kind in due:
+                try:
+                    self._on_due(job_id, token, kind)
+                except Exception:  # noqa: BLE001 - one job's stop must not end the timer
+                    log.exception("stopping timed-out job %s failed", job_id)
