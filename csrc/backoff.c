@@ -1,5 +1,5 @@
 /* backoff.c - retry delays with deterministic jitter; the spec is
- * emqfast/_pure.py (backoff_delay).
+ * emqfast/backends/pure.py (backoff_delay).
  *
  * Everything is exact 64-bit arithmetic. Inputs where Python's unbounded ints
  * would leave int64 (base/cap above 2**62, band above 1, a jittered delay

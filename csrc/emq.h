@@ -8,7 +8,7 @@
  * hiredis ABI, which differs between 0.14 and 1.x.
  *
  * Arithmetic contract: every function returns exactly what its twin in
- * emqfast/_pure.py returns (tests/test_parity.py checks it). Inputs C cannot
+ * emqfast/backends/pure.py returns (tests/test_parity.py checks it). Inputs C cannot
  * represent or compute exactly yield EMQ_EDOMAIN; the Python wrapper then
  * hands them to the reference implementation.
  */
@@ -35,7 +35,7 @@ extern "C" {
 #define EMQ_EIO 6      /* connection failed after sending: outcome unknown */
 #define EMQ_EINVAL 7   /* malformed call: a command with no arguments */
 
-/* Score layout (mirrors _pure.py). */
+/* Score layout (mirrors emqfast/backends/pure.py). */
 #define EMQ_EPOCH_MS 1704067200000
 #define EMQ_SEQ_BITS 12
 #define EMQ_SEQ_MASK 4095
@@ -162,7 +162,7 @@ int emq_evalsha_columns(emq_conn *c, const char *sha, size_t shalen, int64_t num
                         size_t ncalls, size_t nslots, const char *slot_data,
                         const size_t *slot_lens, const int64_t *slot_col, size_t ncols,
                         const char *col_data, const size_t *col_lens, emq_replies *out);
-/* Same with `rows` rows of the columns per call (issue 12: enqueue_many.lua admits a
+/* Same with `rows` rows of the columns per call (enqueue_many.lua admits a
  * chunk of jobs per call): nrows rows make ceil(nrows / rows) calls, the last one the
  * rest. A slot with slot_each[s] != 0 (slot_each may be NULL: none) is repeated once per
  * row of its call, a run of such slots row by row; the others appear once per call (a

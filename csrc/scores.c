@@ -1,4 +1,4 @@
-/* scores.c - sorted-set score packing; the spec is emqfast/_pure.py.
+/* scores.c - sorted-set score packing; the spec is emqfast/backends/pure.py.
  *
  * Python ints are unbounded and use floor semantics for >> and & on negative
  * values. The helpers below reproduce that on int64 without relying on the

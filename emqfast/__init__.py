@@ -7,42 +7,46 @@
 """
 import sys as _sys
 
+# the queue and its jobs
+from emqfast.facade.queue import Queue
+from emqfast.facade.job import Job, JobRef
+from emqfast.facade.backoff import Backoff
+from emqfast.facade.control import CancelResult
+from emqfast.facade.flow import Flow, FlowJob
+from emqfast.facade.waiting import wait_all
+from emqfast.facade.bulk import promote_many
+from emqfast.facade.leaderboard import Entry, Leaderboard
+# running jobs
+from emqfast.worker.threads import Worker, WorkerStats
+# connecting, and the modules with public names of their own
+from emqfast.server.connection import connect
 from emqfast.backends import select as backend  # callable: emqfast.backend() -> 'c' | 'python'
 from emqfast.core import errors, redaction
 from emqfast.facade import metrics
 from emqfast.server import embedded
-from emqfast.facade.backoff import Backoff
-from emqfast.facade.bulk import promote_many
-from emqfast.server.connection import connect
-from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, EmqError, EvictionRisk,
-    InputTypeError, InvalidInput, JobNotFound, JobStateError, KeyTypeConflict, KindError,
-    LeaseLost, PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy,
-    ServerFull, Unrecoverable, VersionMismatch)
-from emqfast.core.errors import Cancelled, JobTimeout  # issue 15: cancelling running jobs
-from emqfast.facade.control import CancelResult
-from emqfast.core.errors import DependencyCycle, UnknownDependency  # issue 15: dependencies
-from emqfast.facade.flow import Flow, FlowJob
-from emqfast.core.errors import JobExpired, JobFailed, WaitTimeout  # issue 15: ref.wait()
-from emqfast.facade.waiting import wait_all
-from emqfast.facade.job import Job, JobRef
-from emqfast.facade.leaderboard import Entry, Leaderboard
-from emqfast.facade.queue import Queue
 from emqfast.core.version import KEYSPACE_VERSION, __version__
-from emqfast.worker.threads import Worker, WorkerStats
-
+# errors: one base (EmqError), then by what they say
+from emqfast.core.errors import (BackendUnavailable, Cancelled, ConnectionFailed,
+    DependencyCycle, EmqError, EvictionRisk, InputTypeError, InvalidInput, JobExpired,
+    JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
+    PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy, ServerFull,
+    UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout)
 
 __all__ = [
-    "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "EvictionRisk",
-    "InvalidInput", "Job", "PartialBatch", "PermissionDenied", "ReplyLost", "ServerBusy",
-    "ServerFull", "InputTypeError", "KeyTypeConflict",
-    "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
-    "LeaseLost",
-    "PayloadError", "Queue", "RangeError", "Unrecoverable", "VersionMismatch", "Worker",
-    "WorkerStats", "__version__", "backend", "connect", "embedded", "errors", "metrics",
-    "promote_many", "redaction",
-    "Cancelled", "CancelResult", "JobTimeout",
-    "DependencyCycle", "Flow", "FlowJob", "UnknownDependency",
-    "JobExpired", "JobFailed", "WaitTimeout", "wait_all",
+    # the queue and its jobs
+    "Queue", "Job", "JobRef", "Backoff", "CancelResult", "Flow", "FlowJob", "wait_all",
+    "promote_many", "Entry", "Leaderboard",
+    # running jobs
+    "Worker", "WorkerStats",
+    # connecting, and the modules with public names of their own
+    "connect", "backend", "errors", "redaction", "metrics", "embedded", "KEYSPACE_VERSION",
+    "__version__",
+    # errors
+    "EmqError", "BackendUnavailable", "Cancelled", "ConnectionFailed", "DependencyCycle",
+    "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired", "JobFailed", "JobNotFound",
+    "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
+    "PayloadError", "PermissionDenied", "RangeError", "ReplyLost", "ServerBusy", "ServerFull",
+    "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout",
 ]
 
 # The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,

@@ -1,5 +1,5 @@
 -- dep_cancel.lua: cancel a job waiting for its dependencies (state waiting_deps), in its
--- slot (issue 15). It leaves waitdeps (and deplink), its deps set goes, and it keeps a
+-- slot. It leaves waitdeps (and deplink), its deps set goes, and it keeps a
 -- record like any cancelled job (state cancelled, `finished`, the cancelled zset); its
 -- waiters and its own dependents are told through the finish hook (outcome cancelled).
 -- Links to it left in its dependencies' slots are harmless: a resolve finds it no longer

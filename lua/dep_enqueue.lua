@@ -1,5 +1,5 @@
 -- dep_enqueue.lua: write a job that waits for its dependencies (state waiting_deps): the
--- first step of an enqueue with depends_on (issue 15). The job's hash, its entry on the
+-- first step of an enqueue with depends_on. The job's hash, its entry on the
 -- waitdeps set, the set of its remaining dependencies and its mark on deplink (links not
 -- all sent yet) are written at once, in the job's own slot; the caller then links each
 -- dependency in that dependency's slot (dep_link.lua) and clears the mark. A crash in

@@ -1,5 +1,5 @@
--- dep_link.lua: link a waiting job to one of its dependencies, in the dependency's slot
--- (issue 15): the dependent joins the dependency's dependents set and the dependency is
+-- dep_link.lua: link a waiting job to one of its dependencies, in the dependency's slot:
+-- the dependent joins the dependency's dependents set and the dependency is
 -- counted on the queue's dependents hash, which the finish hook (includes/finished.lua)
 -- reads when the dependency ends for good: it then queues "<outcome>\0<id>" on the outbox.
 -- Idempotent: a link sent again (a re-run, the crash repair) adds nothing. A dependency

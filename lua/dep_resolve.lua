@@ -1,5 +1,5 @@
 -- dep_resolve.lua: one dependency of a waiting job ended; resolve it, in the dependent's
--- slot (issue 15). The dependency leaves the job's deps set (idempotent: a resolve sent
+-- slot. The dependency leaves the job's deps set (idempotent: a resolve sent
 -- again, by a second drainer or the repair, finds it gone and does nothing). The last one
 -- gone releases the job to pending with its own pending score (its priority tier and mint
 -- order). A dependency that did not complete (failed, cancelled, expired or vanished), for

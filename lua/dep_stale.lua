@@ -1,6 +1,6 @@
 -- dep_stale.lua: the jobs whose dependency links were not all sent within a grace period
 -- (the enqueue that wrote them died between its steps), oldest first, on the server
--- clock (issue 15). Read only: emqfast/facade/deps.py re-sends their links (idempotent).
+-- clock. Read only: emqfast/facade/deps.py re-sends their links (idempotent).
 --
 -- KEYS[1] deplink zset    emq:{q}:deplink (job id -> enqueue ms while links are unsent)
 -- ARGV[1] grace ms: only marks older than this are listed

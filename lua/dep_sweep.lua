@@ -1,4 +1,4 @@
--- dep_sweep.lua: the safety net of dependencies (issue 15). Jobs listed on the dependents
+-- dep_sweep.lua: the safety net of dependencies. Jobs listed on the dependents
 -- hash still owe their dependents a word; the finish hook gives it when they end. A job
 -- that ended by a path without the hook (a move that ends jobs but does not call it, a
 -- deleted or trimmed job) would leave its dependents waiting for good: this finds such jobs

@@ -12,10 +12,10 @@
 -- groups the caller names (those its claim served: every grouped job it claimed is in one).
 -- A paused queue (pause.lua) starts nothing: each claimed job is handed back the same way
 -- (parked on the delayed set for 1 ms, no attempt counted), so a job claimed before
--- pause() returned is not started after it (issue 18 item 8).
+-- pause() returned is not started after it.
 -- A lease on a job whose hash is gone (evicted, deleted by hand) is dropped and counted:
 -- metrics 'orphaned' and an 'orphaned' event, never silently.
--- Expiry (issue 15): a job enqueued with expires_ms holds `exp` (its run-at + E, server
+-- Expiry: a job enqueued with expires_ms holds `exp` (its run-at + E, server
 -- ms). Claimed for its first run after that instant, it is not started: it ends as
 -- `expired` (state, `finished`, its record on the expired zset, trimmed by retention like
 -- cancelled), an 'expired' event and metrics counter, its lease dropped and its place in

@@ -4,7 +4,7 @@
 -- (ZRANGE 0 n-1, oldest first); each id is re-checked here, so a stale list or a
 -- concurrent trimmer never deletes a job the retention rule keeps. At most 4000 ids
 -- per call (bounded work); the caller loops while the reply says "more".
--- A deleted job that still holds a dedupe key (its hash's `ddk`, issue 15) gives it up:
+-- A deleted job that still holds a dedupe key (its hash's `ddk`) gives it up:
 -- the dedupe hash entry goes with the job's record, so that hash stays as bounded as the
 -- kept records. Free (one HLEN per call) while the dedupe hash is empty.
 --

@@ -14,7 +14,7 @@ import pytest
 
 import emqfast
 from emqfast.core import errors
-from emqfast.backends import scripts
+from emqfast.backends import drive, scripts
 from emqfast.backends.pure_batcher import Batcher
 from engine_util import claim, make_queue, wait_server_past
 from waiting import wait_until
@@ -319,6 +319,7 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
         return real_send(client, calls, *a, **kw)
 
     monkeypatch.setattr(scripts, "send", spy_send)
+    monkeypatch.setattr(drive, "send", spy_send)  # the drivers' pipelines of script calls
     monkeypatch.setattr(scripts.Script, "__call__", spy_call)
     monkeypatch.setattr(Batcher, "evalsha_many", spy_many)
     previous = emqfast.backend()

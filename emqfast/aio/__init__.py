@@ -12,7 +12,7 @@
         await emq.Worker(q, send, concurrency=50).run()
 
 Every method of :class:`Queue`, ``Queue.schedules`` and :class:`Leaderboard`
-is the sync one (an :mod:`emqfast.ops` generator) run by an asyncio driver,
+is the sync one (an :mod:`emqfast.core.ops` generator) run by an asyncio driver,
 so it returns a coroutine.
 """
 from emqfast.aio.connection import connect

@@ -1,4 +1,4 @@
-"""How the asyncio Worker stops running jobs (issue 15; the rules are in
+"""How the asyncio Worker stops running jobs (the rules are in
 :mod:`emqfast.worker.cancels`).
 
 A task of the Worker listens on its queues' cancel channels (one pub/sub connection,

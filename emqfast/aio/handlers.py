@@ -96,7 +96,7 @@ class JobTasks(_Host):
 
     _run_hooks: "AioRunHooks"  # each running job's Job._run (made by the Worker's setup)
 
-    if TYPE_CHECKING:  # issue 15: AioStops' (emqfast.aio.cancel_listener)
+    if TYPE_CHECKING:  # AioStops' (emqfast.aio.cancel_listener)
         def _arm_timeout(self, job: Job, token: str) -> None: ...
         def _disarm(self, job_id: str, token: str) -> None: ...
         def _settle_run(self, outcome: Outcome) -> Optional[Outcome]: ...
@@ -108,15 +108,15 @@ class JobTasks(_Host):
         now = time.monotonic()
         hooks = self._run_hooks
         timed = self.job_timeout_ms is not None
-        for job, token in started:  # no per-job callables: cheaper per job (issue 12)
+        for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
             running = RunningJob(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
             running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
-            if timed or job.extra:  # issue 15: stopped when it passes its timeout
+            if timed or job.extra:  # stopped when it passes its timeout
                 self._arm_timeout(job, token)
-        self._stop_early(started)  # cancelled while held (issue 15)
+        self._stop_early(started)  # cancelled while held
 
     def _take_held(self, peek: bool = False) -> List[Held]:
         """Started jobs waiting for a handler: none to take. Jobs are started only into
@@ -142,7 +142,7 @@ class JobTasks(_Host):
             raise
         self._disarm(job.id, token)
         self._slot_freed()
-        settled = self._settle_run(outcome)  # a stopped run ends by its stop (issue 15)
+        settled = self._settle_run(outcome)  # a stopped run ends by its stop
         if settled is not None:  # (None: abandoned, its outcome queued already)
             self._queue_ack(job.id, token, outcome=settled)
 

@@ -88,7 +88,7 @@ class SignalFanout:
         for worker in list(self._workers):
             hurry = getattr(worker, "_hurry", None)
             if getattr(worker, "_stopping", False) and hurry is not None:
-                # a second signal during the graceful shutdown: force quit (issue 16 item 5)
+                # a second signal during the graceful shutdown: force quit
                 log.warning("aio worker %s: signal %d again, force quit: cancelling running "
                             "handlers now; their jobs go back to pending", worker.name, signum)
                 hurry.set()

@@ -1,6 +1,6 @@
 """``await ref.wait()`` and ``await emqfast.aio.wait_all(refs)``: the asyncio twin of
 :mod:`emqfast.facade.waiting` (the same :class:`~emqfast.facade.waiting.WaitPlan`, the
-same scripts; issue 15).
+same scripts).
 
 Per event loop and client, one :class:`AioRegistry` holds one ``redis.asyncio`` pub/sub
 connection and one reader task. Waits SUBSCRIBE/UNSUBSCRIBE on it themselves (one thread:

@@ -1,4 +1,4 @@
-"""The asyncio twin of :class:`emqfast.wake.MarkerWaiter`: BZPOPMIN on the wake marker,
+"""The asyncio twin of :class:`emqfast.worker.wake.MarkerWaiter`: BZPOPMIN on the wake marker,
 ended on this process's own deadline.
 
 Redis fires blocking timeouts on its ``hz`` tick (up to ~100 ms late), so the

@@ -80,7 +80,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
     coroutine handler use ``await job.extend_lease_async(ms)``; a plain
     (executor) handler may call ``job.extend_lease(ms)`` as in sync code.
 
-    Cancels and timeouts (issue 15; ``job_timeout_ms``, ``cancel_grace_ms`` as for
+    Cancels and timeouts (``job_timeout_ms``, ``cancel_grace_ms`` as for
     :class:`emqfast.Worker`): ``q.cancel(id)`` on a job this Worker runs cancels a
     coroutine handler's task at once (a plain handler sees ``job.cancelled``); the job ends
     ``cancelled``, never retried, however the handler ends. Past its ``timeout_ms`` the
@@ -130,7 +130,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
         # enough for leases to lapse (renewed a third used, checked every quarter)
         self.stall_warn_s = self.lease_ms * 0.4 / 1000.0
         self._last_stall = 0.0  # monotonic s a handler step's stall was last reported
-        self._setup_listening()  # issue 15: cancels heard, timeouts armed
+        self._setup_listening()  # cancels heard, timeouts armed
         self._run_hooks = AioRunHooks(self)
 
     # --- public control ----------------------------------------------------------------

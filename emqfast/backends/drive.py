@@ -59,7 +59,7 @@ def run(client: Any, op: Returns[_R], batcher: Optional[BatcherSource] = None,
 
 
 # Plain commands that are not idempotent (a re-send adds twice): sent once through
-# emqfast.transport, never through a client's retry. (Reads and idempotent writes such as
+# emqfast.backends.transport, never through a client's retry. (Reads and idempotent writes such as
 # ZADD of a fixed score may go through redis-py: a re-send changes nothing.)
 # How Redis words an ACL denial of a command a script calls (no NOPERM code prefix).
 _SCRIPT_NOPERM = "user executing the script can't run this command"

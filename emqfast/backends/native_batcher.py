@@ -114,8 +114,8 @@ class Batcher:
         what redis-py would give). NOSCRIPT is handled by loading ``script`` once.
 
         Never re-sent after bytes left: a connection lost mid-batch raises
-        :class:`~emqfast.transport.BatchCut` with the replies that arrived (and
-        :data:`~emqfast.transport.LOST` / ``UNSENT`` for the rest); one lost before
+        :class:`~emqfast.backends.transport.BatchCut` with the replies that arrived (and
+        :data:`~emqfast.backends.exchange.LOST` / ``UNSENT`` for the rest); one lost before
         anything left raises :class:`ConnectionFailed`. With ``wait=(replicas,
         timeout_ms)`` a ``WAIT`` follows on the same connection and its reply (replicas
         that acknowledged) ends the list.

@@ -1,4 +1,4 @@
-"""The C Batcher on Redis Cluster (issue 12): a queue is one slot, so a columnar bulk of
+"""The C Batcher on Redis Cluster: a queue is one slot, so a columnar bulk of
 its calls (``enqueue_many``) goes straight to that slot's master over the C core's own
 connection, instead of through redis-py's ClusterPipeline.
 

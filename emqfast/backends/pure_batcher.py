@@ -47,7 +47,7 @@ class Batcher:
         Error replies are returned in their slot as ``redis.ResponseError``; calls that
         met NOSCRIPT are re-sent once after ``SCRIPT LOAD``. Never re-sent after a lost
         reply: see :func:`emqfast.scripts.send` (partial replies in
-        :class:`~emqfast.transport.BatchCut`). ``wait``: as the C Batcher's.
+        :class:`~emqfast.backends.transport.BatchCut`). ``wait``: as the C Batcher's.
         """
         if not calls:
             return [0] if wait else []

@@ -99,7 +99,7 @@ def send(client: Any, calls: Sequence[ScriptCall], wait: transport.Wait = None,
     (Redis restarted or flushed its script cache: they did not run) are re-sent once after
     a SCRIPT LOAD on their node. A failed connection raises
     :class:`~emqfast.errors.ConnectionFailed` (nothing written) or
-    :class:`~emqfast.transport.BatchCut` (partial replies); nothing is re-sent blindly.
+    :class:`~emqfast.backends.transport.BatchCut` (partial replies); nothing is re-sent blindly.
     With ``wait`` the list ends with the fewest replicas that acknowledged. ``raw`` keeps
     error replies as redis-py's exceptions (the Batcher contract)."""
     commands = [script.command(keys, args) for script, keys, args in calls]

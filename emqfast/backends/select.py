@@ -223,7 +223,7 @@ def batcher_for(client: Any) -> Any:
 
     The C one is a :class:`SharedBatcher`: every caller with the same server,
     credentials and db shares one connection per thread. On Redis Cluster it is a
-    :class:`~emqfast.backends.native_cluster.ClusterBatcher` (issue 12): a queue lives
+    :class:`~emqfast.backends.native_cluster.ClusterBatcher`: a queue lives
     in one slot, so a columnar bulk goes over the C core to that slot's master (redis-py's
     slot map, MOVED followed, ASK handed to redis-py), the other calls through redis-py's
     ClusterPipeline. Each distinct reason to fall back is logged once.

@@ -1,4 +1,4 @@
-"""Sending emqfast's commands without blind re-sends (issue 11).
+"""Sending emqfast's commands without blind re-sends.
 
 redis-py wraps every command and pipeline in the client's ``Retry``: when a connection
 drops after Redis ran an EVALSHA but before its reply arrived, redis-py sends the same

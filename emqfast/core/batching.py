@@ -1,10 +1,10 @@
 """How much one script call may carry: the per-call batch sizes, and the helpers that
-split a bigger request into bounded calls (bounded work per call, issue 11)."""
+split a bigger request into bounded calls (bounded work per call)."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, List
 
-# Bounded work per script call (issue 11): promote/reap/trim hand a script at most this
+# Bounded work per script call: promote/reap/trim hand a script at most this
 # many jobs (the scripts refuse more than 4,000), so a 1M backlog is many calls of a few
 # ms each, never one call that blocks Redis for seconds. Larger limits loop.
 # Sized for ~2-4 ms of Redis time per call (SLOWLOG, bench/slowlog.py: ~7.5 us per promoted

@@ -330,7 +330,7 @@ def is_transient(exc: BaseException) -> bool:
 def _password_hint(text: str) -> str:
     """A server's "needs a password" reply ("HELLO must be called with the client already
     authenticated...", NOAUTH, a cut unauthenticated pipeline) in plain words, saying how
-    to pass one (issue 20 item 9); any other text unchanged (the same object)."""
+    to pass one; any other text unchanged (the same object)."""
     from emqfast.core.diagnose import HOW_TO_PASS_A_PASSWORD, password_missing
 
     if not password_missing(text):

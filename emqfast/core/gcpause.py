@@ -3,7 +3,7 @@
 A bulk enqueue of 100k jobs builds a few hundred thousand small objects (encoded payloads,
 job rows, refs) that all outlive the call. CPython's cyclic collector runs once per ~700
 new tracked objects and walks every young survivor, and every few runs the older ones
-too: measured, a third of ``enqueue_many``'s client CPU (issue 12), more than building
+too: measured, a third of ``enqueue_many``'s client CPU, more than building
 the refs themselves. Pausing it for the building loop frees nothing later than it would
 be: reference counting frees every acyclic object at once, and the first collection
 after the pause finds any cycle made meanwhile.

@@ -15,7 +15,7 @@ probability ~3e-8, and even then only ids minted in the same millisecond could m
 
 Lengths: 26 here, 27 for the older hex form (``JOB`` + 12 hex ms + 4 hex nonce + 8 hex
 counter, still parsed by :func:`mint_time_ms`), 32 for schedule occurrence ids
-(:func:`emqfast.schedules.occurrence_of`).
+(:func:`emqfast.facade.schedules.occurrence_of`).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ _NONCE_DIGITS = 11  # 62**11 > 2**64
 _COUNTER_DIGITS = 4
 _COUNTER_LIMIT = 62 ** _COUNTER_DIGITS  # 14.7M ids per process per ms, then the next ms
 ID_LENGTH = 3 + _TIME_DIGITS + _NONCE_DIGITS + _COUNTER_DIGITS
-_LEGACY_LENGTH = 27  # JOB + 12 hex ms + 4 hex nonce + 8 hex counter (before issue 11)
+_LEGACY_LENGTH = 27  # JOB + 12 hex ms + 4 hex nonce + 8 hex counter (the older id layout)
 
 
 def _base62(value: int, width: int) -> str:

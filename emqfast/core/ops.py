@@ -1,6 +1,6 @@
 """Operations without I/O ("sans-IO"): what each public operation asks to have sent.
 
-Every public operation of :class:`~emqfast.Queue`, :class:`~emqfast.schedules.Schedules`,
+Every public operation of :class:`~emqfast.Queue`, :class:`~emqfast.facade.schedules.Schedules`,
 :class:`~emqfast.Leaderboard` and :func:`~emqfast.promote_many` is written once,
 as a generator: it validates its input, ``yield``s what it needs sent (a
 :class:`Call` of a Lua move, a plain :class:`Cmd`, a pipelined :class:`Batch`,
@@ -96,7 +96,7 @@ class Columns:
     ``i``'s arguments are ``slots`` (its first ``numkeys`` are KEYS, the rest ARGV), each
     filled from ``columns`` as :class:`Slot` says. Replies in order, errors in their slot.
 
-    Many rows per call (issue 12, enqueue_many.lua): when slots have ``each = r``, every
+    Many rows per call (enqueue_many.lua): when slots have ``each = r``, every
     call carries ``r`` consecutive rows (the last one the rest) and each run of such
     slots is repeated once per row of the call (a key slot adds one key per row); a
     slot with ``each = 0`` appears once (a column there takes the call's first row)."""

@@ -91,7 +91,7 @@ class Shared(NamedTuple):
     priority: int
     when: When
     group: Optional[str]
-    extras: Optional[dedupe.Extras] = None  # expiry / dedupe options (issue 15), if any
+    extras: Optional[dedupe.Extras] = None  # expiry / dedupe options, if any
 
 
 def enqueue_call(k: QueueKeys, job: Job, shared: Shared, check_acl: bool = True,

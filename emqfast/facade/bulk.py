@@ -3,7 +3,7 @@
 :func:`promote_many` is ``Queue.promote`` for a thousand queues at once: one
 pipelined pass of ``due.lua`` (read-only, on the server clock) learns every
 queue's due ids, one pipelined HGET pass reads their groups (a grouped job rejoins
-its lane, see :mod:`emqfast.groups`), then one pipelined pass of ``promote.lua``
+its lane, see :mod:`emqfast.facade.groups`), then one pipelined pass of ``promote.lua``
 releases them, with every job key declared. The script passes go through the live
 backend's Batcher (hiredis under the C backend), so the cost per queue is framing,
 not a round trip.

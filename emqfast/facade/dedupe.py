@@ -1,4 +1,4 @@
-"""Deduplication and expiry of an enqueue (issue 15): validating the options and the
+"""Deduplication and expiry of an enqueue: validating the options and the
 extra KEYS/ARGV they add to enqueue.lua / enqueue_group.lua (``lua/includes/dedupe.lua``
 says what the scripts do with them).
 

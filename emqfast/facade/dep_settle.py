@@ -1,4 +1,4 @@
-"""Settling dependencies (issue 15): what releases or fails the jobs waiting on a queue's
+"""Settling dependencies: what releases or fails the jobs waiting on a queue's
 ended jobs, and what repairs a graph a crash left half-linked. See
 :mod:`emqfast.facade.deps` for the protocol; every step here is safe to repeat, from any
 number of processes at once.

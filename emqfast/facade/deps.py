@@ -1,4 +1,4 @@
-"""Dependencies between jobs (issue 15): ``enqueue(..., depends_on=[...])``, and the step
+"""Dependencies between jobs: ``enqueue(..., depends_on=[...])``, and the step
 that releases (or fails) waiting jobs when their dependencies end.
 
 The protocol, one atomic script per slot and every step safe to send again:

@@ -61,7 +61,7 @@ class EnqueueBatch:
     shared: Shared
     wait: Wait = None
     recovering: Set[str] = field(default_factory=set)  # unknown ids of an earlier try
-    dedupe_keys: Optional[List[Optional[str]]] = None  # per job (issue 15), None: no keys
+    dedupe_keys: Optional[List[Optional[str]]] = None  # per job, None: no keys
     # job index -> the job holding its key, for jobs deduplicated or replaced (their refs)
     holders: Dict[int, str] = field(default_factory=dict)
 

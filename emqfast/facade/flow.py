@@ -1,5 +1,5 @@
 """``emqfast.Flow``: a graph of jobs across queues, admitted so that no job of it runs
-while one of its dependencies is missing (issue 15).
+while one of its dependencies is missing.
 
     flow = emqfast.Flow(conn)
     a = flow.add(grading, {"lesson": 1})

@@ -69,7 +69,7 @@ class JobRef:
 def refs_of(ids: Iterable[str], statuses: Iterable[str]) -> List[JobRef]:
     """``[JobRef(id, status), ...]``, built a third faster than through the frozen
     dataclass's ``__init__`` (two ``object.__setattr__`` calls per ref): a bulk enqueue
-    makes one per job (issue 12). Same objects, same fields."""
+    makes one per job. Same objects, same fields."""
     new = JobRef.__new__
     out: List[JobRef] = []
     add = out.append
@@ -114,7 +114,7 @@ class Job:
     last_progress: Any = None  # the latest job.progress(value) of the running handler
     # set by the Worker for the job it is running: what extend_lease / progress (and their
     # awaitable twins) call, with this run's lease token. One hooks object per Worker, not
-    # four bound callables per job: cheaper on the drain's hot path (issue 12).
+    # four bound callables per job: cheaper on the drain's hot path.
     _run: Optional["RunHooks"] = field(default=None, repr=False, compare=False)
     _run_token: Optional[str] = field(default=None, repr=False, compare=False)
     # set by the Workers when the stored payload cannot be decoded: the job fails with it
@@ -122,7 +122,7 @@ class Job:
     _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
     # set by the Workers before a job with dependencies starts: {dep id: result}
     _dep_results: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
-    # set by the Workers when the running job is asked to stop (issue 15): "cancelled"
+    # set by the Workers when the running job is asked to stop: "cancelled"
     # (q.cancel) or "timeout" (it ran past its timeout_ms)
     _stop_reason: Optional[str] = field(default=None, repr=False, compare=False)
 

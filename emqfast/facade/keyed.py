@@ -1,4 +1,4 @@
-"""Sending enqueues that carry a dedupe key (issue 15; the rules are in
+"""Sending enqueues that carry a dedupe key (the rules are in
 :mod:`emqfast.facade.dedupe`). The script must declare the hash of the job holding the key,
 so the caller first reads the key's holder in the ``dedupe`` hash and names it; when a
 racing producer changed the holder in between, the script writes nothing and answers

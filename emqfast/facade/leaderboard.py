@@ -90,7 +90,7 @@ class Leaderboard:
     """A named leaderboard on Redis. Cheap to create; holds no state but its key.
 
     ``conn`` is a redis client, a URL, or None (``EMQ_REDIS_URL`` / the embedded server).
-    Operations are :mod:`emqfast.ops` generators; :class:`emqfast.aio.Leaderboard`
+    Operations are :mod:`emqfast.core.ops` generators; :class:`emqfast.aio.Leaderboard`
     overrides only ``_drive`` and the resolver.
     """
 

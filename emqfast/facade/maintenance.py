@@ -107,7 +107,7 @@ class QueueMaintenance:
             head = [i.decode() for i in (yield Cmd.of("ZRANGE", key, 0, asked - 1))]
             if not head:
                 break
-            # the dedupe hash: a deleted job gives up its dedupe key (issue 15)
+            # the dedupe hash: a deleted job gives up its dedupe key
             deleted, more = yield Call(_TRIM, [key, self.keys.meta, self.keys.dedupe,
                                                *self.keys.jobs(head)],
                                        [KEYSPACE_VERSION, keep, age, *head])

@@ -55,7 +55,7 @@ def decode(raw: Optional[bytes]) -> Options:
         raise PayloadError(f"stored job options are malformed: {exc}") from None
 
 
-TIMEOUT_KEY = "t"  # issue 15: a run's time limit in ms (enqueue(..., timeout_ms=N))
+TIMEOUT_KEY = "t"  # a run's time limit in ms (enqueue(..., timeout_ms=N))
 MAX_TIMEOUT_MS = 1 << 40
 
 

@@ -69,7 +69,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         self.default_attempts = check_int(attempts, "attempts", 1, MAX_ATTEMPTS)
         self.default_backoff = admission.check_backoff(backoff)
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 0, 512 << 20)
-        # durability (issue 11): every enqueue path sends WAIT on the connection that wrote
+        # durability: every enqueue path sends WAIT on the connection that wrote
         check_int(wait_replicas, "wait_replicas", 0, 1000)
         check_int(wait_timeout_ms, "wait_timeout_ms", 0, 1 << 31)
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
@@ -143,7 +143,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
 
         Lower ``priority`` runs first (0 .. 2**21-1). ``job_id`` must start with ``JOB``;
         enqueueing an existing id writes nothing and returns a ``duplicate`` ref.
-        With ``group`` the job waits in that group's lane (see :mod:`emqfast.groups`).
+        With ``group`` the job waits in that group's lane (see :mod:`emqfast.facade.groups`).
         ``dedupe_key`` (with ``dedupe_ms``, ``dedupe="drop"|"replace"|"extend"``)
         deduplicates: the ref of a job not admitted says ``deduplicated`` / ``replaced``
         and names the job holding the key; ``expires_ms`` discards the job as ``expired``
@@ -168,7 +168,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
         call = admission.enqueue_call(self.keys, Job(job_id, data, enc), shared)
-        # Through the Batcher (issue 12): under C, the calling thread's hiredis connection
+        # Through the Batcher: under C, the calling thread's hiredis connection
         # frames and reads it, skipping redis-py's pool and packer (the web-request path).
         # WAIT, when asked, follows on the same connection.
         replies = yield Batch([call], via_batcher=True, wait=self._wait)
@@ -219,7 +219,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         Jobs minted together share one ``enqueued`` stream entry per 100 (readers of
         :meth:`events` still get one event per job).
 
-        Failures (issue 11). Nothing is re-sent blindly. When the batch fails part-way
+        Failures. Nothing is re-sent blindly. When the batch fails part-way
         (the connection drops mid-batch, the server fills up, ...) this raises
         :class:`~emqfast.errors.PartialBatch`: ``landed`` holds the refs whose replies
         arrived, ``unknown`` the ids sent whose reply was lost (each may or may not be
@@ -262,7 +262,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
     # --- the sub-facades ------------------------------------------------------------------
     @property
     def groups(self) -> Groups:
-        """Group lanes of this queue: caps and counts (see :mod:`emqfast.groups`)."""
+        """Group lanes of this queue: caps and counts (see :mod:`emqfast.facade.groups`)."""
         groups: Optional[Groups] = getattr(self, "_groups", None)
         if groups is None:
             groups = self._groups = Groups(self)
@@ -270,7 +270,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
 
     @property
     def schedules(self) -> Schedules:
-        """Repeatable schedules of this queue (see :mod:`emqfast.schedules`)."""
+        """Repeatable schedules of this queue (see :mod:`emqfast.facade.schedules`)."""
         if self._schedules is None:
             self._schedules = Schedules(self)
         return self._schedules

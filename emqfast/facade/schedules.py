@@ -216,7 +216,7 @@ class Schedules:
         """:meth:`pump`, also reporting the server clock and the next registry instant
         (the Worker uses it to wake for the next run). Due names are read
         :data:`SWEEP_BATCH` at a time and mints sent :data:`MINT_BATCH` calls per round
-        trip, so a huge backlog of schedules never makes one long call (issue 11)."""
+        trip, so a huge backlog of schedules never makes one long call."""
         check_int(limit, "limit", 1, 100_000)
         k = self._keys
         minted = seen = 0

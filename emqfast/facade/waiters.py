@@ -1,5 +1,5 @@
 """The pub/sub side of ``ref.wait()`` for the sync facade: one connection per client and
-process, shared by every wait (issue 15).
+process, shared by every wait.
 
 A :class:`Registry` owns one redis-py ``PubSub`` and the one thread that reads it; no other
 thread touches that socket (a TLS socket must not be read and written by two threads at

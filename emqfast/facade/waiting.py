@@ -1,4 +1,4 @@
-"""Waiting for a job's result (issue 15): ``ref.wait(timeout_s)``, ``q.wait_many(refs)``,
+"""Waiting for a job's result: ``ref.wait(timeout_s)``, ``q.wait_many(refs)``,
 ``emqfast.wait_all(refs)``; ``await`` them in :mod:`emqfast.aio`.
 
 How one wait works, across processes, woken by the job's own end (no polling):

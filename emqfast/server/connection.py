@@ -39,7 +39,7 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     broken connection is replaced on the next command): a command whose reply was lost
     may have run, and emqfast reports that (:class:`~emqfast.errors.ReplyLost`) rather
     than run it twice. emqfast's own script calls never use a client's retry anyway
-    (see :mod:`emqfast.transport`).
+    (see :mod:`emqfast.backends.transport`).
 
     The first connect() to a server whose ``maxmemory-policy`` may evict keys logs a
     loud warning (logger ``emqfast``): jobs would vanish under memory pressure. The

@@ -5,7 +5,7 @@ process that started it) and every later process of the same user finds the
 running one instead of starting its own. Data persists there (AOF) until
 ``emqfast server stop`` stops it or ``emqfast server wipe`` deletes it.
 
-Safety rules (issue 20):
+Safety rules:
 
 * The socket lives in a directory only its owner can write, checked (owner, mode,
   not a symlink) before every use. It is ``STATE_DIR/redis.sock`` when that path fits

@@ -1,4 +1,4 @@
-"""Directories only we can write, for the embedded Redis (issue 20's safety rules).
+"""Directories only we can write, for the embedded Redis.
 
 The state dir (created 0700, or checked: ours, not writable by others) holds the data;
 the per-user socket dir for long state-dir paths must be exactly ours and 0700, and is

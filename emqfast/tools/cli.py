@@ -69,7 +69,7 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
 for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics,
                  server):
     cli.add_command(_command)  # the commands live beside this module, by concern
-cli.add_command(dashboard)  # the web dashboard (issue 14)
+cli.add_command(dashboard)  # the web dashboard
 
 
 def _wants_verbose(args: List[str]) -> bool:

@@ -189,7 +189,7 @@ def cancel(queue: str, job_id: str) -> None:
     q = current_state().queue(queue)
     try:
         answer = q.cancel(job_id)
-        if answer == "requested":  # issue 15: active; its worker ends it
+        if answer == "requested":  # active; its worker ends it
             console.print(f"[green]cancel requested[/green] {job_id}: it is running; its "
                           f"worker was asked to stop it (it ends cancelled: 'emqfast jobs "
                           f"{queue} --state cancelled')", highlight=False)

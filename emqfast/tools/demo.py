@@ -116,13 +116,13 @@ def _summary(result: Any) -> str:
     return ""
 
 
-# --- the schedules part (emqfast.schedules) ------------------------------------------
+# --- the schedules part (emqfast.facade.schedules) ------------------------------------------
 def boot_schedules(q: Queue, boots: int = BOOTS) -> ScheduleFacts:
     """Register the digest schedules the way a service does at every boot."""
     try:
         schedules = q.schedules
     except ImportError as exc:
-        return ScheduleFacts(False, f"emqfast.schedules is not available ({exc})")
+        return ScheduleFacts(False, f"emqfast.facade.schedules is not available ({exc})")
     facts = ScheduleFacts(True)
     digest = {"kind": "digest", "course": "LSN-42 · Redis patterns", "top_n": TOP_N}
     for _ in range(boots):

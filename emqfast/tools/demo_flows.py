@@ -1,4 +1,4 @@
-"""Parts 6 and 7 of ``emqfast demo`` (issue 15's job flows in the Portal LMS story):
+"""Parts 6 and 7 of ``emqfast demo`` (job flows in the Portal LMS story):
 
 6. ada's course certificate depends on every lesson's grading job (``depends_on``): it waits
    as ``waiting_deps`` while the grader works through the lessons, runs once the last one

@@ -70,7 +70,7 @@ def short_error(error: Optional[str], width: int = 60) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
-# the older columns keep their places (scripts read them); issue 15's states come after
+# the older columns keep their places (scripts read them); states come after
 _COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed", "cancelled",
             "expired", "waiting_deps")
 # a narrow terminal's first table (80 columns fit); the rest go in the second one

@@ -1,7 +1,7 @@
 """The asyncio Workers' handler slots (one queue's, or shared by a many-queue Worker): at
 most ``concurrency`` handlers run at once.
 
-What :class:`asyncio.Semaphore` does, with a synchronous fast path (issue 12): the Worker
+What :class:`asyncio.Semaphore` does, with a synchronous fast path: the Worker
 starts jobs only into free slots (plus the few the prefetch budget lets wait), so a job's
 task nearly always finds a slot free, and takes it without a coroutine, an
 ``async with`` or a scan of the waiters; only a task that finds none awaits one.

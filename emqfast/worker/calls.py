@@ -103,7 +103,7 @@ def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) 
     ``groups``: the groups the claim served (every grouped job it claimed is in one), so a
     start also re-checks its group's rate window. Safe to re-send with the same arguments:
     a job already started by its token is reported as started, not counted again. A job
-    past its expiry (issue 15) is ended as expired instead: its row is empty, as for a lost
+    past its expiry is ended as expired instead: its row is empty, as for a lost
     lease, so it is never run."""
     ids = [i for i, _ in pairs]
     return Call(_START, [k.active, k.leases, k.meta, k.events, k.metrics, k.rate, k.delayed,
@@ -282,7 +282,7 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
     job's attempt, start and wait go along, as start.lua reported them, so the script
     need not read them back from every job hash. Keys and arguments go as bytes (what
     redis-py would send): the Batcher then joins them as they are, with no per-value
-    encoding pass on the drain's hot path (issue 12)."""
+    encoding pass on the drain's hot path."""
     keys = [x.encode() for x in (k.active, k.leases, k.completed, k.meta, k.events,
                                   k.metrics, k.waiters, k.dependents, k.outbox)]
     job_key = k.job("").encode()

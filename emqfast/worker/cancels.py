@@ -1,4 +1,4 @@
-"""Cancelling running jobs and timeouts (issue 15): what both Workers share, without I/O.
+"""Cancelling running jobs and timeouts: what both Workers share, without I/O.
 
 A running job is *stopped* for a reason:
 

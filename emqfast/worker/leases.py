@@ -23,7 +23,7 @@ _EWMA_WEIGHT = 0.1
 
 class RunningJob:
     """A started job this worker holds under a lease: running, or about to be. A plain
-    class with slots, not a dataclass: one is made per job on the hot path (issue 12)."""
+    class with slots, not a dataclass: one is made per job on the hot path."""
 
     __slots__ = ("job", "token", "extended_at", "task", "lost", "acking")
 

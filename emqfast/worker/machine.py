@@ -5,7 +5,7 @@ yield :mod:`emqfast.core.ops` requests (script calls, commands, pipelines) and w
 (``Sleep``, ``WaitForRoom``, ``WaitDrained``, ``PopMarker``, ``Hook``): claim under leases
 (re-sent with the same request id after a lost reply), start the claimed jobs, promote due
 delayed jobs, block on the wake marker until work is ready, the beat
-(:mod:`emqfast.worker.leases`), and writing outcomes (:mod:`emqfast.worker.acking`). The
+(lease renewal, reaping, retention), and writing outcomes in batches. The
 facade's own operations (promote, reap, trim, the schedule sweep, the dependency settle)
 are composed with ``yield from``, so a test can script every I/O the machine does. A
 driver subclasses it and supplies only what differs between threads and asyncio:
@@ -26,7 +26,7 @@ import socket
 import time
 import uuid
 from itertools import islice
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
 from emqfast.core.ops import Batch, Cmd, Hook, Logic, PopMarker, WaitDrained, WaitForRoom
@@ -58,6 +58,35 @@ class WorkerMachine:
     """State and logic shared by :class:`emqfast.Worker` and :class:`emqfast.aio.Worker`."""
 
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
+    _guard: ContextManager[Any]  # the driver's: a lock (threads), a null context (asyncio)
+
+    # --- what each driver supplies: the machine's interface to it ------------------------
+    def _stop_requested(self) -> bool:
+        """A stop was asked for (the claim loop ends, re-sends stop after the timeout)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop claiming (graceful)."""
+        raise NotImplementedError
+
+    def _notify(self) -> None:
+        """A job ended or an outcome was written: wake the claim loop (under ``_guard``)."""
+        raise NotImplementedError
+
+    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
+        """Run the handlers of the started ``(job, token)`` pairs."""
+        raise NotImplementedError
+
+    def _take_held(self, peek: bool = False) -> List[Held]:
+        """``(id, token, group)`` of started jobs whose handler has not begun, taken back
+        (``peek``: left where they are)."""
+        raise NotImplementedError
+
+    def _recheck_cancels(self) -> Logic:
+        """On the beat: read the cancel marks of the running jobs (the stop rules of
+        :mod:`emqfast.worker.cancels` supply it; without them, nothing)."""
+        return
+        yield
 
     def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a

@@ -1,4 +1,4 @@
-"""One worker, many queues (issue 15): ``Worker([q_high, q_default, q_low], handler, ...)``.
+"""One worker, many queues: ``Worker([q_high, q_default, q_low], handler, ...)``.
 
 Composed, not rewritten: the worker runs one ordinary single-queue Worker (the driver's
 own class, thread or asyncio) per queue, each with its own claim loop, wake marker,

@@ -1,7 +1,7 @@
 """What a handler's run becomes: the outcome a Worker writes, and how it is counted.
 
 No I/O here. A handler's return value becomes a :class:`Done`, its exception a
-:class:`Failed`; :mod:`emqfast.worker.acks` turns a batch of them into script calls,
+:class:`Failed`; :mod:`emqfast.worker.calls` turns a batch of them into script calls,
 and :func:`tally` counts the replies into a Worker's stats.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Failed(NamedTuple):
 
 
 class CancelledRun(Failed):
-    """A run stopped by ``q.cancel`` (issue 15): written by cancel_active.lua as a kept
+    """A run stopped by ``q.cancel``: written by cancel_active.lua as a kept
     ``cancelled`` record, never retried (a Failed too: ``may_retry`` is False)."""
 
     __slots__ = ()

@@ -1,4 +1,4 @@
-"""Which of a worker's queues may claim now: strict priority or weighted turns (issue 15).
+"""Which of a worker's queues may claim now: strict priority or weighted turns.
 
 A worker serving several queues (:mod:`emqfast.worker.many`) runs one claim loop per
 queue; before a loop claims, it asks :class:`QueueOrder` (no I/O, no clock: the caller

@@ -1,5 +1,5 @@
 """SIGTERM/SIGINT for the thread Worker: the first stops it gracefully, a second one during
-that shutdown force-quits (issue 16 item 5); then the old handlers are put back.
+that shutdown force-quits; then the old handlers are put back.
 
 Force quit: the Worker stops waiting for its running handlers and hands every job it
 still holds back to pending at once (release.lua: the lease is dropped, the attempt not

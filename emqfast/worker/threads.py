@@ -101,7 +101,7 @@ class Worker(StopKeeping, WorkerMachine):
     names such jobs when the timeout passes). Handler threads cannot be interrupted; a
     process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
 
-    Cancels and timeouts (issue 15): ``q.cancel(id)`` on a job this Worker runs reaches it
+    Cancels and timeouts: ``q.cancel(id)`` on a job this Worker runs reaches it
     at once (a pub/sub listener thread; the beat re-reads the cancel marks in case a
     message was lost): ``job.cancelled`` turns True and ``job.raise_if_cancelled()``
     raises :class:`emqfast.Cancelled`; the job ends ``cancelled`` (never retried) however
@@ -112,6 +112,20 @@ class Worker(StopKeeping, WorkerMachine):
     ends), its late return is ignored, and its thread keeps its handler slot until it
     returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
     """
+
+    _ready: "deque[Tuple[Job, str]]"  # started, waiting for a handler thread
+    _listener: Optional["CancelListener"]
+    _timer: Optional["TimeoutTimer"]
+    _lock: threading.Condition
+    _pool: Optional[ThreadPoolExecutor]
+    _acks: "queue_mod.SimpleQueue[Optional[Outcome]]"
+    _ack_batcher: Any
+    _drainers: int
+    _awaiting_slot: bool
+    _ended: List[int]
+    _free_slots: List[int]
+    _handed: int
+    _run_hooks: "ThreadRunHooks"
 
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
                  concurrency: int = 8,
@@ -325,7 +339,7 @@ class Worker(StopKeeping, WorkerMachine):
     def _in_hand(self) -> int:
         """Started jobs whose handler has not returned: handed out, less the runs the
         handler slots ended. Each slot counts its own (one writer per list item), so a
-        handler thread ends a run without taking the lock (issue 12)."""
+        handler thread ends a run without taking the lock."""
         return self._handed - sum(self._ended)
 
     @_in_hand.setter
@@ -336,14 +350,14 @@ class Worker(StopKeeping, WorkerMachine):
         """Queue started jobs for the handler pool, starting only the missing drainers."""
         now = time.monotonic()
         hooks = self._run_hooks
-        for job, token in started:  # no per-job callables: cheaper per job (issue 12)
+        for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
         timed = self.job_timeout_ms is not None
         runs = {job.id: RunningJob(job, token, now) for job, token in started}
         with self._lock:
             self._running.update(runs)
             for job, token in started:
-                if timed or job.extra:  # (issue 15; once running: may fire at once)
+                if timed or job.extra:  # (once running: may fire at once)
                     self._arm_timeout(job, token, now)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._handed += len(started)

@@ -1,7 +1,7 @@
 -- includes/common.lua: helpers shared by the scripts (inlined by emqfast/scripts.py
 -- where a script says "--@include common"). No keys are built here.
 
--- Bounded work per call (issue 11): a script handed a list of ids or a count refuses more
+-- Bounded work per call: a script handed a list of ids or a count refuses more
 -- than this many, so no single call blocks Redis for more than a few ms; callers loop.
 local EMQ_MAX_BATCH = 4000
 

@@ -1,4 +1,4 @@
--- includes/dedupe.lua: the optional extras of an enqueue (issue 15): an expiry deadline
+-- includes/dedupe.lua: the optional extras of an enqueue: an expiry deadline
 -- and a deduplication key. Shared by enqueue.lua and enqueue_group.lua. Needs common.lua.
 --
 -- Expiry: a job enqueued with `expires` E ms stores `exp` = its run-at + E (server ms);

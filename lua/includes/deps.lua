@@ -1,5 +1,5 @@
--- includes/deps.lua: helpers of the dependency scripts (dep_enqueue, dep_link, dep_resolve;
--- issue 15). Needs common.lua. No keys are built here.
+-- includes/deps.lua: helpers of the dependency scripts (dep_enqueue, dep_link,
+-- dep_resolve). Needs common.lua. No keys are built here.
 
 -- The most dependencies one job may have (emqfast/facade/deps.py refuses more first).
 local EMQ_MAX_DEPS = 1000
