@@ -21,6 +21,7 @@ import redis
 
 import emqfast
 import emqfast.aio as emq
+from emqfast.backends import scripts
 from waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -310,13 +311,13 @@ def test_stop_before_run_is_honoured_by_both_workers(redis_url, qname):
 # --- item 7: no false "lease lost" warnings ------------------------------------------------------
 
 def test_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname, caplog, monkeypatch):
-    original = emq.Worker._call
+    original = scripts.Script.call_async
 
-    async def slow_extend(self, call):  # an extend that lands after the job's ack
-        if call.script.name == "extend":
+    async def slow_extend(self, client, keys, args):  # an extend that lands after the ack
+        if self.name == "extend":
             await asyncio.sleep(0.25)
-        return await original(self, call)
-    monkeypatch.setattr(emq.Worker, "_call", slow_extend)
+        return await original(self, client, keys, args)
+    monkeypatch.setattr(scripts.Script, "call_async", slow_extend)
 
     async def handler(job):
         await asyncio.sleep(0.2)  # a renewal falls due (lease 400 ms: a third used)
@@ -335,13 +336,13 @@ def test_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname, caplog, m
 
 def test_thread_worker_gives_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname,
                                                                         caplog, monkeypatch):
-    original = emqfast.Worker._call
+    original = scripts.Script.__call__
 
-    def slow_extend(self, call):  # an extend that lands after the job's ack
-        if call.script.name == "extend":
+    def slow_extend(self, client, keys, args):  # an extend that lands after the job's ack
+        if self.name == "extend":
             time.sleep(0.25)
-        return original(self, call)
-    monkeypatch.setattr(emqfast.Worker, "_call", slow_extend)
+        return original(self, client, keys, args)
+    monkeypatch.setattr(scripts.Script, "__call__", slow_extend)
 
     def handler(job):
         time.sleep(0.2)  # a renewal falls due (lease 400 ms: a third used)
