@@ -64,6 +64,7 @@ from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.cancels import DEFAULT_GRACE_MS
 from emqfast.worker.machine import WorkerMachine
+from emqfast.worker.many_runs import serve_many
 from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
 from emqfast.worker.outcomes import WorkerStats
 from emqfast.worker.threads import DEFAULT_BATCH
@@ -93,6 +94,13 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
 
+    def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
+        worker serving several queues (:mod:`emqfast.worker.many`); one queue: this class."""
+        if isinstance(queue, (list, tuple)):
+            return serve_many(cls, queue, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Callable[[Job], Any], *,
                  concurrency: int = 8,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
@@ -102,7 +110,7 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
                  order: str = "strict", weights: Optional[Sequence[int]] = None):
-        # a list of queues never gets here: WorkerMachine.__new__ makes the many-queue
+        # a list of queues never gets here: __new__ makes the many-queue
         # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         self._setup_stops(job_timeout_ms, cancel_grace_ms)

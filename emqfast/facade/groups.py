@@ -16,7 +16,7 @@ helpers that route jobs coming back from delayed / active / failed into their la
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
@@ -24,8 +24,6 @@ from emqfast.backends.scripts import load
 from emqfast.core.times import Delay, delay_ms
 from emqfast.core.version import KEYSPACE_VERSION
 
-if TYPE_CHECKING:
-    from emqfast.facade.queue import Queue
 
 _LIMIT = load("group_limit")
 _RATE = load("group_rate")
@@ -36,7 +34,7 @@ MAX_WINDOW_MS = 1 << 40
 class Groups:
     """``q.groups``: caps and counts of a queue's group lanes (sync or awaited under aio)."""
 
-    def __init__(self, queue: "Queue"):
+    def __init__(self, queue: Any):  # the Queue owning this part (it imports this module)
         self.queue = queue
         self.keys = queue.keys
 

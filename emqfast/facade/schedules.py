@@ -36,7 +36,7 @@ Guarantees:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from emqfast.backends.scripts import load
 from emqfast.core.batching import batches
@@ -53,8 +53,6 @@ from emqfast.facade.schedule_spec import (DEFAULT_CATCH_UP_LIMIT, MAX_CATCH_UP_L
 from emqfast.facade.schedule_sweep import (MINT_BATCH, SWEEP_BATCH, Sweep, count_minted,
                                            mint_calls)
 
-if TYPE_CHECKING:  # the Queue owns its Schedules; this module never imports it at run time
-    from emqfast.facade.queue import Queue
 
 __all__ = ["DEFAULT_CATCH_UP_LIMIT", "MAX_CATCH_UP_LIMIT", "MINT_BATCH", "MISSED_POLICIES",
            "SWEEP_BATCH", "Schedule", "Schedules", "Sweep", "occurrence_job_id",
@@ -68,7 +66,7 @@ _UPSERT_TRIES = 8
 class Schedules:
     """The repeatable schedules of one queue (``queue.schedules``)."""
 
-    def __init__(self, queue: "Queue"):
+    def __init__(self, queue: Any):  # the Queue owning this part (it imports this module)
         self.queue = queue
         self._keys = queue.keys
 

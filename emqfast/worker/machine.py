@@ -88,14 +88,6 @@ class WorkerMachine:
         return
         yield
 
-    def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
-        worker serving several queues (:mod:`emqfast.worker.many`); one queue: this class."""
-        if isinstance(queue, (list, tuple)):
-            from emqfast.worker.many_runs import serve_many
-            return serve_many(cls, queue, *args, **kwargs)
-        return super().__new__(cls)
-
     def _setup(self, queue: Any, handler: Callable[..., Any], *, concurrency: int,
                lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,
                keep_completed: int, keep_failed: int, max_age_ms: Optional[int],

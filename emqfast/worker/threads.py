@@ -48,6 +48,7 @@ from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines, StopKeeping,
                                     timeout_ms_of)
 from emqfast.worker.machine import WorkerMachine
+from emqfast.worker.many_runs import serve_many
 from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
                                      check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
@@ -127,6 +128,13 @@ class Worker(StopKeeping, WorkerMachine):
     _handed: int
     _run_hooks: "ThreadRunHooks"
 
+    def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
+        worker serving several queues (:mod:`emqfast.worker.many`); one queue: this class."""
+        if isinstance(queue, (list, tuple)):
+            return serve_many(cls, queue, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
                  concurrency: int = 8,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
@@ -137,7 +145,7 @@ class Worker(StopKeeping, WorkerMachine):
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
                  order: str = "strict", weights: Optional[Sequence[int]] = None):
-        # a list of queues never gets here: WorkerMachine.__new__ makes the many-queue
+        # a list of queues never gets here: __new__ makes the many-queue
         # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         refuse_async_handler(handler)
