@@ -18,7 +18,7 @@ import time
 from typing import List, Tuple
 
 import emqfast
-from emqfast.worker import core as worker_core
+from emqfast.worker import calls as worker_core
 from emqfast.facade.backoff import Backoff
 
 from .common import Ctx, Result, check, fresh_queue, wait_until
