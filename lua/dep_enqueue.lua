@@ -25,9 +25,10 @@
 -- Returns: 1 written (waiting_deps); 2 the id exists and its links are still unsent (a
 --          re-run after a crash: the caller links it again); 0 the id exists otherwise
 --          (a duplicate: nothing written)
--- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority out of range; EMQINPUT bad
---          on_dep_failure or dependency count; EMQVERSION keyspace of another major
---          version; NOPERM the ACL denies a command it writes with. Each before any write.
+-- Errors:  EMQKIND id without the JOB brand; EMQINPUT an id with ':', bad on_dep_failure or
+--          dependency count; EMQRANGE priority out of range; EMQKEYTYPE its deps set key holds
+--          another type; EMQVERSION keyspace of another major version; NOPERM the ACL denies a
+--          command it writes with. Each before any write.
 --@include common
 --@include deps
 
@@ -46,9 +47,8 @@ local priority_arg = ARGV[5]
 local on_dep_failure = ARGV[6]
 local version = ARGV[7]
 
-if string.sub(id, 1, 3) ~= 'JOB' then
-  return redis.error_reply('EMQKIND job id must start with JOB')
-end
+local bad_id = emq_new_id_error(id)
+if bad_id then return redis.error_reply(bad_id) end
 local priority = tonumber(priority_arg)
 if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
   return redis.error_reply('EMQRANGE priority must be an integer in [0, 2097151]')
@@ -62,6 +62,12 @@ end
 if redis.call('EXISTS', job_key) == 1 then
   if redis.call('ZSCORE', deplink_key, id) then return 2 end
   return 0
+end
+-- Its deps set is its own: a key of another type there is refused before any write.
+local held = redis.pcall('SCARD', deps_key)
+if type(held) == 'table' and held.err then
+  return redis.error_reply('EMQKEYTYPE ' .. deps_key .. ' holds a key of another type: ' ..
+    'the job was not written')
 end
 local cap = emq_events_cap(meta_key)
 local denied = emq_deps_denied({{'INCR', counter_key}, {'HSET', job_key, 'f', 'v'},

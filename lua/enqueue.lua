@@ -39,10 +39,10 @@
 --          'extend', its window), 4 replaced (the key's waiting job ARGV[12] took the new
 --          payload and run-at), 5 stale (the dedupe hash no longer names ARGV[12]: nothing
 --          written; read it again and re-send)
--- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number/extras, or a replace whose waiting job is in
---          another group's lane; EMQVERSION keyspace of another major version;
---          NOPERM the user's ACL denies a command it writes with. Each before any write.
+-- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range; EMQINPUT an
+--          id with ':', malformed mode/number/extras, or a replace whose waiting job is in another
+--          group's lane; EMQVERSION keyspace of another major version; NOPERM the user's ACL denies
+--          a command it writes with. Each before any write.
 --@include common
 --@include admit
 --@include dedupe

@@ -37,11 +37,10 @@
 --   ARGV[15] dedupe_mode  the mode 'drop', 'replace' or 'extend'
 -- Returns: 1 admitted to its lane, 2 admitted as scheduled, 0 duplicate id (nothing written),
 --          3 deduplicated, 4 replaced, 5 stale (as enqueue.lua's)
--- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range;
---          EMQINPUT malformed mode/number/extras, empty group, or a replace whose waiting
---          job is in another group's lane;
---          EMQVERSION keyspace of another major version;
---          NOPERM the user's ACL denies a command it writes with. Each before any write.
+-- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range; EMQINPUT an
+--          id with ':', malformed mode/number/extras, empty group, or a replace whose waiting job
+--          is in another group's lane; EMQVERSION keyspace of another major version; NOPERM the
+--          user's ACL denies a command it writes with. Each before any write.
 --@include common
 --@include admit
 --@include groups

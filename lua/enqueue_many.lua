@@ -25,11 +25,11 @@
 --   ARGV[8] first_id  the first job's id (the shared checks run once, with it)
 -- Returns: one status per job, in order: 1 admitted as pending, 2 admitted as scheduled,
 --          0 duplicate (the id exists, or came earlier in this call: nothing written for it)
--- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than
---          4000 jobs; EMQKIND an id without the JOB brand; EMQRANGE priority or run-at out
---          of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
---          version; NOPERM the user's ACL denies a command it writes with. Each refuses the
---          whole call before any write: one bad job writes nothing at all, for any job.
+-- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than 4000 jobs;
+--          EMQKIND an id without the JOB brand (EMQINPUT: with a ':'); EMQRANGE priority or run-at
+--          out of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
+--          version; NOPERM the user's ACL denies a command it writes with. Each refuses the whole
+--          call before any write: one bad job writes nothing at all, for any job.
 --@include common
 --@include admit
 
@@ -77,9 +77,8 @@ end
 local new, seen, fresh = {}, {}, 0
 for i = 1, n do
   local id = ARGV[8 + (i - 1) * stride]
-  if string.sub(id, 1, 3) ~= 'JOB' then
-    return redis.error_reply('EMQKIND job id must start with JOB')
-  end
+  local bad_id = emq_new_id_error(id)
+  if bad_id then return redis.error_reply(bad_id) end
   if not seen[id] and not exists[i] then
     new[i] = true
     fresh = fresh + 1

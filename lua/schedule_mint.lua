@@ -24,8 +24,9 @@
 -- ARGV[7] version         keyspace version of the caller
 -- Returns: 1 minted a job; 2 advanced the registry, the job already existed;
 --          0 no-op (registry moved on, generation changed, or not due on the server clock)
--- Errors:  EMQKIND id without the JOB brand; EMQINPUT malformed numbers or incomplete
---          record; EMQRANGE instants out of range; EMQVERSION keyspace of another major version
+-- Errors:  EMQKIND id without the JOB brand; EMQINPUT an id with ':', malformed numbers or
+--          incomplete record; EMQRANGE instants out of range; EMQVERSION keyspace of another major
+--          version
 --@include common
 --@include admit
 --@include schedule
@@ -48,9 +49,8 @@ local id = ARGV[6]
 local version = ARGV[7]
 
 local expected, occ, nxt = tonumber(expected_score), tonumber(occurrence_ms), tonumber(next_run_ms)
-if string.sub(id, 1, 3) ~= 'JOB' then
-  return redis.error_reply('EMQKIND job id must start with JOB')
-end
+local bad_id = emq_new_id_error(id)
+if bad_id then return redis.error_reply(bad_id) end
 if not expected or not occ or not nxt or expected % 1 ~= 0 or occ % 1 ~= 0 or nxt % 1 ~= 0
     or occ < expected or (nxt ~= -1 and nxt <= occ) then
   return redis.error_reply('EMQINPUT mint needs integers expected <= occurrence < next (or -1)')
