@@ -14,8 +14,9 @@
 -- ARGV[1] dep_id              the dependency's job id
 -- ARGV[2] dependent           the dependent, "<queue>\0<job id>"
 -- ARGV[3] version             keyspace version of the caller
--- Returns: 'linked' (now or before); the dependency's final state ('completed', 'failed',
---          'cancelled' or 'expired': nothing written); 'missing' when there is no such job
+-- Returns: 'linked' (now or before); for a dependency that has ended (nothing written):
+--          {'completed', its result (nil: none stored)} when it completed, else its final
+--          state ('failed', 'cancelled' or 'expired'); 'missing' when there is no such job
 --          (nothing written)
 -- Errors:  EMQVERSION keyspace of another major version; NOPERM the ACL denies SADD or
 --          HINCRBY (before any write)
@@ -32,6 +33,7 @@ local version = ARGV[3]
 
 if redis.call('EXISTS', job_key) == 0 then return 'missing' end
 local state = redis.call('HGET', job_key, 'state')
+if state == 'completed' then return {state, redis.call('HGET', job_key, 'result')} end
 if state and EMQ_ENDED[state] then return state end
 if redis.call('SISMEMBER', its_dependents_key, dependent) == 1 then return 'linked' end
 local denied = emq_deps_denied({{'SADD', its_dependents_key, 'm'},

@@ -5,7 +5,10 @@
 -- order). A dependency that did not complete (failed, cancelled, expired or vanished), for
 -- a job with on_dep_failure 'fail', fails the job at once with error 'dependency failed';
 -- the finish hook then tells its own waiters and queues it for its own dependents
--- (the cascade). With 'run' such a dependency counts as done.
+-- (the cascade). With 'run' such a dependency counts as done. A completed dependency's
+-- result, when the caller sends it, is copied into the job's hash (field
+-- 'dr:<queue>\0<job id>'), so the job reads it at its start however soon the dependency's
+-- own record is trimmed by retention.
 --
 -- KEYS[1] job_key          job hash        emq:{q}:job:<id>
 -- KEYS[2] deps_key         deps set        emq:{q}:job:<id>:deps
@@ -24,6 +27,8 @@
 -- ARGV[2] dependency       the dependency, "<queue>\0<job id>"
 -- ARGV[3] outcome          how it ended: 'completed', 'failed', 'cancelled', 'expired' or 'missing'
 -- ARGV[4] version          keyspace version of the caller
+-- ARGV[5..] optional:
+--   ARGV[5] result  the completed dependency's result, as its hash stores it
 -- Returns: 0 nothing to do (not waiting, or this dependency already resolved); 1 the job
 --          was released to pending; 2 the job failed ('dependency failed'); 3 resolved,
 --          other dependencies still outstanding
@@ -50,6 +55,7 @@ local id = ARGV[1]
 local dependency = ARGV[2]
 local outcome = ARGV[3]
 local version = ARGV[4]
+local result = ARGV[5]
 
 if redis.call('HGET', job_key, 'state') ~= 'waiting_deps' then return 0 end
 if redis.call('SISMEMBER', deps_key, dependency) == 0 then return 0 end
@@ -81,6 +87,9 @@ if fails then
   return 2
 end
 redis.call('SREM', deps_key, dependency)
+if result and outcome == 'completed' then
+  redis.call('HSET', job_key, 'dr:' .. dependency, result)
+end
 if not last then return 3 end
 local ps = redis.call('HGET', job_key, 'ps') or '0'
 redis.call('HDEL', job_key, 'state')  -- waiting again: the pending set says where
