@@ -7,19 +7,21 @@
 -- only the lease holder ever ends a running job. A Worker that missed the message finds
 -- the mark on its beat; asking again re-publishes (harmless).
 --
--- KEYS[1] job hash         emq:{q}:job:<id>
--- KEYS[2] pending zset     emq:{q}:pending (or the job's group lane)
--- KEYS[3] delayed zset     emq:{q}:delayed
--- KEYS[4] meta hash        emq:{q}:meta
--- KEYS[5] events stream    emq:{q}:events
--- KEYS[6] cancelled zset   emq:{q}:cancelled
--- KEYS[7] active zset      emq:{q}:active
--- KEYS[8] waiters hash     emq:{q}:waiters (ref.wait: told on the job's done channel)
--- KEYS[9] dependents hash  emq:{q}:dependents (jobs other jobs depend on)
--- KEYS[10] outbox list     emq:{q}:outbox ("cancelled\0<id>" for a job with dependents)
--- ARGV[1] job id
--- ARGV[2] keyspace version of the caller
--- ARGV[3] the queue's cancel channel emq:{q}:cancel (a pub/sub channel, not a key)
+-- KEYS[1] job_key         job hash        emq:{q}:job:<id>
+-- KEYS[2] pending_key     pending zset    emq:{q}:pending (or the job's group lane)
+-- KEYS[3] delayed_key     delayed zset    emq:{q}:delayed
+-- KEYS[4] meta_key        meta hash       emq:{q}:meta
+-- KEYS[5] events_key      events stream   emq:{q}:events
+-- KEYS[6] cancelled_key   cancelled zset  emq:{q}:cancelled
+-- KEYS[7] active_key      active zset     emq:{q}:active
+-- KEYS[8] waiters_key     waiters hash    emq:{q}:waiters (ref.wait: told on the job's done
+--          channel)
+-- KEYS[9] dependents_key  dependents hash emq:{q}:dependents (jobs other jobs depend on)
+-- KEYS[10] outbox_key     outbox list     emq:{q}:outbox ("cancelled\0<id>" for a job with
+--          dependents)
+-- ARGV[1] id              job id
+-- ARGV[2] version         keyspace version of the caller
+-- ARGV[3] cancel_channel  the queue's cancel channel emq:{q}:cancel (a pub/sub channel, not a key)
 -- Returns: 1 cancelled (its record kept); 2 active: its worker was asked to stop it (the
 --          job ends cancelled unless its handler finishes first); 0 not cancellable
 --          (unknown, finished or already cancelled; nothing written)
@@ -28,36 +30,49 @@
 --@include common
 --@include finished
 
+local job_key = KEYS[1]
+local pending_key = KEYS[2]
+local delayed_key = KEYS[3]
+local meta_key = KEYS[4]
+local events_key = KEYS[5]
+local cancelled_key = KEYS[6]
+local active_key = KEYS[7]
+local waiters_key = KEYS[8]
+local dependents_key = KEYS[9]
+local outbox_key = KEYS[10]
 local id = ARGV[1]
+local version = ARGV[2]
+local cancel_channel = ARGV[3]
+
 -- read first: a call that cancels nothing must not write (not even the fence's stamp)
-local active = redis.call('ZSCORE', KEYS[7], id)
-if not active and not redis.call('ZSCORE', KEYS[2], id)
-    and not redis.call('ZSCORE', KEYS[3], id) then
+local active = redis.call('ZSCORE', active_key, id)
+if not active and not redis.call('ZSCORE', pending_key, id)
+    and not redis.call('ZSCORE', delayed_key, id) then
   return 0
 end
 local hook, denied = nil, nil
 if not active then
-  hook, denied = emq_finish_prepare(KEYS[8], KEYS[9], KEYS[10])
-elseif redis.acl_check_cmd and not redis.acl_check_cmd('PUBLISH', ARGV[3], id) then
-  denied = 'NOPERM this user has no permission to PUBLISH on ' .. ARGV[3]
+  hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
+elseif redis.acl_check_cmd and not redis.acl_check_cmd('PUBLISH', cancel_channel, id) then
+  denied = 'NOPERM this user has no permission to PUBLISH on ' .. cancel_channel
 end
 if denied then return redis.error_reply(denied) end
-local err = emq_fence(KEYS[4], ARGV[2])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-local cap = emq_events_cap(KEYS[4])
+local cap = emq_events_cap(meta_key)
 if active then  -- its worker ends it (cancel_active.lua): only the lease holder may
-  redis.call('HSET', KEYS[1], 'cancel', '1')
-  redis.call('PUBLISH', ARGV[3], id)
-  emq_event(KEYS[5], cap, 'cancel_requested', 'id', id)
+  redis.call('HSET', job_key, 'cancel', '1')
+  redis.call('PUBLISH', cancel_channel, id)
+  emq_event(events_key, cap, 'cancel_requested', 'id', id)
   return 2
 end
 local now = emq_now()
-redis.call('ZREM', KEYS[2], id)
-redis.call('ZREM', KEYS[3], id)
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished', now)
-  redis.call('ZADD', KEYS[6], now, id)
+redis.call('ZREM', pending_key, id)
+redis.call('ZREM', delayed_key, id)
+if redis.call('EXISTS', job_key) == 1 then
+  redis.call('HSET', job_key, 'state', 'cancelled', 'finished', now)
+  redis.call('ZADD', cancelled_key, now, id)
 end
-emq_event(KEYS[5], cap, 'cancelled', 'id', id)
-emq_finished(hook, KEYS[8], KEYS[9], KEYS[10], {id}, 'cancelled')
+emq_event(events_key, cap, 'cancelled', 'id', id)
+emq_finished(hook, waiters_key, dependents_key, outbox_key, {id}, 'cancelled')
 return 1

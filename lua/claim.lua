@@ -13,30 +13,36 @@
 -- find ready groups in bounded work however many are capped or limited, and an idle
 -- worker sleeps on the marker until the first parked group's re-check.
 --
--- KEYS[1] pending zset   emq:{q}:pending
--- KEYS[2] active zset    emq:{q}:active   (score = lease deadline, server ms)
--- KEYS[3] leases hash    emq:{q}:leases   (job id -> lease token)
--- KEYS[4] meta hash      emq:{q}:meta
--- KEYS[5] marker zset    emq:{q}:marker
--- KEYS[6] delayed zset   emq:{q}:delayed
--- KEYS[7] counter        emq:{q}:counter
--- KEYS[8] rate zset      emq:{q}:rate     (lease token -> claim instant, last window only)
--- KEYS[9..] optional group keys: KEYS[9] groups ring zset emq:{q}:groups,
---          KEYS[10] gactive zset emq:{q}:gactive, KEYS[11] glimit hash emq:{q}:glimit,
---          KEYS[12] grate hash emq:{q}:grate, KEYS[13] the worker's claim record hash
---          emq:{q}:w:<worker>:claim, then per group name ARGV[9..] two keys: its lane
---          emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate
--- ARGV[1] max jobs to claim (>= 1)
--- ARGV[2] lease length ms
--- ARGV[3] worker id (prefix of the lease tokens)
--- ARGV[4] keyspace version of the caller
--- ARGV[5..] optional with the group keys: ARGV[5] ready groups to name in the reply,
---          ARGV[6] ms until a group parked at its cap is re-checked (a freed slot unparks
---          it sooner), ARGV[7] jobs per group per turn, ARGV[8] request id of this claim
---          ('' = none; a claim re-sent with the id of the worker's last claim that leased
---          jobs pops nothing and returns that claim's pairs still leased), then ARGV[9..]
---          the group names of the lane/rate key pairs KEYS[14..] (from the previous
---          claim's reply; re-checked)
+-- KEYS[1] pending_key  pending zset    emq:{q}:pending
+-- KEYS[2] active_key   active zset     emq:{q}:active   (score = lease deadline, server ms)
+-- KEYS[3] leases_key   leases hash     emq:{q}:leases   (job id -> lease token)
+-- KEYS[4] meta_key     meta hash       emq:{q}:meta
+-- KEYS[5] marker_key   marker zset     emq:{q}:marker
+-- KEYS[6] delayed_key  delayed zset    emq:{q}:delayed
+-- KEYS[7] counter_key  counter         emq:{q}:counter
+-- KEYS[8] rate_key     rate zset       emq:{q}:rate     (lease token -> claim instant, last window
+--          only)
+-- KEYS[9..] optional group keys, then per group name ARGV[9..] two keys: its lane
+--          emq:{q}:g:<group>:pending and its rate zset emq:{q}:g:<group>:rate (KEYS[14..],
+--          read by index):
+--   KEYS[9] ring_key  groups ring zset emq:{q}:groups
+--   KEYS[10] gactive_key  gactive zset emq:{q}:gactive
+--   KEYS[11] glimit_key  glimit hash emq:{q}:glimit
+--   KEYS[12] grate_key  grate hash emq:{q}:grate
+--   KEYS[13] record_key  the worker's claim record hash emq:{q}:w:<worker>:claim
+-- ARGV[1] max_jobs     max jobs to claim (>= 1)
+-- ARGV[2] lease_ms     lease length ms
+-- ARGV[3] worker_id    worker id (prefix of the lease tokens)
+-- ARGV[4] version      keyspace version of the caller
+-- ARGV[5..] optional with the group keys, then ARGV[9..] the group names of the lane/rate
+--          key pairs KEYS[14..] (from the previous claim's reply; re-checked; read by index):
+--   ARGV[5] ready_groups  ready groups to name in the reply
+--   ARGV[6] cap_recheck_ms  ms until a group parked at its cap is re-checked (a freed slot
+--          unparks it sooner)
+--   ARGV[7] per_turn  jobs per group per turn
+--   ARGV[8] request_id  request id of this claim ('' = none; a claim re-sent with the id
+--          of the worker's last claim that leased jobs pops nothing and returns that
+--          claim's pairs still leased)
 -- Returns: {now_ms, status, next_due_ms, id1, token1, id2, token2, ...}, and with the group
 --          keys one last element: the names of the next ready groups (ring head, ARGV[5] of
 --          them)
@@ -55,8 +61,30 @@
 --@include rate
 --@include turns
 
-local n = tonumber(ARGV[1])
-local lease = tonumber(ARGV[2])
+local pending_key = KEYS[1]
+local active_key = KEYS[2]
+local leases_key = KEYS[3]
+local meta_key = KEYS[4]
+local marker_key = KEYS[5]
+local delayed_key = KEYS[6]
+local counter_key = KEYS[7]
+local rate_key = KEYS[8]
+local ring_key = KEYS[9]
+local gactive_key = KEYS[10]
+local glimit_key = KEYS[11]
+local grate_key = KEYS[12]
+local record_key = KEYS[13]
+local max_jobs = ARGV[1]
+local lease_ms = ARGV[2]
+local worker_id = ARGV[3]
+local version = ARGV[4]
+local ready_groups = ARGV[5]
+local cap_recheck_ms = ARGV[6]
+local per_turn = ARGV[7]
+local request_id = ARGV[8]
+
+local n = tonumber(max_jobs)
+local lease = tonumber(lease_ms)
 if not n or n < 1 or n > 10000 or n % 1 ~= 0 or not lease or lease < 1 or lease % 1 ~= 0 then
   return redis.error_reply('EMQINPUT claim needs an integer count in [1, 10000] and an ' ..
     'integer lease >= 1 ms')
@@ -64,7 +92,8 @@ end
 local grouped = #KEYS >= 13
 local ring_head, cap_poll, quantum = 0, 0, 0
 if #KEYS > 8 then
-  ring_head, cap_poll, quantum = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  ring_head, cap_poll, quantum = tonumber(ready_groups), tonumber(cap_recheck_ms),
+    tonumber(per_turn)
   if not grouped or 2 * (#ARGV - 8) ~= #KEYS - 13 or not ring_head or ring_head < 1
       or not cap_poll or cap_poll < 1 or not quantum or quantum < 1 then
     return redis.error_reply('EMQINPUT claim needs ring, gactive, glimit, grate, claim record, ' ..
@@ -74,39 +103,39 @@ end
 if #ARGV > 8 then
   -- Capped groups are counted with the lex commands: touch each once, harmlessly, before
   -- the first write, so a user whose ACL lacks one fails here with nothing popped.
-  redis.call('ZLEXCOUNT', KEYS[10], '-', '-')
-  redis.call('ZRANGEBYLEX', KEYS[10], '-', '-')
+  redis.call('ZLEXCOUNT', gactive_key, '-', '-')
+  redis.call('ZRANGEBYLEX', gactive_key, '-', '-')
 end
-local err = emq_fence(KEYS[4], ARGV[4])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 
 local now = emq_now()
-local head = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+local head = redis.call('ZRANGE', delayed_key, 0, 0, 'WITHSCORES')
 local next_due = -1
 if head[2] then next_due = emq_unpack_delayed(head[2]) end
 
 local out = {now, 1, next_due}
 -- The reply, with the next ready groups appended when the caller serves groups.
 local function finish()
-  if grouped then out[#out + 1] = emq_ring_head(KEYS[9], ring_head) end
+  if grouped then out[#out + 1] = emq_ring_head(ring_key, ring_head) end
   return out
 end
 -- Lease tokens are the worker id and one fencing number of the counter.
 local function token_of(seq)
   -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
-  return ARGV[3] .. ':' .. (seq < 1e14 and seq or emq_int(seq))
+  return worker_id .. ':' .. (seq < 1e14 and seq or emq_int(seq))
 end
 
 -- A re-sent claim (its reply was lost) pops nothing: when `rid` is the id of the worker's
 -- last claim, put the pairs its first send leased and this worker still holds in the
 -- reply and return true.
 local function resent(rid)
-  local rec = redis.call('HMGET', KEYS[13], 'rid', 'ids', 'last')
+  local rec = redis.call('HMGET', record_key, 'rid', 'ids', 'last')
   if rec[1] ~= rid then return false end
   local ids = cmsgpack.unpack(rec[2])
   local last, count = tonumber(rec[3]), #ids
   for s = 1, count, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
-    local held = redis.call('HMGET', KEYS[3], unpack(ids, s, math.min(s + 3999, count)))
+    local held = redis.call('HMGET', leases_key, unpack(ids, s, math.min(s + 3999, count)))
     for j, v in ipairs(held) do
       local token = token_of(last - count + s + j - 1)
       if v == token then
@@ -117,25 +146,25 @@ local function resent(rid)
   end
   return true
 end
-local rid = grouped and ARGV[8] or ''
+local rid = grouped and request_id or ''
 if rid ~= '' and resent(rid) then return finish() end
-if redis.call('HGET', KEYS[4], 'paused') == '1' then
+if redis.call('HGET', meta_key, 'paused') == '1' then
   out[2] = 0
   return finish()
 end
 
 -- The queue's rate window (includes/rate.lua): the jobs claimed in the last `window` ms.
-local f = redis.call('HMGET', KEYS[4], 'rate_max', 'rate_window')
+local f = redis.call('HMGET', meta_key, 'rate_max', 'rate_window')
 local rate_max, window = emq_rate_spec(f[1], f[2])
 local limited = rate_max ~= nil
 local room = n
-if limited then room = emq_window_room(KEYS[8], rate_max, window, now) end
+if limited then room = emq_window_room(rate_key, rate_max, window, now) end
 -- The queue's window is full: when jobs wait, blocked workers wake when it opens (its
 -- oldest claim leaves it, so one more job may be claimed): no polling.
 local function window_full()
-  if redis.call('ZCARD', KEYS[1]) > 0 or (grouped and redis.call('ZCARD', KEYS[9]) > 0) then
-    local open = emq_window_opens(KEYS[8], window, now)
-    emq_wake_at(KEYS[5], open)
+  if redis.call('ZCARD', pending_key) > 0 or (grouped and redis.call('ZCARD', ring_key) > 0) then
+    local open = emq_window_opens(rate_key, window, now)
+    emq_wake_at(marker_key, open)
     out[2] = 2
     if next_due == -1 or open < next_due then out[3] = open end
   end
@@ -147,17 +176,17 @@ if room <= 0 then return window_full() end
 -- rejoin, then the flat set and the named lanes are served in turn order. Returns the
 -- serving state (popped, rated, rate_open) and whether ready lanes went unnamed.
 local function take_grouped(want)
-  emq_ring_unpark_due(KEYS[9], now)
+  emq_ring_unpark_due(ring_key, now)
   local lanes = {}
   for i = 14, #KEYS, 2 do lanes[#lanes + 1] = {k = i, r = i + 1, g = ARGV[9 + (i - 14) / 2]} end
-  local sources, flat, passed = emq_turn_sources(KEYS[9], KEYS[4], 1, lanes)
+  local sources, flat, passed = emq_turn_sources(ring_key, meta_key, 1, lanes)
   -- No lane named yet (a worker's first claim) while groups wait: the flat set takes only
   -- its turn, so the reply can name the lanes to serve next.
   local t = {now = now, want = want, quantum = quantum, cap_poll = cap_poll, popped = {},
-             rated = {}, flat_only = #sources == 1 and emq_ring_live(KEYS[9])}
-  emq_turn_serve(t, sources, KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[3])
-  emq_turn_rotate(sources, flat, KEYS[9], KEYS[4])
-  return t, emq_turn_unnamed(KEYS[9], ring_head, passed)
+             rated = {}, flat_only = #sources == 1 and emq_ring_live(ring_key)}
+  emq_turn_serve(t, sources, ring_key, gactive_key, glimit_key, grate_key, leases_key)
+  emq_turn_rotate(sources, flat, ring_key, meta_key)
+  return t, emq_turn_unnamed(ring_key, ring_head, passed)
 end
 
 -- Nothing claimed: come back at once when live lanes this claim did not try wait; else,
@@ -167,9 +196,9 @@ local function nothing_claimed(unpassed, rate_open)
   if unpassed then
     out[3] = now
   elseif grouped then
-    local recheck, windowed = emq_ring_parked_next(KEYS[9])
+    local recheck, windowed = emq_ring_parked_next(ring_key)
     if recheck then
-      emq_wake_at(KEYS[5], recheck)
+      emq_wake_at(marker_key, recheck)
       -- a window holds jobs back: rate limited (run_until_idle waits); caps: as before
       if rate_open or windowed then out[2] = 2 end
       if out[3] == -1 or recheck < out[3] then out[3] = recheck end
@@ -181,7 +210,7 @@ end
 local want = math.min(n, room)
 local popped, rated, rate_open, unpassed = nil, {}, nil, false
 if not grouped then
-  popped = redis.call('ZPOPMIN', KEYS[1], want)
+  popped = redis.call('ZPOPMIN', pending_key, want)
 else
   local t
   t, unpassed = take_grouped(want)
@@ -215,9 +244,9 @@ local function lease_popped(last)
   -- fail here, after the pop)
   for s = 1, #zargs, 4000 do
     local e = math.min(s + 3999, #zargs)
-    redis.call('ZADD', KEYS[2], unpack(zargs, s, e))
-    redis.call('HSET', KEYS[3], unpack(hargs, s, e))
-    if limited then redis.call('ZADD', KEYS[8], unpack(rargs, s, e)) end
+    redis.call('ZADD', active_key, unpack(zargs, s, e))
+    redis.call('HSET', leases_key, unpack(hargs, s, e))
+    if limited then redis.call('ZADD', rate_key, unpack(rargs, s, e)) end
   end
   return ids
 end
@@ -235,29 +264,29 @@ end
 -- More work left: pass the wake-up on to the next idle worker (or, the window now full,
 -- have it woken when the window opens).
 local function pass_wake_on()
-  local more = redis.call('ZCARD', KEYS[1]) > 0
+  local more = redis.call('ZCARD', pending_key) > 0
   if grouped and not more then
-    more = (count == want or unpassed) and emq_ring_live(KEYS[9])
+    more = (count == want or unpassed) and emq_ring_live(ring_key)
   end
   if more then
     if limited and room - count <= 0 then
-      emq_wake_at(KEYS[5], emq_window_opens(KEYS[8], window, now))
+      emq_wake_at(marker_key, emq_window_opens(rate_key, window, now))
     else
-      emq_wake(KEYS[5])
+      emq_wake(marker_key)
     end
   end
 end
 
 -- One counter draw for the whole batch: tokens are unique fencing numbers.
-local last = redis.call('INCRBY', KEYS[7], count)
+local last = redis.call('INCRBY', counter_key, count)
 local ids = lease_popped(last)
 if limited then
-  redis.call('PEXPIRE', KEYS[8], window)  -- nothing outlives the window it counts for
+  redis.call('PEXPIRE', rate_key, window)  -- nothing outlives the window it counts for
 end
 if rid ~= '' then
   -- what a re-send of this very claim hands back (see resent()); gone with the leases
-  redis.call('HSET', KEYS[13], 'rid', rid, 'ids', cmsgpack.pack(ids), 'last', last)
-  redis.call('PEXPIRE', KEYS[13], lease)
+  redis.call('HSET', record_key, 'rid', rid, 'ids', cmsgpack.pack(ids), 'last', last)
+  redis.call('PEXPIRE', record_key, lease)
 end
 count_in_group_windows()
 pass_wake_on()

@@ -3,17 +3,19 @@
 -- jobs in one call: the fence, the clock, the event cap and the counter are paid
 -- once per call instead of once per job (most of the per-job Redis CPU of a drain).
 --
--- KEYS[1] active zset     emq:{q}:active
--- KEYS[2] leases hash     emq:{q}:leases
--- KEYS[3] completed zset  emq:{q}:completed (score = finish time, server ms)
--- KEYS[4] meta hash       emq:{q}:meta
--- KEYS[5] events stream   emq:{q}:events
--- KEYS[6] metrics hash    emq:{q}:metrics
--- KEYS[7] waiters hash    emq:{q}:waiters (ref.wait: told on the job's done channel)
--- KEYS[8] dependents hash emq:{q}:dependents (jobs other jobs depend on)
--- KEYS[9] outbox list     emq:{q}:outbox ("completed\0<id>" per completed job with dependents)
+-- KEYS[1] active_key      active zset     emq:{q}:active
+-- KEYS[2] leases_key      leases hash     emq:{q}:leases
+-- KEYS[3] completed_key   completed zset  emq:{q}:completed (score = finish time, server ms)
+-- KEYS[4] meta_key        meta hash       emq:{q}:meta
+-- KEYS[5] events_key      events stream   emq:{q}:events
+-- KEYS[6] metrics_key     metrics hash    emq:{q}:metrics
+-- KEYS[7] waiters_key     waiters hash    emq:{q}:waiters (ref.wait: told on the job's done
+--          channel)
+-- KEYS[8] dependents_key  dependents hash emq:{q}:dependents (jobs other jobs depend on)
+-- KEYS[9] outbox_key      outbox list     emq:{q}:outbox ("completed\0<id>" per completed job with
+--          dependents)
 -- KEYS[10..] job hashes   emq:{q}:job:<id>, one per ARGV group of six, same order
--- ARGV[1] keyspace version of the caller
+-- ARGV[1] version         keyspace version of the caller
 -- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
 --          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
 --          the run as start.lua reported it to the Worker: attempt, started ms (server
@@ -29,23 +31,34 @@
 --@include metrics
 --@include finished
 
+local active_key = KEYS[1]
+local leases_key = KEYS[2]
+local completed_key = KEYS[3]
+local meta_key = KEYS[4]
+local events_key = KEYS[5]
+local metrics_key = KEYS[6]
+local waiters_key = KEYS[7]
+local dependents_key = KEYS[8]
+local outbox_key = KEYS[9]
+local version = ARGV[1]
+
 if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
   return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/wait ' ..
     'group per job key')
 end
-local hook, denied = emq_finish_prepare(KEYS[7], KEYS[8], KEYS[9])
+local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
-local err = emq_fence(KEYS[4], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local finished = emq_int(now)
-local cap = emq_events_cap(KEYS[4])
+local cap = emq_events_cap(meta_key)
 -- Every lease in one read (chunked: Lua's unpack() has a stack limit).
 local held = {}
 for s = 2, #ARGV, 6 * 2000 do
   local ids = {}
   for a = s, math.min(s + 6 * 2000 - 1, #ARGV), 6 do ids[#ids + 1] = ARGV[a] end
-  for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do held[#held + 1] = v end
+  for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids))) do held[#held + 1] = v end
 end
 local out, done, scored, seen, attempts = {}, {}, {}, {}, {}
 for i = 10, #KEYS do
@@ -82,13 +95,13 @@ end
 -- The set writes once per call (chunked: Lua's unpack() has a stack limit).
 for s = 1, #done, 2000 do
   local e = math.min(s + 1999, #done)
-  redis.call('HDEL', KEYS[2], unpack(done, s, e))
-  redis.call('ZREM', KEYS[1], unpack(done, s, e))
-  redis.call('ZADD', KEYS[3], unpack(scored, 2 * s - 1, 2 * e))
+  redis.call('HDEL', leases_key, unpack(done, s, e))
+  redis.call('ZREM', active_key, unpack(done, s, e))
+  redis.call('ZADD', completed_key, unpack(scored, 2 * s - 1, 2 * e))
 end
-if #done > 0 then redis.call('HINCRBY', KEYS[6], 'completed', #done) end
+if #done > 0 then redis.call('HINCRBY', metrics_key, 'completed', #done) end
 -- one event entry per 16 completions (readers expand it: see emq_events_batched)
-emq_events_batched(KEYS[5], cap, 'completed', done, {attempt = attempts})
-emq_finished(hook, KEYS[7], KEYS[8], KEYS[9], done, 'completed')
-emq_trim_events(KEYS[5], cap)
+emq_events_batched(events_key, cap, 'completed', done, {attempt = attempts})
+emq_finished(hook, waiters_key, dependents_key, outbox_key, done, 'completed')
+emq_trim_events(events_key, cap)
 return out

@@ -1,15 +1,20 @@
 -- configure.lua: set one per-queue setting in the meta hash (events cap, rate limit).
 -- Settings live in meta so every producer and worker of the queue sees the same ones.
 --
--- KEYS[1] meta hash      emq:{q}:meta
--- KEYS[2] marker zset    emq:{q}:marker (woken: a worker waiting on a limit re-reads it)
--- ARGV[1] keyspace version of the caller
+-- KEYS[1] meta_key    meta hash       emq:{q}:meta
+-- KEYS[2] marker_key  marker zset     emq:{q}:marker (woken: a worker waiting on a limit re-reads
+--          it)
+-- ARGV[1] version     keyspace version of the caller
 -- ARGV[2..] pairs: setting name, non-negative integer value; settings: 'events' (stream
 --          cap, 0 = off), 'rate_max' / 'rate_window' (jobs per window ms, 0 = no limit)
 -- Returns: 1
 -- Errors:  EMQINPUT unknown setting, odd pair list or a value that is not an integer >= 0;
 --          EMQVERSION keyspace of another major version
 --@include common
+
+local meta_key = KEYS[1]
+local marker_key = KEYS[2]
+local version = ARGV[1]
 
 local known = {events = true, rate_max = true, rate_window = true}
 if #ARGV < 3 or (#ARGV - 1) % 2 ~= 0 then
@@ -21,10 +26,10 @@ for i = 2, #ARGV, 2 do
     return redis.error_reply('EMQINPUT bad setting ' .. tostring(ARGV[i]))
   end
 end
-local err = emq_fence(KEYS[1], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 for i = 2, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', meta_key, ARGV[i], ARGV[i + 1])
 end
-emq_wake(KEYS[2])
+emq_wake(marker_key)
 return 1

@@ -5,18 +5,18 @@
 -- Links to it left in its dependencies' slots are harmless: a resolve finds it no longer
 -- waiting and does nothing.
 --
--- KEYS[1] job hash        emq:{q}:job:<id>
--- KEYS[2] deps set        emq:{q}:job:<id>:deps
--- KEYS[3] waitdeps zset   emq:{q}:waitdeps
--- KEYS[4] deplink zset    emq:{q}:deplink
--- KEYS[5] cancelled zset  emq:{q}:cancelled
--- KEYS[6] meta hash       emq:{q}:meta
--- KEYS[7] events stream   emq:{q}:events
--- KEYS[8] waiters hash    emq:{q}:waiters
--- KEYS[9] dependents      emq:{q}:dependents (hash)
--- KEYS[10] outbox list    emq:{q}:outbox
--- ARGV[1] job id
--- ARGV[2] keyspace version of the caller
+-- KEYS[1] job_key         job hash        emq:{q}:job:<id>
+-- KEYS[2] deps_key        deps set        emq:{q}:job:<id>:deps
+-- KEYS[3] waitdeps_key    waitdeps zset   emq:{q}:waitdeps
+-- KEYS[4] deplink_key     deplink zset    emq:{q}:deplink
+-- KEYS[5] cancelled_key   cancelled zset  emq:{q}:cancelled
+-- KEYS[6] meta_key        meta hash       emq:{q}:meta
+-- KEYS[7] events_key      events stream   emq:{q}:events
+-- KEYS[8] waiters_key     waiters hash    emq:{q}:waiters
+-- KEYS[9] dependents_key  dependents      emq:{q}:dependents (hash)
+-- KEYS[10] outbox_key     outbox list     emq:{q}:outbox
+-- ARGV[1] id              job id
+-- ARGV[2] version         keyspace version of the caller
 -- Returns: 1 cancelled; 0 the job is not waiting for dependencies (nothing written)
 -- Errors:  EMQVERSION keyspace of another major version; NOPERM the ACL denies a command
 --          it writes with (before any write)
@@ -24,23 +24,35 @@
 --@include deps
 --@include finished
 
+local job_key = KEYS[1]
+local deps_key = KEYS[2]
+local waitdeps_key = KEYS[3]
+local deplink_key = KEYS[4]
+local cancelled_key = KEYS[5]
+local meta_key = KEYS[6]
+local events_key = KEYS[7]
+local waiters_key = KEYS[8]
+local dependents_key = KEYS[9]
+local outbox_key = KEYS[10]
 local id = ARGV[1]
-if not redis.call('ZSCORE', KEYS[3], id) then return 0 end
-local hook, denied = emq_finish_prepare(KEYS[8], KEYS[9], KEYS[10])
+local version = ARGV[2]
+
+if not redis.call('ZSCORE', waitdeps_key, id) then return 0 end
+local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if not denied then
-  denied = emq_deps_denied({{'HSET', KEYS[1], 'f', 'v'}, {'ZADD', KEYS[5], '0', 'm'},
-    {'ZREM', KEYS[3], 'm'}, {'DEL', KEYS[2]}})
+  denied = emq_deps_denied({{'HSET', job_key, 'f', 'v'}, {'ZADD', cancelled_key, '0', 'm'},
+    {'ZREM', waitdeps_key, 'm'}, {'DEL', deps_key}})
 end
 if denied then return redis.error_reply(denied) end
-local cap = emq_events_cap(KEYS[6])
+local cap = emq_events_cap(meta_key)
 local now = emq_now()
-local err = emq_fence(KEYS[6], ARGV[2])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-redis.call('ZREM', KEYS[3], id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[1], 'state', 'cancelled', 'finished', emq_int(now))
-redis.call('ZADD', KEYS[5], now, id)
-emq_event(KEYS[7], cap, 'cancelled', 'id', id)
-emq_finished(hook, KEYS[8], KEYS[9], KEYS[10], {id}, 'cancelled')
+redis.call('ZREM', waitdeps_key, id)
+redis.call('ZREM', deplink_key, id)
+redis.call('DEL', deps_key)
+redis.call('HSET', job_key, 'state', 'cancelled', 'finished', emq_int(now))
+redis.call('ZADD', cancelled_key, now, id)
+emq_event(events_key, cap, 'cancelled', 'id', id)
+emq_finished(hook, waiters_key, dependents_key, outbox_key, {id}, 'cancelled')
 return 1

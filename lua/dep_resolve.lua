@@ -5,25 +5,30 @@
 -- order). A dependency that did not complete (failed, cancelled, expired or vanished), for
 -- a job with on_dep_failure 'fail', fails the job at once with error 'dependency failed';
 -- the finish hook then tells its own waiters and queues it for its own dependents
--- (the cascade). With 'run' such a dependency counts as done.
+-- (the cascade). With 'run' such a dependency counts as done. A completed dependency's
+-- result, when the caller sends it, is copied into the job's hash (field
+-- 'dr:<queue>\0<job id>'), so the job reads it at its start however soon the dependency's
+-- own record is trimmed by retention.
 --
--- KEYS[1] job hash        emq:{q}:job:<id>
--- KEYS[2] deps set        emq:{q}:job:<id>:deps
--- KEYS[3] waitdeps zset   emq:{q}:waitdeps
--- KEYS[4] deplink zset    emq:{q}:deplink
--- KEYS[5] pending zset    emq:{q}:pending
--- KEYS[6] failed zset     emq:{q}:failed
--- KEYS[7] marker zset     emq:{q}:marker
--- KEYS[8] meta hash       emq:{q}:meta
--- KEYS[9] events stream   emq:{q}:events
--- KEYS[10] metrics hash   emq:{q}:metrics
--- KEYS[11] waiters hash   emq:{q}:waiters
--- KEYS[12] dependents     emq:{q}:dependents (hash)
--- KEYS[13] outbox list    emq:{q}:outbox
--- ARGV[1] job id
--- ARGV[2] the dependency, "<queue>\0<job id>"
--- ARGV[3] how it ended: 'completed', 'failed', 'cancelled', 'expired' or 'missing'
--- ARGV[4] keyspace version of the caller
+-- KEYS[1] job_key          job hash        emq:{q}:job:<id>
+-- KEYS[2] deps_key         deps set        emq:{q}:job:<id>:deps
+-- KEYS[3] waitdeps_key     waitdeps zset   emq:{q}:waitdeps
+-- KEYS[4] deplink_key      deplink zset    emq:{q}:deplink
+-- KEYS[5] pending_key      pending zset    emq:{q}:pending
+-- KEYS[6] failed_key       failed zset     emq:{q}:failed
+-- KEYS[7] marker_key       marker zset     emq:{q}:marker
+-- KEYS[8] meta_key         meta hash       emq:{q}:meta
+-- KEYS[9] events_key       events stream   emq:{q}:events
+-- KEYS[10] metrics_key     metrics hash    emq:{q}:metrics
+-- KEYS[11] waiters_key     waiters hash    emq:{q}:waiters
+-- KEYS[12] dependents_key  dependents      emq:{q}:dependents (hash)
+-- KEYS[13] outbox_key      outbox list     emq:{q}:outbox
+-- ARGV[1] id               job id
+-- ARGV[2] dependency       the dependency, "<queue>\0<job id>"
+-- ARGV[3] outcome          how it ended: 'completed', 'failed', 'cancelled', 'expired' or 'missing'
+-- ARGV[4] version          keyspace version of the caller
+-- ARGV[5..] optional:
+--   ARGV[5] result  the completed dependency's result, as its hash stores it
 -- Returns: 0 nothing to do (not waiting, or this dependency already resolved); 1 the job
 --          was released to pending; 2 the job failed ('dependency failed'); 3 resolved,
 --          other dependencies still outstanding
@@ -33,44 +38,65 @@
 --@include deps
 --@include finished
 
+local job_key = KEYS[1]
+local deps_key = KEYS[2]
+local waitdeps_key = KEYS[3]
+local deplink_key = KEYS[4]
+local pending_key = KEYS[5]
+local failed_key = KEYS[6]
+local marker_key = KEYS[7]
+local meta_key = KEYS[8]
+local events_key = KEYS[9]
+local metrics_key = KEYS[10]
+local waiters_key = KEYS[11]
+local dependents_key = KEYS[12]
+local outbox_key = KEYS[13]
 local id = ARGV[1]
-if redis.call('HGET', KEYS[1], 'state') ~= 'waiting_deps' then return 0 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 0 then return 0 end
-local fails = ARGV[3] ~= 'completed' and redis.call('HGET', KEYS[1], 'odf') ~= 'run'
-local last = redis.call('SCARD', KEYS[2]) == 1
+local dependency = ARGV[2]
+local outcome = ARGV[3]
+local version = ARGV[4]
+local result = ARGV[5]
+
+if redis.call('HGET', job_key, 'state') ~= 'waiting_deps' then return 0 end
+if redis.call('SISMEMBER', deps_key, dependency) == 0 then return 0 end
+local fails = outcome ~= 'completed' and redis.call('HGET', job_key, 'odf') ~= 'run'
+local last = redis.call('SCARD', deps_key) == 1
 local hook, denied = nil, nil
-if fails then hook, denied = emq_finish_prepare(KEYS[11], KEYS[12], KEYS[13]) end
+if fails then hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key) end
 if not denied then
-  denied = emq_deps_denied({{'SREM', KEYS[2], 'm'}, {'HSET', KEYS[1], 'f', 'v'},
-    {'ZADD', KEYS[5], '0', 'm'}, {'ZADD', KEYS[6], '0', 'm'}, {'ZREM', KEYS[3], 'm'},
-    {'HINCRBY', KEYS[10], 'f', '1'}})
+  denied = emq_deps_denied({{'SREM', deps_key, 'm'}, {'HSET', job_key, 'f', 'v'},
+    {'ZADD', pending_key, '0', 'm'}, {'ZADD', failed_key, '0', 'm'}, {'ZREM', waitdeps_key, 'm'},
+    {'HINCRBY', metrics_key, 'f', '1'}})
 end
 if denied then return redis.error_reply(denied) end
-local cap = emq_events_cap(KEYS[8])
+local cap = emq_events_cap(meta_key)
 local now = emq_now()
-local err = emq_fence(KEYS[8], ARGV[4])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 
 if fails then
-  redis.call('HSET', KEYS[1], 'state', 'failed', 'error', 'dependency failed',
+  redis.call('HSET', job_key, 'state', 'failed', 'error', 'dependency failed',
     'finished', emq_int(now))
-  redis.call('DEL', KEYS[2])
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('ZADD', KEYS[6], now, id)
-  redis.call('HINCRBY', KEYS[10], 'failed', 1)
-  emq_event(KEYS[9], cap, 'failed', 'id', id, 'attempt', '0', 'error', 'dependency failed')
-  emq_finished(hook, KEYS[11], KEYS[12], KEYS[13], {id}, 'failed')
+  redis.call('DEL', deps_key)
+  redis.call('ZREM', waitdeps_key, id)
+  redis.call('ZREM', deplink_key, id)
+  redis.call('ZADD', failed_key, now, id)
+  redis.call('HINCRBY', metrics_key, 'failed', 1)
+  emq_event(events_key, cap, 'failed', 'id', id, 'attempt', '0', 'error', 'dependency failed')
+  emq_finished(hook, waiters_key, dependents_key, outbox_key, {id}, 'failed')
   return 2
 end
-redis.call('SREM', KEYS[2], ARGV[2])
+redis.call('SREM', deps_key, dependency)
+if result and outcome == 'completed' then
+  redis.call('HSET', job_key, 'dr:' .. dependency, result)
+end
 if not last then return 3 end
-local ps = redis.call('HGET', KEYS[1], 'ps') or '0'
-redis.call('HDEL', KEYS[1], 'state')  -- waiting again: the pending set says where
-redis.call('HSET', KEYS[1], 'run_at', emq_int(now))  -- its wait is measured from now
-redis.call('ZREM', KEYS[3], id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('ZADD', KEYS[5], ps, id)
-emq_wake(KEYS[7])
-emq_event(KEYS[9], cap, 'ready', 'id', id)
+local ps = redis.call('HGET', job_key, 'ps') or '0'
+redis.call('HDEL', job_key, 'state')  -- waiting again: the pending set says where
+redis.call('HSET', job_key, 'run_at', emq_int(now))  -- its wait is measured from now
+redis.call('ZREM', waitdeps_key, id)
+redis.call('ZREM', deplink_key, id)
+redis.call('ZADD', pending_key, ps, id)
+emq_wake(marker_key)
+emq_event(events_key, cap, 'ready', 'id', id)
 return 1

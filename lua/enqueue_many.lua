@@ -4,36 +4,53 @@
 -- them), at a fraction of the server cost: one fence, one TIME, one INCRBY, set writes in
 -- chunks, one stream entry per 100 jobs of ids minted together.
 --
--- KEYS[1] pending zset   emq:{q}:pending
--- KEYS[2] delayed zset   emq:{q}:delayed
--- KEYS[3] marker zset    emq:{q}:marker
--- KEYS[4] meta hash      emq:{q}:meta
--- KEYS[5] counter        emq:{q}:counter
--- KEYS[6] events stream  emq:{q}:events
+-- KEYS[1] pending_key   pending zset    emq:{q}:pending
+-- KEYS[2] delayed_key   delayed zset    emq:{q}:delayed
+-- KEYS[3] marker_key    marker zset     emq:{q}:marker
+-- KEYS[4] meta_key      meta hash       emq:{q}:meta
+-- KEYS[5] counter_key   counter         emq:{q}:counter
+-- KEYS[6] events_key    events stream   emq:{q}:events
 -- KEYS[7..] job hashes   emq:{q}:job:<id>, one per job, in job order (n = #KEYS - 6 jobs)
--- ARGV[1] keyspace version of the caller
--- ARGV[2] acl: '0' skips the ACL check of the commands it writes with; else checks
--- ARGV[3] options shared by every job (as enqueue.lua's ARGV[4]; '' = library defaults)
--- ARGV[4] priority, integer 0 .. 2^21-1
--- ARGV[5] mode: 'now', 'at' (ARGV[6] = absolute run-at epoch ms) or 'in' (delay ms)
--- ARGV[6] run-at or delay in ms ('0' for mode 'now')
--- ARGV[7] payload encoding of every job ('j' JSON, not stored; 'b' bytes), or '' when
+-- ARGV[1] version       keyspace version of the caller
+-- ARGV[2] acl           '0' skips the ACL check of the commands it writes with; else checks
+-- ARGV[3] opts          options shared by every job (as enqueue.lua's ARGV[4]; '' = library
+--          defaults)
+-- ARGV[4] priority_arg  priority, integer 0 .. 2^21-1
+-- ARGV[5] mode          'now', 'at' (ARGV[6] = absolute run-at epoch ms) or 'in' (delay ms)
+-- ARGV[6] run_at_arg    run-at or delay in ms ('0' for mode 'now')
+-- ARGV[7] shared_enc    payload encoding of every job ('j' JSON, not stored; 'b' bytes), or '' when
 --         each job carries its own
 -- ARGV[8..] per job i, in KEYS order: id (must start with JOB), payload, and its encoding
---         when ARGV[7] is '' (3 values per job, else 2)
+--         when ARGV[7] is '' (3 values per job, else 2); read by index, but:
+--   ARGV[8] first_id  the first job's id (the shared checks run once, with it)
 -- Returns: one status per job, in order: 1 admitted as pending, 2 admitted as scheduled,
 --          0 duplicate (the id exists, or came earlier in this call: nothing written for it)
--- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than
---          4000 jobs; EMQKIND an id without the JOB brand; EMQRANGE priority or run-at out
---          of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
---          version; NOPERM the user's ACL denies a command it writes with. Each refuses the
---          whole call before any write: one bad job writes nothing at all, for any job.
+-- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than 4000 jobs;
+--          EMQKIND an id without the JOB brand (EMQINPUT: with a ':'); EMQRANGE priority or run-at
+--          out of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
+--          version; NOPERM the user's ACL denies a command it writes with. Each refuses the whole
+--          call before any write: one bad job writes nothing at all, for any job.
 --@include common
 --@include admit
 
+local pending_key = KEYS[1]
+local delayed_key = KEYS[2]
+local marker_key = KEYS[3]
+local meta_key = KEYS[4]
+local counter_key = KEYS[5]
+local events_key = KEYS[6]
+local version = ARGV[1]
+local acl = ARGV[2]
+local opts = ARGV[3]
+local priority_arg = ARGV[4]
+local mode = ARGV[5]
+local run_at_arg = ARGV[6]
+local shared_enc = ARGV[7]
+local first_id = ARGV[8]
+
 local n = #KEYS - 6
 local stride = 2
-if ARGV[7] == '' then stride = 3 end
+if shared_enc == '' then stride = 3 end
 if n < 1 or #ARGV ~= 7 + stride * n then
   return redis.error_reply('EMQINPUT enqueue_many needs one job key per (id, payload)')
 end
@@ -42,7 +59,7 @@ if n > EMQ_MAX_BATCH then
     ' jobs per call')
 end
 -- the shared checks (and TIME) once, with the first id; the other ids' brand below
-local bad, priority, run_at, now = emq_check_admission(ARGV[8], ARGV[4], ARGV[5], ARGV[6])
+local bad, priority, run_at, now = emq_check_admission(first_id, priority_arg, mode, run_at_arg)
 if bad then return redis.error_reply(bad) end
 
 -- Set members go out CHUNK arguments per command (never unpack() a table the caller sizes).
@@ -60,9 +77,8 @@ end
 local new, seen, fresh = {}, {}, 0
 for i = 1, n do
   local id = ARGV[8 + (i - 1) * stride]
-  if string.sub(id, 1, 3) ~= 'JOB' then
-    return redis.error_reply('EMQKIND job id must start with JOB')
-  end
+  local bad_id = emq_new_id_error(id)
+  if bad_id then return redis.error_reply(bad_id) end
   if not seen[id] and not exists[i] then
     new[i] = true
     fresh = fresh + 1
@@ -75,8 +91,8 @@ if fresh == 0 then  -- every job a duplicate: nothing to write (no fence stamp e
   for i = 1, n do statuses[i] = 0 end
   return statuses
 end
-local cap = emq_events_cap(KEYS[4])
-local dscore = emq_admit_score(KEYS[2], run_at, now)
+local cap = emq_events_cap(meta_key)
+local dscore = emq_admit_score(delayed_key, run_at, now)
 -- The ACL of what an admission writes with (as enqueue.lua checks it, on the first new
 -- job's hash), and INCRBY, which draws the counter range here.
 local function counter_denied(acl_arg, counter)
@@ -86,23 +102,21 @@ local function counter_denied(acl_arg, counter)
 end
 local first_new = 1
 while not new[first_new] do first_new = first_new + 1 end
-local denied = emq_admit_denied(ARGV[2], dscore, KEYS[6 + first_new], KEYS[1], KEYS[2],
-                                KEYS[3], KEYS[5], KEYS[6], cap ~= nil)
-  or counter_denied(ARGV[2], KEYS[5])
+local denied = emq_admit_denied(acl, dscore, KEYS[6 + first_new], pending_key, delayed_key,
+                                marker_key, counter_key, events_key, cap ~= nil)
+  or counter_denied(acl, counter_key)
 if denied then return redis.error_reply(denied) end
-local err = emq_fence(KEYS[4], ARGV[1])  -- its version stamp is the first write
+local err = emq_fence(meta_key, version)  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 
 -- The counter values enqueue.lua's INCR per new job would have drawn, in one INCRBY.
-local seq = redis.call('INCRBY', KEYS[5], fresh) - fresh
-local set_key, status, slot0 = KEYS[1], 1, nil
+local seq = redis.call('INCRBY', counter_key, fresh) - fresh
+local set_key, status, slot0 = pending_key, 1, nil
 if dscore then
-  set_key, status = KEYS[2], 2
+  set_key, status = delayed_key, 2
   slot0 = dscore - emq_pack_delayed(run_at, 0)  -- the ms's next slot, as emq_delayed_score
 end
 local first = emq_pack_delayed(run_at, 0)
-local shared_enc = ARGV[7]
-local opts = ARGV[3]
 local tier = priority * 4294967296
 local created = emq_int(now)
 -- A job's hash, fields in enqueue.lua's order (defaults not stored: see admit.lua).
@@ -148,7 +162,7 @@ for i = 1, n do
   end
 end
 if k > 0 then redis.call('ZADD', set_key, unpack(members, 1, k)) end
-if dscore then emq_wake_at(KEYS[3], run_at) else emq_wake(KEYS[3]) end
+if dscore then emq_wake_at(marker_key, run_at) else emq_wake(marker_key) end
 
 -- The 'enqueued' events, written after the writes (nobody reads the stream inside the
 -- script) and trimmed once at the end. When every admitted id has one length and all
@@ -162,7 +176,7 @@ local EMQ_TAILS_BATCH = 100
 if cap then
   local state = 'pending'
   if dscore then state = 'scheduled' end
-  local events = KEYS[6]
+  local events = events_key
   local head, width, tails = nil, nil, {}
   for i = 1, n do
     if new[i] then

@@ -1,25 +1,27 @@
 -- fail.lua: record a failed attempt: re-park the job for a retry after the
 -- backoff delay (computed above the wire), or move it to the failed set.
 --
--- KEYS[1] job hash       emq:{q}:job:<id>
--- KEYS[2] active zset    emq:{q}:active
--- KEYS[3] leases hash    emq:{q}:leases
--- KEYS[4] failed zset    emq:{q}:failed (score = finish time, server ms)
--- KEYS[5] delayed zset   emq:{q}:delayed
--- KEYS[6] pending zset   emq:{q}:pending
--- KEYS[7] marker zset    emq:{q}:marker
--- KEYS[8] meta hash      emq:{q}:meta
--- KEYS[9] events stream  emq:{q}:events
--- KEYS[10] metrics hash  emq:{q}:metrics
--- KEYS[11] waiters hash  emq:{q}:waiters (ref.wait: told on the job's done channel)
--- KEYS[12] dependents    emq:{q}:dependents (hash: jobs other jobs depend on)
--- KEYS[13] outbox list   emq:{q}:outbox ("failed\0<id>" when a job with dependents fails for good)
--- ARGV[1] job id
--- ARGV[2] lease token from claim.lua
--- ARGV[3] retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
--- ARGV[4] error message
--- ARGV[5] traceback text
--- ARGV[6] keyspace version of the caller
+-- KEYS[1] job_key          job hash        emq:{q}:job:<id>
+-- KEYS[2] active_key       active zset     emq:{q}:active
+-- KEYS[3] leases_key       leases hash     emq:{q}:leases
+-- KEYS[4] failed_key       failed zset     emq:{q}:failed (score = finish time, server ms)
+-- KEYS[5] delayed_key      delayed zset    emq:{q}:delayed
+-- KEYS[6] pending_key      pending zset    emq:{q}:pending
+-- KEYS[7] marker_key       marker zset     emq:{q}:marker
+-- KEYS[8] meta_key         meta hash       emq:{q}:meta
+-- KEYS[9] events_key       events stream   emq:{q}:events
+-- KEYS[10] metrics_key     metrics hash    emq:{q}:metrics
+-- KEYS[11] waiters_key     waiters hash    emq:{q}:waiters (ref.wait: told on the job's done
+--          channel)
+-- KEYS[12] dependents_key  dependents      emq:{q}:dependents (hash: jobs other jobs depend on)
+-- KEYS[13] outbox_key      outbox list     emq:{q}:outbox ("failed\0<id>" when a job with
+--          dependents fails for good)
+-- ARGV[1] id               job id
+-- ARGV[2] token            lease token from claim.lua
+-- ARGV[3] retry_delay_ms   retry delay ms (>= 0), or -1 for no retry (last attempt / unrecoverable)
+-- ARGV[4] message          error message
+-- ARGV[5] traceback        traceback text
+-- ARGV[6] version          keyspace version of the caller
 -- Returns: {1 re-parked for a retry or 0 moved to the failed set, wait ms, run ms}: the
 --          times as complete.lua returns them, for the caller's histograms; {flag, -1, -1}
 --          when this very token already wrote this outcome (a call re-sent after its reply
@@ -32,52 +34,72 @@
 --@include metrics
 --@include finished
 
-local delay = tonumber(ARGV[3])
+local job_key = KEYS[1]
+local active_key = KEYS[2]
+local leases_key = KEYS[3]
+local failed_key = KEYS[4]
+local delayed_key = KEYS[5]
+local pending_key = KEYS[6]
+local marker_key = KEYS[7]
+local meta_key = KEYS[8]
+local events_key = KEYS[9]
+local metrics_key = KEYS[10]
+local waiters_key = KEYS[11]
+local dependents_key = KEYS[12]
+local outbox_key = KEYS[13]
+local id = ARGV[1]
+local token = ARGV[2]
+local retry_delay_ms = ARGV[3]
+local message = ARGV[4]
+local traceback = ARGV[5]
+local version = ARGV[6]
+
+local delay = tonumber(retry_delay_ms)
 if not delay or delay % 1 ~= 0 or delay < -1 then
   return redis.error_reply('EMQINPUT retry delay must be an integer >= -1')
 end
 local flag = delay < 0 and 0 or 1
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+if redis.call('HGET', leases_key, id) ~= token then
   -- tokens are unique: a recorded outcome of ours is this same call, re-sent
-  if redis.call('HGET', KEYS[1], 'ftok') == ARGV[2] then return {flag, -1, -1} end
-  return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
+  if redis.call('HGET', job_key, 'ftok') == token then return {flag, -1, -1} end
+  return redis.error_reply('EMQLEASE lease on ' .. id .. ' is no longer held by this worker')
 end
-local hook, denied = emq_finish_prepare(KEYS[11], KEYS[12], KEYS[13])
+local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
-local err = emq_fence(KEYS[8], ARGV[6])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local wait, run, attempt = emq_run_times(KEYS[1], now)
-local cap = emq_events_cap(KEYS[8])
+redis.call('HDEL', leases_key, id)
+redis.call('ZREM', active_key, id)
+local wait, run, attempt = emq_run_times(job_key, now)
+local cap = emq_events_cap(meta_key)
 if delay < 0 then
-  redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[4], 'traceback', ARGV[5],
-    'finished', emq_int(now), 'ftok', ARGV[2])
-  redis.call('ZADD', KEYS[4], now, ARGV[1])
-  redis.call('HINCRBY', KEYS[10], 'failed', 1)
-  emq_event(KEYS[9], cap, 'failed', 'id', ARGV[1], 'attempt', attempt, 'error', ARGV[4])
-  emq_finished(hook, KEYS[11], KEYS[12], KEYS[13], {ARGV[1]}, 'failed')
+  redis.call('HSET', job_key, 'state', 'failed', 'error', message, 'traceback', traceback,
+    'finished', emq_int(now), 'ftok', token)
+  redis.call('ZADD', failed_key, now, id)
+  redis.call('HINCRBY', metrics_key, 'failed', 1)
+  emq_event(events_key, cap, 'failed', 'id', id, 'attempt', attempt, 'error', message)
+  emq_finished(hook, waiters_key, dependents_key, outbox_key, {id}, 'failed')
   return {0, wait, run}
 end
-local ps = tonumber(redis.call('HGET', KEYS[1], 'ps') or '0')
+local ps = tonumber(redis.call('HGET', job_key, 'ps') or '0')
 if delay > 0 then
   -- a delay past the representable range waits as long as we can say, it does not
   -- turn into an immediate retry
   local run_at = math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
-  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'run_at', emq_int(run_at),
-    'ftok', ARGV[2])
-  redis.call('HDEL', KEYS[1], 'state')  -- waiting again: its set says where
-  redis.call('ZADD', KEYS[5], emq_delayed_score(KEYS[5], run_at), ARGV[1])
-  emq_wake_at(KEYS[7], run_at)
+  redis.call('HSET', job_key, 'error', message, 'traceback', traceback, 'run_at', emq_int(run_at),
+    'ftok', token)
+  redis.call('HDEL', job_key, 'state')  -- waiting again: its set says where
+  redis.call('ZADD', delayed_key, emq_delayed_score(delayed_key, run_at), id)
+  emq_wake_at(marker_key, run_at)
 else
   -- no delay: straight back to pending, at its original place in its tier
-  redis.call('HSET', KEYS[1], 'error', ARGV[4], 'traceback', ARGV[5], 'ftok', ARGV[2])
-  redis.call('HDEL', KEYS[1], 'state')
-  redis.call('ZADD', KEYS[6], ps, ARGV[1])
-  emq_wake(KEYS[7])
+  redis.call('HSET', job_key, 'error', message, 'traceback', traceback, 'ftok', token)
+  redis.call('HDEL', job_key, 'state')
+  redis.call('ZADD', pending_key, ps, id)
+  emq_wake(marker_key)
 end
-redis.call('HINCRBY', KEYS[10], 'retried', 1)
-emq_event(KEYS[9], cap, 'retrying', 'id', ARGV[1], 'attempt', attempt, 'delay', emq_int(delay),
-  'error', ARGV[4])
+redis.call('HINCRBY', metrics_key, 'retried', 1)
+emq_event(events_key, cap, 'retrying', 'id', id, 'attempt', attempt, 'delay', emq_int(delay),
+  'error', message)
 return {1, wait, run}

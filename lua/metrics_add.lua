@@ -3,14 +3,18 @@
 -- per job; the Worker buckets an ack batch (emqfast/metrics.py) and writes it here in
 -- one call, so the per-job scripts stay cheap and the totals stay cluster-wide.
 --
--- KEYS[1] metrics hash   emq:{q}:metrics
--- KEYS[2] meta hash      emq:{q}:meta
--- ARGV[1] keyspace version of the caller
+-- KEYS[1] metrics_key  metrics hash    emq:{q}:metrics
+-- KEYS[2] meta_key     meta hash       emq:{q}:meta
+-- ARGV[1] version      keyspace version of the caller
 -- ARGV[2..] field, increment pairs: '<wait|run>:le:<bound>' or '<wait|run>:sum', integer >= 0
 -- Returns: number of fields incremented
 -- Errors:  EMQINPUT odd pair list, a field that is not a histogram field or an increment
 --          that is not an integer >= 0; EMQVERSION keyspace of another major version
 --@include common
+
+local metrics_key = KEYS[1]
+local meta_key = KEYS[2]
+local version = ARGV[1]
 
 if (#ARGV - 1) % 2 ~= 0 then
   return redis.error_reply('EMQINPUT metrics_add needs field/increment pairs')
@@ -26,9 +30,9 @@ for i = 2, #ARGV, 2 do
     return redis.error_reply('EMQINPUT increment must be an integer >= 0')
   end
 end
-local err = emq_fence(KEYS[2], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 for i = 2, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', metrics_key, ARGV[i], ARGV[i + 1])
 end
 return (#ARGV - 1) / 2

@@ -1,24 +1,33 @@
 -- progress.lua: record a running job's progress (job.progress(value) in a handler),
 -- if and only if the caller still holds its lease; appends a 'progress' event.
 --
--- KEYS[1] job hash       emq:{q}:job:<id>
--- KEYS[2] leases hash    emq:{q}:leases
--- KEYS[3] meta hash      emq:{q}:meta
--- KEYS[4] events stream  emq:{q}:events
--- ARGV[1] job id
--- ARGV[2] lease token from claim.lua
--- ARGV[3] progress value (JSON text, validated above the wire)
--- ARGV[4] keyspace version of the caller
+-- KEYS[1] job_key     job hash        emq:{q}:job:<id>
+-- KEYS[2] leases_key  leases hash     emq:{q}:leases
+-- KEYS[3] meta_key    meta hash       emq:{q}:meta
+-- KEYS[4] events_key  events stream   emq:{q}:events
+-- ARGV[1] id          job id
+-- ARGV[2] token       lease token from claim.lua
+-- ARGV[3] progress    progress value (JSON text, validated above the wire)
+-- ARGV[4] version     keyspace version of the caller
 -- Returns: 1
 -- Errors:  EMQLEASE the lease is no longer held by this worker;
 --          EMQVERSION keyspace of another major version
 --@include common
 
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then
-  return redis.error_reply('EMQLEASE lease on ' .. ARGV[1] .. ' is no longer held by this worker')
+local job_key = KEYS[1]
+local leases_key = KEYS[2]
+local meta_key = KEYS[3]
+local events_key = KEYS[4]
+local id = ARGV[1]
+local token = ARGV[2]
+local progress = ARGV[3]
+local version = ARGV[4]
+
+if redis.call('HGET', leases_key, id) ~= token then
+  return redis.error_reply('EMQLEASE lease on ' .. id .. ' is no longer held by this worker')
 end
-local err = emq_fence(KEYS[3], ARGV[4])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-redis.call('HSET', KEYS[1], 'progress', ARGV[3])
-emq_event(KEYS[4], emq_events_cap(KEYS[3]), 'progress', 'id', ARGV[1], 'value', ARGV[3])
+redis.call('HSET', job_key, 'progress', progress)
+emq_event(events_key, emq_events_cap(meta_key), 'progress', 'id', id, 'value', progress)
 return 1

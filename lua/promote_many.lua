@@ -9,7 +9,7 @@
 --          (emq:{q}:pending), marker zset (emq:{q}:marker), meta hash (emq:{q}:meta),
 --          events stream (emq:{q}:events), then its job hashes (emq:{q}:job:<id>), one
 --          per id, in its ids' order
--- ARGV[1] keyspace version of the caller
+-- ARGV[1] version  keyspace version of the caller
 -- ARGV[2..] per queue: its id count c (integer 1..16), then its c ids (from due_many.lua;
 --          re-checked here, so a stale list is harmless)
 -- Returns: per queue, in order: number of jobs released
@@ -19,6 +19,8 @@
 --          nothing at all, for any queue.
 --@include common
 --@include promote
+
+local version = ARGV[1]
 
 local MAX_QUEUES, MAX_IDS = 500, EMQ_MAX_BATCH
 local queues = {}  -- per queue: {k0 (its keys follow KEYS[k0]), a0 (its count's ARGV index), c}
@@ -43,7 +45,6 @@ end
 -- Every queue's fence and events cap, read before the first write (one HMGET each); the
 -- version's own form is checked once, then only a queue stamped with another string
 -- than the caller's is compared by major version.
-local version = ARGV[1]
 local err = emq_fence_check(false, version)
 if err then return redis.error_reply(err) end
 local stamp, caps = {}, {}

@@ -4,41 +4,52 @@
 -- counter, so it keeps its place in its tier) and a 'run_at' stamp (now: its wait is
 -- measured from when it became due). The dashboard's "Promote now".
 --
--- KEYS[1] job hash        emq:{q}:job:<id>
--- KEYS[2] delayed zset    emq:{q}:delayed
--- KEYS[3] pending zset    emq:{q}:pending (or the job's group lane emq:{q}:g:<group>:pending)
--- KEYS[4] marker zset     emq:{q}:marker
--- KEYS[5] meta hash       emq:{q}:meta
--- KEYS[6] events stream   emq:{q}:events
--- ARGV[1] job id
--- ARGV[2] keyspace version of the caller
--- ARGV[3] the job's group as the caller read it ('' for none): KEYS[3] is its lane
+-- KEYS[1] job_key      job hash        emq:{q}:job:<id>
+-- KEYS[2] delayed_key  delayed zset    emq:{q}:delayed
+-- KEYS[3] pending_key  pending zset    emq:{q}:pending (or the job's group lane
+--          emq:{q}:g:<group>:pending)
+-- KEYS[4] marker_key   marker zset     emq:{q}:marker
+-- KEYS[5] meta_key     meta hash       emq:{q}:meta
+-- KEYS[6] events_key   events stream   emq:{q}:events
+-- ARGV[1] id           job id
+-- ARGV[2] version      keyspace version of the caller
+-- ARGV[3] group        the job's group as the caller read it ('' for none): KEYS[3] is its lane
 -- Returns: 1
 -- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not on the delayed set (or has no
 --          pending score); EMQINPUT ARGV[3] is not the job's group (KEYS[3] the wrong set);
 --          EMQVERSION keyspace of another major version
 --@include common
 
+local job_key = KEYS[1]
+local delayed_key = KEYS[2]
+local pending_key = KEYS[3]
+local marker_key = KEYS[4]
+local meta_key = KEYS[5]
+local events_key = KEYS[6]
+local id = ARGV[1]
+local version = ARGV[2]
+local group = ARGV[3]
+
 -- every check before the first write: a refused call writes nothing
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return redis.error_reply('EMQNOJOB no job ' .. ARGV[1])
+if redis.call('EXISTS', job_key) == 0 then
+  return redis.error_reply('EMQNOJOB no job ' .. id)
 end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' is not waiting on the delayed set')
+if not redis.call('ZSCORE', delayed_key, id) then
+  return redis.error_reply('EMQSTATE job ' .. id .. ' is not waiting on the delayed set')
 end
-if (redis.call('HGET', KEYS[1], 'group') or '') ~= ARGV[3] then
-  return redis.error_reply('EMQINPUT job ' .. ARGV[1] .. ' is not in group ' .. ARGV[3])
+if (redis.call('HGET', job_key, 'group') or '') ~= group then
+  return redis.error_reply('EMQINPUT job ' .. id .. ' is not in group ' .. group)
 end
-local ps = redis.call('HGET', KEYS[1], 'ps')
+local ps = redis.call('HGET', job_key, 'ps')
 if not ps then
-  return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' has no pending score')
+  return redis.error_reply('EMQSTATE job ' .. id .. ' has no pending score')
 end
-local err = emq_fence(KEYS[5], ARGV[2])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'run_at', now)
-redis.call('ZADD', KEYS[3], ps, ARGV[1])
-emq_wake(KEYS[4])
-emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'promoted', 'id', ARGV[1])
+redis.call('ZREM', delayed_key, id)
+redis.call('HSET', job_key, 'run_at', now)
+redis.call('ZADD', pending_key, ps, id)
+emq_wake(marker_key)
+emq_event(events_key, emq_events_cap(meta_key), 'promoted', 'id', id)
 return 1

@@ -2,34 +2,45 @@
 -- the worker stops before the handler ran or finished). The attempt it had
 -- started is not counted.
 --
--- KEYS[1] job hash       emq:{q}:job:<id>
--- KEYS[2] active zset    emq:{q}:active
--- KEYS[3] leases hash    emq:{q}:leases
--- KEYS[4] pending zset   emq:{q}:pending
--- KEYS[5] marker zset    emq:{q}:marker
--- KEYS[6] meta hash      emq:{q}:meta
--- KEYS[7] events stream  emq:{q}:events
--- ARGV[1] job id
--- ARGV[2] lease token from claim.lua
--- ARGV[3] keyspace version of the caller
+-- KEYS[1] job_key      job hash        emq:{q}:job:<id>
+-- KEYS[2] active_key   active zset     emq:{q}:active
+-- KEYS[3] leases_key   leases hash     emq:{q}:leases
+-- KEYS[4] pending_key  pending zset    emq:{q}:pending
+-- KEYS[5] marker_key   marker zset     emq:{q}:marker
+-- KEYS[6] meta_key     meta hash       emq:{q}:meta
+-- KEYS[7] events_key   events stream   emq:{q}:events
+-- ARGV[1] id           job id
+-- ARGV[2] token        lease token from claim.lua
+-- ARGV[3] version      keyspace version of the caller
 -- Returns: 1 released, 0 the lease was no longer held (nothing changed)
 -- Errors:  EMQVERSION keyspace of another major version
 --@include common
 
-if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
+local job_key = KEYS[1]
+local active_key = KEYS[2]
+local leases_key = KEYS[3]
+local pending_key = KEYS[4]
+local marker_key = KEYS[5]
+local meta_key = KEYS[6]
+local events_key = KEYS[7]
+local id = ARGV[1]
+local token = ARGV[2]
+local version = ARGV[3]
+
+if redis.call('HGET', leases_key, id) ~= token then
   return 0
 end
-local err = emq_fence(KEYS[6], ARGV[3])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'state') == 'active' then
-    redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+redis.call('HDEL', leases_key, id)
+redis.call('ZREM', active_key, id)
+if redis.call('EXISTS', job_key) == 1 then
+  if redis.call('HGET', job_key, 'state') == 'active' then
+    redis.call('HINCRBY', job_key, 'attempts', -1)
   end
-  redis.call('HDEL', KEYS[1], 'state')  -- waiting again: its set says where
-  redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
-  emq_wake(KEYS[5])
-  emq_event(KEYS[7], emq_events_cap(KEYS[6]), 'released', 'id', ARGV[1])
+  redis.call('HDEL', job_key, 'state')  -- waiting again: its set says where
+  redis.call('ZADD', pending_key, redis.call('HGET', job_key, 'ps'), id)
+  emq_wake(marker_key)
+  emq_event(events_key, emq_events_cap(meta_key), 'released', 'id', id)
 end
 return 1

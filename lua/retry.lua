@@ -1,33 +1,42 @@
 -- retry.lua: send a failed job back to pending with a fresh set of attempts
 -- (the CLI's `emqfast retry`).
 --
--- KEYS[1] job hash       emq:{q}:job:<id>
--- KEYS[2] failed zset    emq:{q}:failed
--- KEYS[3] pending zset   emq:{q}:pending
--- KEYS[4] marker zset    emq:{q}:marker
--- KEYS[5] meta hash      emq:{q}:meta
--- KEYS[6] events stream  emq:{q}:events
--- ARGV[1] job id
--- ARGV[2] keyspace version of the caller
+-- KEYS[1] job_key      job hash        emq:{q}:job:<id>
+-- KEYS[2] failed_key   failed zset     emq:{q}:failed
+-- KEYS[3] pending_key  pending zset    emq:{q}:pending
+-- KEYS[4] marker_key   marker zset     emq:{q}:marker
+-- KEYS[5] meta_key     meta hash       emq:{q}:meta
+-- KEYS[6] events_key   events stream   emq:{q}:events
+-- ARGV[1] id           job id
+-- ARGV[2] version      keyspace version of the caller
 -- Returns: 1
 -- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set;
 --          EMQVERSION keyspace of another major version
 --@include common
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return redis.error_reply('EMQNOJOB no job ' .. ARGV[1])
+local job_key = KEYS[1]
+local failed_key = KEYS[2]
+local pending_key = KEYS[3]
+local marker_key = KEYS[4]
+local meta_key = KEYS[5]
+local events_key = KEYS[6]
+local id = ARGV[1]
+local version = ARGV[2]
+
+if redis.call('EXISTS', job_key) == 0 then
+  return redis.error_reply('EMQNOJOB no job ' .. id)
 end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  return redis.error_reply('EMQSTATE job ' .. ARGV[1] .. ' is not failed')
+if not redis.call('ZSCORE', failed_key, id) then
+  return redis.error_reply('EMQSTATE job ' .. id .. ' is not failed')
 end
-local err = emq_fence(KEYS[5], ARGV[2])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'attempts', '0', 'stalls', '0')
+redis.call('ZREM', failed_key, id)
+redis.call('HSET', job_key, 'attempts', '0', 'stalls', '0')
 -- waiting again: its set says where; a cancel that came too late for the failed run
 -- (its 'cancel' mark) must not stop the fresh one
-redis.call('HDEL', KEYS[1], 'finished', 'state', 'cancel')
-redis.call('ZADD', KEYS[3], redis.call('HGET', KEYS[1], 'ps'), ARGV[1])
-emq_wake(KEYS[4])
-emq_event(KEYS[6], emq_events_cap(KEYS[5]), 'retried', 'id', ARGV[1])
+redis.call('HDEL', job_key, 'finished', 'state', 'cancel')
+redis.call('ZADD', pending_key, redis.call('HGET', job_key, 'ps'), id)
+emq_wake(marker_key)
+emq_event(events_key, emq_events_cap(meta_key), 'retried', 'id', id)
 return 1

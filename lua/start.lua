@@ -23,22 +23,24 @@
 -- reply row is 0, so the worker never runs it. The finish hook (includes/finished.lua)
 -- tells its waiters and dependents. A job that ran once (a retry) no longer expires.
 --
--- KEYS[1] active zset    emq:{q}:active
--- KEYS[2] leases hash    emq:{q}:leases
--- KEYS[3] meta hash      emq:{q}:meta
--- KEYS[4] events stream  emq:{q}:events
--- KEYS[5] metrics hash   emq:{q}:metrics
--- KEYS[6] rate zset      emq:{q}:rate     (lease token -> claim, then start, instant)
--- KEYS[7] delayed zset   emq:{q}:delayed
--- KEYS[8] marker zset    emq:{q}:marker
--- KEYS[9] grate hash     emq:{q}:grate    (group -> "max:window")
--- KEYS[10] waiters hash  emq:{q}:waiters  (the finish hook's keys, for expired jobs)
--- KEYS[11] dependents    emq:{q}:dependents
--- KEYS[12] outbox list   emq:{q}:outbox
--- KEYS[13] expired zset  emq:{q}:expired
+-- KEYS[1] active_key       active zset     emq:{q}:active
+-- KEYS[2] leases_key       leases hash     emq:{q}:leases
+-- KEYS[3] meta_key         meta hash       emq:{q}:meta
+-- KEYS[4] events_key       events stream   emq:{q}:events
+-- KEYS[5] metrics_key      metrics hash    emq:{q}:metrics
+-- KEYS[6] rate_key         rate zset       emq:{q}:rate     (lease token -> claim, then start,
+--          instant)
+-- KEYS[7] delayed_key      delayed zset    emq:{q}:delayed
+-- KEYS[8] marker_key       marker zset     emq:{q}:marker
+-- KEYS[9] grate_key        grate hash      emq:{q}:grate    (group -> "max:window")
+-- KEYS[10] waiters_key     waiters hash    emq:{q}:waiters  (the finish hook's keys, for expired
+--          jobs)
+-- KEYS[11] dependents_key  dependents      emq:{q}:dependents
+-- KEYS[12] outbox_key      outbox list     emq:{q}:outbox
+-- KEYS[13] expired_key     expired zset    emq:{q}:expired
 -- KEYS[14..] job hashes  emq:{q}:job:<id>, one per claimed job, in ARGV pair order, then
 --          optionally one rate zset emq:{q}:g:<group>:rate per group name after the pairs
--- ARGV[1] keyspace version of the caller
+-- ARGV[1] version          keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
@@ -54,6 +56,21 @@
 --@include rate
 --@include finished
 
+local active_key = KEYS[1]
+local leases_key = KEYS[2]
+local meta_key = KEYS[3]
+local events_key = KEYS[4]
+local metrics_key = KEYS[5]
+local rate_key = KEYS[6]
+local delayed_key = KEYS[7]
+local marker_key = KEYS[8]
+local grate_key = KEYS[9]
+local waiters_key = KEYS[10]
+local dependents_key = KEYS[11]
+local outbox_key = KEYS[12]
+local expired_key = KEYS[13]
+local version = ARGV[1]
+
 -- J jobs (a key and two ARGV each) and G groups (a key and a name each)
 local njobs = #ARGV - #KEYS + 12
 local ngroups = #KEYS - 13 - njobs
@@ -62,36 +79,36 @@ if #ARGV < 1 or njobs < 0 or ngroups < 0 then
     'name per group rate key')
 end
 local last_job = 13 + njobs
-local hook, hook_err = emq_finish_prepare(KEYS[10], KEYS[11], KEYS[12])
+local hook, hook_err = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if hook_err then return redis.error_reply(hook_err) end
-local err = emq_fence(KEYS[3], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local stamp = emq_int(now)
-local cap = emq_events_cap(KEYS[3])
+local cap = emq_events_cap(meta_key)
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
 for i = 14, last_job do ids[#ids + 1] = ARGV[2 * (i - 13)] end
 local held = {}
 for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
-  for _, v in ipairs(redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))) do
+  for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids, s, math.min(s + 3999, #ids)))) do
     held[#held + 1] = v
   end
 end
 
 -- The queue's rate window (includes/rate.lua, as claim.lua's): room is re-checked at the
 -- start instant.
-local f = redis.call('HMGET', KEYS[3], 'rate_max', 'rate_window', 'paused')
+local f = redis.call('HMGET', meta_key, 'rate_max', 'rate_window', 'paused')
 local rate_max, window = emq_rate_spec(f[1], f[2])
 local paused = f[3] == '1'
 local limited = rate_max ~= nil
-if limited then emq_window_prune(KEYS[6], now, window) end
+if limited then emq_window_prune(rate_key, now, window) end
 
 -- Group windows of the named groups (rate-limited ones only), pruned once per call.
 local gwin = {}
 for j = 1, ngroups do
   local g = ARGV[2 + 2 * njobs + j - 1]
-  local gmax, gspan = emq_group_rate_spec(KEYS[9], g)
+  local gmax, gspan = emq_group_rate_spec(grate_key, g)
   if gmax then
     gwin[g] = {k = last_job + j, max = gmax, span = gspan}  -- k: its index in KEYS
     emq_window_prune(KEYS[last_job + j], now, gspan)
@@ -111,32 +128,32 @@ end
 local function window_admits(token, opts)
   if paused then return false, nil end
   local gw = group_window(opts)
-  if limited and not emq_window_fits(KEYS[6], rate_max, token) then return false, gw end
+  if limited and not emq_window_fits(rate_key, rate_max, token) then return false, gw end
   if gw and not emq_window_fits(KEYS[gw.k], gw.max, token) then return false, gw end
-  if limited then emq_window_record(KEYS[6], window, token, now) end
+  if limited then emq_window_record(rate_key, window, token, now) end
   if gw then emq_window_record(KEYS[gw.k], gw.span, token, now) end
   return true
 end
 -- No room: the job waits (parked) until the fuller window's oldest start leaves it.
 local function defer(id, gw)
   local open = now + 1
-  if limited then open = math.max(open, emq_window_opens(KEYS[6], window, now)) end
+  if limited then open = math.max(open, emq_window_opens(rate_key, window, now)) end
   if gw then open = math.max(open, emq_window_opens(KEYS[gw.k], gw.span, now)) end
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZADD', KEYS[7], emq_delayed_score(KEYS[7], open), id)
-  emq_wake_at(KEYS[8], open)
+  redis.call('HDEL', leases_key, id)
+  redis.call('ZREM', active_key, id)
+  redis.call('ZADD', delayed_key, emq_delayed_score(delayed_key, open), id)
+  emq_wake_at(marker_key, open)
 end
 
 -- Past its expiry before its first start: ended as expired, never started.
 local expired = {}
 local function expire(id, key, token)
-  redis.call('HDEL', KEYS[2], id)
-  redis.call('ZREM', KEYS[1], id)
-  if limited then redis.call('ZREM', KEYS[6], token) end  -- its claim used no start
+  redis.call('HDEL', leases_key, id)
+  redis.call('ZREM', active_key, id)
+  if limited then redis.call('ZREM', rate_key, token) end  -- its claim used no start
   redis.call('HSET', key, 'state', 'expired', 'finished', stamp)
-  redis.call('ZADD', KEYS[13], now, id)
-  emq_event_untrimmed(KEYS[4], cap, 'expired', 'id', id)
+  redis.call('ZADD', expired_key, now, id)
+  emq_event_untrimmed(events_key, cap, 'expired', 'id', id)
   expired[#expired + 1] = id
 end
 
@@ -153,10 +170,10 @@ for i = 14, last_job do
       'worker', 'started', 'exp', 'cancel')
     if not h[1] then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('ZREM', KEYS[1], id)
+      redis.call('HDEL', leases_key, id)
+      redis.call('ZREM', active_key, id)
       orphaned = orphaned + 1
-      emq_event_untrimmed(KEYS[4], cap, 'orphaned', 'id', id)
+      emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
       row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp),
@@ -179,12 +196,12 @@ for i = 14, last_job do
   end
   out[#out + 1] = row
 end
-if orphaned > 0 then redis.call('HINCRBY', KEYS[5], 'orphaned', orphaned) end
+if orphaned > 0 then redis.call('HINCRBY', metrics_key, 'orphaned', orphaned) end
 -- one event entry per 16 started jobs (readers expand it: see emq_events_batched)
-emq_events_batched(KEYS[4], cap, 'active', started, {attempt = started_attempts})
+emq_events_batched(events_key, cap, 'active', started, {attempt = started_attempts})
 if #expired > 0 then
-  redis.call('HINCRBY', KEYS[5], 'expired', #expired)
-  emq_finished(hook, KEYS[10], KEYS[11], KEYS[12], expired, 'expired')
+  redis.call('HINCRBY', metrics_key, 'expired', #expired)
+  emq_finished(hook, waiters_key, dependents_key, outbox_key, expired, 'expired')
 end
-emq_trim_events(KEYS[4], cap)
+emq_trim_events(events_key, cap)
 return out

@@ -8,14 +8,14 @@
 -- the dedupe hash entry goes with the job's record, so that hash stays as bounded as the
 -- kept records. Free (one HLEN per call) while the dedupe hash is empty.
 --
--- KEYS[1] finished zset  emq:{q}:completed, emq:{q}:failed, emq:{q}:cancelled or
+-- KEYS[1] finished_key     finished zset   emq:{q}:completed, emq:{q}:failed, emq:{q}:cancelled or
 --         emq:{q}:expired
--- KEYS[2] meta hash      emq:{q}:meta
--- KEYS[3] dedupe hash    emq:{q}:dedupe
+-- KEYS[2] meta_key         meta hash       emq:{q}:meta
+-- KEYS[3] dedupe_hash_key  dedupe hash     emq:{q}:dedupe
 -- KEYS[4..] job hashes   emq:{q}:job:<id>, one per ARGV[4..] id, same order
--- ARGV[1] keyspace version of the caller
--- ARGV[2] keep: integer >= 0, the newest jobs never deleted by count
--- ARGV[3] max_age ms: integer >= 0, or -1 for no age rule
+-- ARGV[1] version          keyspace version of the caller
+-- ARGV[2] keep_arg         keep: integer >= 0, the newest jobs never deleted by count
+-- ARGV[3] max_age_arg      max_age ms: integer >= 0, or -1 for no age rule
 -- ARGV[4..] job ids, oldest first (at most 4000)
 -- Returns: {deleted, more}: more = 1 when every listed job was past the rule (the next
 --          head may be too), 0 when the script reached a job the rule keeps
@@ -23,7 +23,14 @@
 --          EMQVERSION keyspace of another major version
 --@include common
 
-local keep, max_age = tonumber(ARGV[2]), tonumber(ARGV[3])
+local finished_key = KEYS[1]
+local meta_key = KEYS[2]
+local dedupe_hash_key = KEYS[3]
+local version = ARGV[1]
+local keep_arg = ARGV[2]
+local max_age_arg = ARGV[3]
+
+local keep, max_age = tonumber(keep_arg), tonumber(max_age_arg)
 if #ARGV - 3 > EMQ_MAX_BATCH then
   return redis.error_reply('EMQINPUT trim takes at most ' .. EMQ_MAX_BATCH .. ' ids per call')
 end
@@ -34,14 +41,14 @@ end
 if not keep or keep < 0 or keep % 1 ~= 0 or not max_age or max_age < -1 or max_age % 1 ~= 0 then
   return redis.error_reply('EMQINPUT trim needs an integer keep >= 0 and max_age >= -1')
 end
-local err = emq_fence(KEYS[2], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local cutoff = nil
 if max_age >= 0 then cutoff = emq_now() - max_age end
-local card = redis.call('ZCARD', KEYS[1])
+local card = redis.call('ZCARD', finished_key)
 local n = 0
 -- the dedupe hash is not empty: deleted jobs may hold keys
-local keyed = redis.call('HLEN', KEYS[3]) > 0
+local keyed = redis.call('HLEN', dedupe_hash_key) > 0
 -- A deleted job's dedupe key goes with it, unless a newer job holds it now.
 local function give_up_key(dedupe, key, id)
   local ddk = redis.call('HGET', key, 'ddk')
@@ -49,13 +56,13 @@ local function give_up_key(dedupe, key, id)
 end
 for i = 4, #ARGV do
   -- only jobs still in the finished set: a retried or concurrently trimmed job has left it
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  local score = redis.call('ZSCORE', finished_key, ARGV[i])
   if score then
     if card <= keep and not (cutoff and tonumber(score) <= cutoff) then
       return {n, 0}  -- the rule keeps this job, and every newer one
     end
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    if keyed then give_up_key(KEYS[3], KEYS[i], ARGV[i]) end
+    redis.call('ZREM', finished_key, ARGV[i])
+    if keyed then give_up_key(dedupe_hash_key, KEYS[i], ARGV[i]) end
     redis.call('DEL', KEYS[i])
     card = card - 1
     n = n + 1

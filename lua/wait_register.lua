@@ -4,10 +4,10 @@
 -- hook (includes/finished.lua) publishes its outcome on emq:{q}:done:<id> when it ends. The
 -- caller SUBSCRIBEs to those channels before this call: an end in between is never missed.
 --
--- KEYS[1] waiters hash   emq:{q}:waiters (job id -> registered waiters)
--- KEYS[2] meta hash      emq:{q}:meta
+-- KEYS[1] waiters_key  waiters hash    emq:{q}:waiters (job id -> registered waiters)
+-- KEYS[2] meta_key     meta hash       emq:{q}:meta
 -- KEYS[3..] job hashes   emq:{q}:job:<id>, one per id in ARGV[2..], same order
--- ARGV[1] keyspace version of the caller
+-- ARGV[1] version      keyspace version of the caller
 -- ARGV[2..] job ids (at most EMQ_MAX_BATCH)
 -- Returns: one entry per job, in order: {state, result, error, traceback} (false for a field
 --          not set) for a job that ended for good (completed, failed, cancelled, expired:
@@ -16,6 +16,10 @@
 --          EMQNOJOB an unknown id (names the first; nothing registered);
 --          EMQVERSION keyspace of another major version
 --@include common
+
+local waiters_key = KEYS[1]
+local meta_key = KEYS[2]
+local version = ARGV[1]
 
 local n = #KEYS - 2
 if n < 1 or #ARGV ~= n + 1 or n > EMQ_MAX_BATCH then
@@ -37,7 +41,7 @@ for i = 1, n do
   end
 end
 if #todo == 0 then return out end
-local err = emq_fence(KEYS[2], ARGV[1])
+local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
-for _, id in ipairs(todo) do redis.call('HINCRBY', KEYS[1], id, 1) end
+for _, id in ipairs(todo) do redis.call('HINCRBY', waiters_key, id, 1) end
 return out

@@ -359,3 +359,125 @@ def python_commands(known: Optional[Set[str]] = None) -> Dict[str, Set[str]]:
             for cmd in cmds:
                 out.setdefault(cmd, set()).add(where)
     return out
+
+
+# --- named KEYS and ARGV ------------------------------------------------------------------
+
+# A header entry: "-- KEYS[2] pending_key  pending zset ..." (a fixed position) or, indented
+# under a variadic "-- KEYS[8..]" entry, "--   KEYS[8] dedupe_hash_key  ..." (an optional
+# position the caller may leave out). Each names the local the script binds it to.
+_NAMED = re.compile(r"^--( |   )(KEYS|ARGV)\[(\d+)\] +(\S+)")
+_TAIL = re.compile(r"^-- (KEYS|ARGV)\[(\d+)\.\.\]")
+_BINDING = re.compile(r"^local ([a-z][a-z0-9_]*) = (KEYS|ARGV)\[(\d+)\]$")
+_POSITIONAL = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
+_INDEXED = re.compile(r"\b(KEYS|ARGV)\[")
+
+
+@dataclass
+class Naming:
+    """How one script (raw text, includes not expanded) names its KEYS and ARGV."""
+
+    script: str
+    declared: List[Tuple[str, int, str]]         # (kind, index, name) in header order
+    tails: Dict[str, int]                        # kind -> first index of its variadic tail
+    bound: List[Tuple[str, int, str]]            # (kind, index, name) of the binding block
+    block: Tuple[int, int]                       # first and last line of the binding block
+    positional: List[Tuple[int, str]]            # (line, text) of KEYS[n]/ARGV[n] elsewhere
+    indexed: List[Tuple[int, str, str]]          # (line, kind, text) of KEYS[i]/ARGV[i]
+    redeclared: List[Tuple[int, str]]            # (line, name) of a bound name declared again
+
+    def violations(self) -> List[str]:
+        """Each way the header, the binding block and the body are out of step."""
+        where = f"{self.script}.lua"
+        out = [f"{where}: header names {kind}[{n}] {name!r}: not a snake_case local"
+               for kind, n, name in self.declared if not re.fullmatch(r"[a-z][a-z0-9_]*", name)]
+        out += [f"{where}: KEYS[{n}] is bound as {name!r}: a key's local ends in _key"
+                for kind, n, name in self.declared if kind == "KEYS" and not name.endswith("_key")]
+        if self.bound != self.declared:
+            out.append(f"{where}: the binding block {self.bound} is not the header's "
+                       f"{self.declared} (each entry once, same name, header order)")
+        names = [name for _, _, name in self.declared]
+        out += [f"{where}: {name!r} names two entries" for name in set(names)
+                if names.count(name) > 1]
+        out += [f"{where}:{line}: reads {text} by position outside the binding block"
+                for line, text in self.positional]
+        out += [f"{where}:{line}: {text!r} indexes {kind} without a variadic tail"
+                for line, kind, text in self.indexed if kind not in self.tails]
+        out += [f"{where}:{line}: {name!r} is bound to a KEYS/ARGV entry and declared again"
+                for line, name in self.redeclared]
+        return out
+
+
+def _declared_names(raw: str) -> Tuple[List[Tuple[str, int, str]], Dict[str, int]]:
+    declared, tails = [], {}
+    for line in raw.split("\n"):
+        if not line.startswith("--") or line.startswith("--@include"):
+            break
+        tail = _TAIL.match(line)
+        if tail:
+            tails[tail.group(1)] = int(tail.group(2))
+        m = _NAMED.match(line)
+        if m:
+            indent, kind, n, name = m.groups()
+            if indent != " " and not (kind in tails and int(n) >= tails[kind]):
+                raise LuaReadError(f"indented {kind}[{n}] outside a variadic tail: {line!r}")
+            declared.append((kind, int(n), name))
+    declared.sort(key=lambda e: (e[0] != "KEYS", e[1]))
+    return declared, tails
+
+
+def _declarations(code: str) -> Iterator[Tuple[int, str]]:
+    """``(line, name)`` of each local, parameter and loop variable ``code`` declares."""
+    for no, line in enumerate(code.split("\n"), 1):
+        for m in re.finditer(r"\blocal\s+function\s+(\w+)", line):
+            yield no, m.group(1)
+        for m in re.finditer(r"\blocal\s+(?!function\b)(\w+(?:\s*,\s*\w+)*)", line):
+            for name in m.group(1).split(","):
+                yield no, name.strip()
+        for m in re.finditer(r"\bfunction\b\s*[\w.:]*\s*\(([^)]*)\)", line):
+            for name in m.group(1).split(","):
+                if name.strip():
+                    yield no, name.strip()
+        for m in re.finditer(r"\bfor\s+(\w+(?:\s*,\s*\w+)*)\s*(?:=|\bin\b)", line):
+            for name in m.group(1).split(","):
+                yield no, name.strip()
+
+
+def naming(name: str, raw: str) -> Naming:
+    """Read how script ``name`` (its raw text) binds its KEYS and ARGV: the header's named
+    entries, the binding block (the ``local x = KEYS[n]`` lines that open the body, right
+    after the includes) and every other read of KEYS or ARGV by index."""
+    declared, tails = _declared_names(raw)
+    code = blank_strings(strip_comments(raw)).split("\n")
+    lines = raw.split("\n")
+    start = 0
+    while start < len(lines) and (lines[start].startswith("--") or not lines[start].strip()):
+        start += 1
+    end = start
+    bound = []
+    while end < len(lines):
+        m = _BINDING.match(lines[end])
+        if not m:
+            break
+        bound.append((m.group(2), int(m.group(3)), m.group(1)))
+        end += 1
+    positional, indexed = [], []
+    for no, line in enumerate(code, 1):
+        if start < no <= end:
+            continue
+        positional += [(no, m.group(0)) for m in _POSITIONAL.finditer(line)]
+        indexed += [(no, m.group(1), lines[no - 1].strip()) for m in _INDEXED.finditer(line)
+                    if not _POSITIONAL.match(line, m.start())]
+    names = {n for _, _, n in bound}
+    redeclared = [(no, n) for no, n in _declarations("\n".join(code))
+                  if n in names and not start < no <= end]
+    return Naming(name, declared, tails, bound, (start + 1, end), positional, indexed, redeclared)
+
+
+def include_positional(raw: str) -> List[Tuple[int, str]]:
+    """``(line, text)`` of each ``KEYS[n]``/``ARGV[n]`` an include reads by position: an
+    include serves many scripts, so it reads the caller's arguments only by index into a
+    variadic tail the caller passes it, never a fixed position."""
+    code = blank_strings(strip_comments(raw)).split("\n")
+    return [(no, m.group(0)) for no, line in enumerate(code, 1)
+            for m in _POSITIONAL.finditer(line)]

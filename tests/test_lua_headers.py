@@ -1,6 +1,8 @@
 """The Lua moves are self-describing and wired as they say: every ``lua/*.lua`` has a header
-(KEYS / ARGV / Returns / Errors), the Python call sites pass exactly the KEYS and ARGV the
-header declares, every ``EMQ<CODE>`` is mapped in errors.py, and no script builds a key."""
+(KEYS / ARGV / Returns / Errors), names each KEYS and ARGV entry and binds it to that local
+once at the top (the body reads them by name, never by position), the Python call sites pass
+exactly the KEYS and ARGV the header declares, every ``EMQ<CODE>`` is mapped in errors.py,
+and no script builds a key."""
 from __future__ import annotations
 
 import re
@@ -16,6 +18,7 @@ import emqfast
 from emqfast.core import errors
 from emqfast.backends import drive, scripts
 from emqfast.backends.pure_batcher import Batcher
+import lua_static
 from engine_util import claim, make_queue, wait_server_past
 from waiting import wait_until
 
@@ -217,6 +220,68 @@ def test_key_flow_takes_a_range_of_keys_but_not_of_argv():
     src = "redis.call('EXISTS', unpack(KEYS, 7, 9))\nredis.call('DEL', unpack(ARGV, 1, 2))\n"
     flow = _KeyFlow(src)
     assert [flow.is_key(args[1]) for args in _redis_calls(src)] == [True, False]
+
+
+# --- named KEYS and ARGV --------------------------------------------------------------------
+
+INCLUDES = sorted((LUA / "includes").glob("*.lua"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_header_names_are_the_bindings_and_the_body_reads_only_them(path):
+    """Each header entry is bound once, by its header name, in the block that opens the
+    body; outside it no KEYS[n] / ARGV[n] is read by position, KEYS[i] / ARGV[i] only
+    where the header declares a variadic tail, and no bound name is declared again."""
+    naming = lua_static.naming(path.stem, path.read_text())
+    assert naming.violations() == []
+
+
+def test_no_positional_read_remains_outside_the_bindings():
+    """The count over every script and include: 0 reads of KEYS[n] / ARGV[n] by position
+    outside a script's binding block."""
+    found = []
+    for path in FILES:
+        naming = lua_static.naming(path.stem, path.read_text())
+        found += [f"{path.name}:{line}: {text}" for line, text in naming.positional]
+    for path in INCLUDES:
+        found += [f"includes/{path.name}:{line}: {text}"
+                  for line, text in lua_static.include_positional(path.read_text())]
+    assert len(found) == 0, found
+
+
+def test_naming_check_catches_a_script_out_of_step_with_its_header():
+    """The checker itself: a misnamed, missing or doubly declared binding, a positional
+    read in the body and an index into KEYS without a tail are each flagged."""
+    raw = ("-- x.lua: a move.\n"
+           "-- KEYS[1] job_key  job hash\n"
+           "-- KEYS[2] meta     meta hash\n"
+           "-- ARGV[1] id       job id\n"
+           "-- ARGV[2] version  keyspace version\n"
+           "--@include common\n\n"
+           "local job_key = KEYS[1]\n"
+           "local meta = KEYS[2]\n"
+           "local ident = ARGV[1]\n\n"
+           "local function f(job_key) return job_key end\n"
+           "redis.call('HGET', job_key, ARGV[2])\n"
+           "for i = 1, 2 do redis.call('DEL', KEYS[i]) end\n"
+           "-- a comment may say KEYS[2]\n"
+           "return 'ARGV[1]'\n")
+    naming = lua_static.naming("x", raw)
+    assert [(line, text) for line, text in naming.positional] == [(13, "ARGV[2]")]
+    flagged = [v.split(": ", 1)[1] for v in naming.violations()]
+    assert len(flagged) == 5, flagged
+    assert flagged[0].startswith("KEYS[2] is bound as 'meta'")
+    assert flagged[1].startswith("the binding block")
+    assert "reads ARGV[2] by position" in flagged[2]
+    assert "indexes KEYS without a variadic tail" in flagged[3]
+    assert "'job_key' is bound to a KEYS/ARGV entry and declared again" in flagged[4]
+
+
+def test_every_script_compiles_on_the_server(r):
+    """The bindings stay within Lua's limits (200 locals per function, 60 upvalues): Redis
+    compiles each script as sent."""
+    for path in FILES:
+        r.script_load(scripts.load(path.stem).source)
 
 
 # --- error codes ---------------------------------------------------------------------------

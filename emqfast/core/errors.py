@@ -247,7 +247,7 @@ class DependencyCycle(InvalidInput):
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
-                LeaseLost, JobStateError, VersionMismatch)
+                LeaseLost, JobStateError, VersionMismatch, KeyTypeConflict)
 }
 
 

@@ -80,6 +80,20 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def check_new_job_id(job_id: str) -> str:
+    """Validate the id of a job about to be created: :func:`check_job_id`, and no ``:``.
+
+    A job's own sets extend its hash key ``emq:{q}:job:<id>`` with ``:deps`` and
+    ``:dependents``; an id holding a ``:`` could name another job's set (``JOBb:deps`` is
+    ``JOBb``'s dependency set), so new ids never hold one. Looking a job up by an id with a
+    ``:`` stays allowed (:func:`check_job_id`)."""
+    check_job_id(job_id)
+    if ":" in job_id:
+        raise InvalidInput(f"job id must not contain ':' (got {job_id[:40]!r}): it separates "
+                           "the parts of a job's keys (emq:{q}:job:<id>:deps)")
+    return job_id
+
+
 def check_schedule_name(name: str) -> str:
     """Validate a schedule name. It is both the registry member and the suffix of its
     record key (``emq:{q}:repeat:<name>``), so it obeys the same rules as a queue name."""

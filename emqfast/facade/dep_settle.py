@@ -5,7 +5,8 @@ number of processes at once.
 
 - **Drain**: each ``outbox`` entry (``"<outcome>\0<id>"``, queued by the finish hook) has
   its dependents (SSCAN of the job's dependents set) resolved in their own slots
-  (``dep_resolve.lua``), then the entry and the set go. A dependent failed there is
+  (``dep_resolve.lua``, which copies a completed job's result into each dependent's hash),
+  then the entry and the set go. A dependent failed there is
   queued on its own queue's outbox (the cascade), drained in the same call within
   :data:`~emqfast.facade.deps.DRAIN_ROUNDS` reads.
 - **Repair**: jobs marked on ``deplink`` for longer than the grace period (a producer that
@@ -91,13 +92,17 @@ def _tell_dependents(qk: QueueKeys, raw: Any, done: Settled) -> Returns[Set[str]
     outcome, _, dep_id = text_of(raw).partition("\0")
     dep = member(qk.name, dep_id)
     key = qk.job_dependents(dep_id)
+    # a completed job's result goes along: each dependent keeps a copy, so retention
+    # trimming this job before they start loses them nothing
+    result = (yield Cmd.of("HGET", qk.job(dep_id), "result")) if outcome == "completed" \
+        else None
     cascaded: Set[str] = set()
     cursor: Any = 0
     while True:
         cursor, found = yield Cmd.of("SSCAN", key, cursor, "COUNT", SCAN_COUNT)
         targets = [split_member(m) for m in found]
         if targets:
-            replies = yield Batch([resolve_call(QueueKeys(q), j, dep, outcome)
+            replies = yield Batch([resolve_call(QueueKeys(q), j, dep, outcome, result)
                                    for q, j in targets])
             raise_any(replies)
             for (queue, _), reply in zip(targets, replies):

@@ -30,7 +30,7 @@ A dependency that vanished (deleted, trimmed before a late link) counts as not c
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core import codec
@@ -165,12 +165,28 @@ def link_call(dep: Dep, dependent: str) -> Call:
                 [dep[1], dependent, KEYSPACE_VERSION])
 
 
-def resolve_call(k: QueueKeys, job_id: str, dep_member: str, outcome: str) -> Call:
-    """dep_resolve.lua: the dependency ``dep_member`` of ``job_id`` ended with ``outcome``."""
+def resolve_call(k: QueueKeys, job_id: str, dep_member: str, outcome: str,
+                 result: Optional[bytes] = None) -> Call:
+    """dep_resolve.lua: the dependency ``dep_member`` of ``job_id`` ended with ``outcome``;
+    a completed one's stored ``result`` is copied into the dependent's hash."""
     return Call(DEP_RESOLVE, [k.job(job_id), k.job_deps(job_id), k.waitdeps, deplink_key(k),
                               k.pending, k.failed, k.marker, k.meta, k.events, k.metrics,
                               k.waiters, k.dependents, k.outbox],
-                [job_id, dep_member, outcome, KEYSPACE_VERSION])
+                [job_id, dep_member, outcome, KEYSPACE_VERSION,
+                 *(() if result is None or outcome != "completed" else (result,))])
+
+
+def result_field(dep_member: str) -> str:
+    """The field of a dependent's hash holding the copied result of ``dep_member``."""
+    return "dr:" + dep_member
+
+
+def link_reply(reply: Any) -> Tuple[str, Optional[bytes]]:
+    """dep_link.lua's reply as (``linked``, ``missing`` or the final state, the result of
+    a completed dependency)."""
+    if isinstance(reply, list):
+        return text_of(reply[0]), (reply[1] if len(reply) > 1 else None)
+    return text_of(reply), None
 
 
 def cancel_waiting_call(k: QueueKeys, job_id: str) -> Call:
@@ -279,14 +295,14 @@ def _link_all(jobs: Sequence[Waiting]) -> Returns[List[str]]:
         states = yield Batch([link_call(dep, member(jobs[n][0].name, jobs[n][1]))
                               for n, dep in chunk])
         raise_any(states)
-        ended = [(n, dep, text_of(s)) for (n, dep), s in zip(chunk, states)
-                 if text_of(s) != "linked"]
+        ended = [(n, dep, *link_reply(s)) for (n, dep), s in zip(chunk, states)
+                 if link_reply(s)[0] != "linked"]
         if not ended:
             continue
-        replies = yield Batch([resolve_call(jobs[n][0], jobs[n][1], member(*dep), outcome)
-                               for n, dep, outcome in ended])
+        replies = yield Batch([resolve_call(jobs[n][0], jobs[n][1], member(*dep), outcome,
+                                            result) for n, dep, outcome, result in ended])
         raise_any(replies)
-        for (n, _, _), reply in zip(ended, replies):
+        for (n, _, _, _), reply in zip(ended, replies):
             if int(reply) in (RELEASED, FAILED):
                 status[n] = "pending" if int(reply) == RELEASED else "failed"
     if jobs:
@@ -307,12 +323,17 @@ def results_op(jobs: Sequence[Any]) -> Op:
     wanted = [(job, dep) for job in jobs for dep in deps_of(job.extra)]
     if not wanted:
         return None
-    rows = yield Batch([Cmd.of("HMGET", QueueKeys(q).job(j), "state", "result")
-                        for _, (q, j) in wanted])
+    # the copy in the job's own hash (dep_resolve.lua) outlives the dependency's record,
+    # which retention may have trimmed; the dependency's hash answers for a job without one
+    rows = yield Batch([cmd for job, (q, j) in wanted for cmd in (
+        Cmd.of("HGET", QueueKeys(job.queue).job(job.id), result_field(member(q, j))),
+        Cmd.of("HMGET", QueueKeys(q).job(j), "state", "result"))])
     found: Dict[int, Dict[str, Any]] = {id(job): {} for job in jobs}
-    for (job, (_, dep_id)), (state, result) in zip(wanted, rows):
-        found[id(job)][dep_id] = codec.decode_result(result) if state == b"completed" \
-            else None
+    for n, (job, (_, dep_id)) in enumerate(wanted):
+        copied, (state, result) = rows[2 * n], rows[2 * n + 1]
+        if copied is None and state == b"completed":
+            copied = result
+        found[id(job)][dep_id] = None if copied is None else codec.decode_result(copied)
     for job in jobs:
         job._dep_results = found[id(job)]
     return None

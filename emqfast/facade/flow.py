@@ -32,7 +32,7 @@ from emqfast.core import codec, ids
 from emqfast.core.errors import DependencyCycle, InputTypeError, InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, Returns, operation
-from emqfast.core.validation import check_job_id
+from emqfast.core.validation import check_new_job_id
 from emqfast.facade import admission, deps
 from emqfast.facade.admission import ADMITTED, Job, Shared
 from emqfast.facade.backoff import Backoff
@@ -93,7 +93,7 @@ class Flow:
         each run). Nothing is sent until :meth:`enqueue`."""
         if not isinstance(getattr(queue, "keys", None), QueueKeys):
             raise InputTypeError(f"Flow.add takes an emqfast Queue, not {type(queue).__name__}")
-        job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
         if job_id in self._by_id:
             raise InvalidInput(f"job id {job_id} is already in this flow")
         data, enc = codec.encode(payload, queue.max_payload_bytes)

@@ -18,7 +18,7 @@ from emqfast.core.gcpause import BULK, gc_paused
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
-from emqfast.core.validation import check_int, check_job_id
+from emqfast.core.validation import check_int, check_new_job_id
 from emqfast.facade import admission, deps, options, tracing
 from emqfast.facade.dep_settle import QueueDependencies
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
@@ -156,7 +156,7 @@ class Queue(QueueInspection, QueueControl, QueueMaintenance, QueueDependencies,
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms)
-        job_id = ids.new_id() if job_id is None else check_job_id(job_id)
+        job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
         key = None if dedupe_key is None else check_key(dedupe_key)
         extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
         if extras is not None:  # expiry or a dedupe key (facade/dedupe.py, keyed.py)
@@ -290,7 +290,7 @@ def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
             raise InputTypeError("job_ids takes a list of ids (str starting with 'JOB'), one "
                                  f"per payload, not {type(job_ids).__name__}")
         else:
-            job_ids = [check_job_id(j) for j in job_ids]
+            job_ids = [check_new_job_id(j) for j in job_ids]
             if len(job_ids) != len(encoded):
                 raise InvalidInput("job_ids and payloads differ in length")
         row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__

@@ -42,9 +42,8 @@ end
 -- ARGV[5..7] of enqueue.lua and enqueue_group.lua). Returns an error reply text,
 -- or nil followed by priority, run_at and now (server clock).
 local function emq_check_admission(id, priority_arg, mode, value_arg)
-  if string.sub(id, 1, 3) ~= 'JOB' then
-    return 'EMQKIND job id must start with JOB'
-  end
+  local bad_id = emq_new_id_error(id)
+  if bad_id then return bad_id end
   local priority = tonumber(priority_arg)
   if not priority or priority < 0 or priority > 2097151 or priority % 1 ~= 0 then
     return 'EMQRANGE priority must be an integer in [0, 2097151]'

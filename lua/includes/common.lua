@@ -49,6 +49,17 @@ local function emq_int(n)
   return string.format('%.0f', n)
 end
 
+-- A new job's id: the JOB brand, and no ':'. A job's own sets extend its hash key
+-- emq:{q}:job:<id> with ':deps' and ':dependents', so an id with a ':' could name another
+-- job's set (and that job's id this one's). Returns the error text, or nil.
+local function emq_new_id_error(id)
+  if string.sub(id, 1, 3) ~= 'JOB' then return 'EMQKIND job id must start with JOB' end
+  if string.find(id, ':', 1, true) then
+    return "EMQINPUT job id must not contain ':' (it separates the parts of a job's keys)"
+  end
+  return nil
+end
+
 -- The boot fence's check, without a read or a write: nil when a caller speaking `version`
 -- may use a queue whose meta 'version' field is `have` (false: none yet), else the error.
 -- (A script touching many queues reads every 'version' first, checks them all with this,

@@ -28,18 +28,18 @@ local function emq_opt_ms(arg, what)
   return v
 end
 
--- Parse the extras from ARGV[base..base+4]: expires ms, dedupe key, expected current job
--- id, window ms, mode ('' / absent: none). Returns an error text, or nil and the table
--- (nil when there are no extras).
-local function emq_extras(base)
-  if #ARGV < base then return nil, nil end
-  local exp, e1 = emq_opt_ms(ARGV[base], 'expires')
+-- Parse the extras: `count` of them were sent (the caller's #ARGV past its fixed
+-- arguments): expires ms, then dedupe key, expected current job id, window ms and mode
+-- ('' / absent: none). Returns an error text, or nil and the table (nil when there are no
+-- extras).
+local function emq_extras(count, expires, key, expected, window_ms, mode)
+  if count < 1 then return nil, nil end
+  local exp, e1 = emq_opt_ms(expires, 'expires')
   if e1 then return e1 end
   local x = {exp = exp}
-  if #ARGV == base then return nil, x end
-  if #ARGV ~= base + 4 then return 'EMQINPUT dedupe needs key, expected id, window and mode' end
-  local key, expected, mode = ARGV[base + 1], ARGV[base + 2], ARGV[base + 4]
-  local window, e2 = emq_opt_ms(ARGV[base + 3], 'dedupe window')
+  if count == 1 then return nil, x end
+  if count ~= 5 then return 'EMQINPUT dedupe needs key, expected id, window and mode' end
+  local window, e2 = emq_opt_ms(window_ms, 'dedupe window')
   if e2 then return e2 end
   if key == '' or #key > 1024 then return 'EMQINPUT a dedupe key holds 1 to 1024 bytes' end
   if not EMQ_DEDUPE_MODES[mode] then
