@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import emqfast
 from emqfast.worker import calls as worker_core
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 
 from .common import Ctx, Result, check, fresh_queue, wait_until
 

@@ -10,7 +10,7 @@ import sys as _sys
 # the queue and its jobs
 from emqfast.facade.queue import Queue
 from emqfast.facade.job import Job, JobRef
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 from emqfast.facade.control import CancelResult
 from emqfast.facade.flow import Flow, FlowJob
 from emqfast.facade.waiting import wait_all

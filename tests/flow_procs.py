@@ -23,7 +23,7 @@ from emqfast.facade import deps  # noqa: E402
 
 
 def drain_crash(url: str, q0: str) -> None:
-    from emqfast.facade import dep_settle
+    from emqfast.facade import deps as dep_settle  # the settle step lives in deps
     real = dep_settle.Batch
 
     def batch(items, *args, **kwargs):

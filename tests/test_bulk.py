@@ -1,5 +1,5 @@
 """Issue 3: moves across many queues in a few round trips (``emqfast.promote_many``)
-and the Batcher transport the worker's acks use (``emqfast.backends.batcher.run_calls``)."""
+and the Batcher transport the worker's acks use (``emqfast.backends.drive.run_calls``)."""
 from __future__ import annotations
 
 import importlib
@@ -13,7 +13,7 @@ from engine_util import server_ms, wait_server_past
 from emqfast.core.errors import InvalidInput, RangeError
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.backends.batcher import run_calls
+from emqfast.backends.drive import run_calls
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import emqfast
 from emqfast import Backoff, Queue, Worker
 from emqfast.facade import options
-from emqfast.facade.backoff import DEFAULT_BACKOFF
+from emqfast.facade.options import DEFAULT_BACKOFF
 from emqfast.facade.schedules import occurrence_job_id
 from engine_util import server_ms
 

@@ -16,7 +16,7 @@ import pytest
 
 import emqfast
 import emqfast.aio as emq
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 from engine_util import make_queue, running_worker
 from waiting import wait_until
 

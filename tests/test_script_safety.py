@@ -26,7 +26,7 @@ import redis
 
 import emqfast
 from emqfast import InvalidInput, Queue
-from emqfast.core.batching import PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH
+from emqfast.core.ops import PROMOTE_BATCH, REAP_BATCH, TRIM_BATCH
 from emqfast.backends.scripts import all_scripts, load
 from emqfast.core.version import KEYSPACE_VERSION
 

@@ -17,7 +17,7 @@ from emqfast.core.times import Delay, RunAt, delay_ms as check_delay, run_at_ms 
 from emqfast.core.validation import check_group_name, check_int
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import dedupe, options
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 from emqfast.facade.job import JobRef
 
 ENQUEUE = load("enqueue")

@@ -16,7 +16,7 @@ import redis
 
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
-from emqfast.core.batching import DUE_BATCH
+from emqfast.core.ops import DUE_BATCH
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Cmd, Op, Returns

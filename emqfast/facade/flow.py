@@ -35,7 +35,7 @@ from emqfast.core.ops import Batch, Op, Returns, operation
 from emqfast.core.validation import check_new_job_id
 from emqfast.facade import admission, deps
 from emqfast.facade.admission import ADMITTED, Job, Shared
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 from emqfast.facade.job import JobRef
 from emqfast.server.connection import resolve
 

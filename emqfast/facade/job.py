@@ -9,7 +9,7 @@ from emqfast.backends import select as backend
 from emqfast.core import codec
 from emqfast.core.errors import Cancelled, InvalidInput, JobTimeout
 from emqfast.facade import options
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 
 class RunHooks(Protocol):
     """What a Worker lends the jobs it runs (``Job._run``): their lease and progress

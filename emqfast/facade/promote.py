@@ -13,11 +13,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
-from emqfast.core.batching import DUE_BATCH, PROMOTE_BATCH, batches
+from emqfast.core.ops import DUE_BATCH, PROMOTE_BATCH, batches
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Op, Returns
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
+from typing import Any, List, NamedTuple
+from emqfast.core.ops import Call
 
 PROMOTE = load("promote")
 PROMOTE_MANY = load("promote_many")
@@ -47,7 +49,7 @@ def _framed(k: QueueKeys) -> Framed:
 
 def due_call(k: QueueKeys, limit: int) -> Call:
     """due.lua: up to ``limit`` due ids on ``delayed``, with the queue's grouped flag (as
-    :func:`emqfast.facade.due.delayed_due`, framed as bytes)."""
+    :func:`emqfast.facade.promote.delayed_due`, framed as bytes)."""
     delayed, _, meta, _, _, _ = _framed(k)
     return Call(_DUE, [delayed, meta], [b"%d" % limit, b"1"])
 
@@ -178,3 +180,40 @@ def _round(k: QueueKeys, asked: int) -> Op:
     # a backlog: the round's calls pipelined through the Batcher (framed in C)
     replies = yield Batch(calls, via_batcher=True)
     return len(ids), lanes.combine_moves(calls, replies, lambda moves: sum(map(int, moves)))
+
+
+_DUE = load("due")
+
+
+class Due(NamedTuple):
+    """A due.lua reply."""
+
+    now_ms: int      # the server clock the script read
+    grouped: bool    # the queue has ever held grouped jobs (False when meta was not asked)
+    ids: List[str]   # due members, oldest first
+
+
+def delayed_due(k: QueueKeys, limit: int) -> Call:
+    """Due job ids on ``delayed`` (packed run-at scores), with the queue's grouped flag."""
+    return Call(_DUE, [k.delayed, k.meta], [limit, 1])
+
+
+def expired_leases(k: QueueKeys, limit: int) -> Call:
+    """Job ids on ``active`` whose lease deadline passed, with the grouped flag."""
+    return Call(_DUE, [k.active, k.meta], [limit, 0])
+
+
+def due_schedules(k: QueueKeys, limit: int) -> Call:
+    """Schedule names whose next run (``repeat`` score, epoch ms) has come."""
+    return Call(_DUE, [k.repeat], [limit, 0])
+
+
+def parse_due(reply: List[Any], with_meta: bool = True) -> Due:
+    """Read a due.lua reply; ``with_meta``: the call declared the meta hash."""
+    first = 2 if with_meta else 1
+    return Due(int(reply[0]), with_meta and bool(int(reply[1])),
+               [_text(member) for member in reply[first:]])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

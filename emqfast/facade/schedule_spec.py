@@ -16,7 +16,7 @@ from emqfast.core.times import Delay, RunAt, delay_ms as check_delay, run_at_ms 
 from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import options
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 
 MISSED_POLICIES = ("skip", "catch_up")
 DEFAULT_CATCH_UP_LIMIT = 100

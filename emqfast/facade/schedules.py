@@ -39,14 +39,14 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from emqfast.backends.scripts import load
-from emqfast.core.batching import batches
+from emqfast.core.ops import batches
 from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_int, check_schedule_name
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.facade.backoff import Backoff
-from emqfast.facade.due import due_schedules, parse_due
+from emqfast.facade.options import Backoff
+from emqfast.facade.promote import due_schedules, parse_due
 from emqfast.facade.schedule_spec import (DEFAULT_CATCH_UP_LIMIT, MAX_CATCH_UP_LIMIT,
                                           MISSED_POLICIES, Schedule, UpsertReply, UpsertSpec,
                                           occurrence_job_id, occurrence_of, prepare)

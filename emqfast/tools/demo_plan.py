@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from emqfast.facade.backoff import Backoff
+from emqfast.facade.options import Backoff
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.leaderboard import Leaderboard, Member
 from emqfast.facade.queue import Queue

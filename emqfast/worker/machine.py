@@ -32,7 +32,7 @@ from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, Versio
 from emqfast.core.ops import Batch, Cmd, Hook, Logic, PopMarker, WaitDrained, WaitForRoom
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
-from emqfast.facade.dep_settle import Settled, settle_op
+from emqfast.facade.deps import Settled, settle_op
 from emqfast.facade.deps import results_op
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
