@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import DataError
 
-from emqfast.backends.exchange import _frames
+from emqfast.backends.transport import _frames
 
 COMMANDS = [("EVALSHA", "a" * 40, 2, "emq:{q}:job:JOB1", "emq:{q}:pending", b"\xffraw\x00",
              0, 12345678901234567890, "é✓", 0.1, 1e300),

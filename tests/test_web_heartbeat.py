@@ -15,7 +15,8 @@ import redis
 import emqfast
 import emqfast.aio as emq
 from emqfast.core.keys import QueueKeys
-from emqfast.facade.workers import (QueueWorkers, beat_call, registry_key, worker_key)
+from emqfast.facade.workers import QueueWorkers, registry_key, worker_key
+from emqfast.worker.calls import beat_call
 from conftest import dump_queue
 from engine_util import make_queue
 from waiting import wait_until, wait_until_async

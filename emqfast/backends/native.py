@@ -10,9 +10,8 @@ It gathers three modules, each with one concern:
   arithmetic that returns exactly what ``pure`` returns, falling back to it for inputs
   C cannot represent);
 - :mod:`~emqfast.backends.native_batcher`: :class:`Batcher`, pipelined EVALSHA over
-  one hiredis connection of its own;
-- :mod:`~emqfast.backends.native_codec`: the arguments, replies and failure codes
-  crossing the Batcher's C boundary.
+  one hiredis connection of its own, and the arguments, replies and failure codes
+  crossing its C boundary.
 """
 from __future__ import annotations
 

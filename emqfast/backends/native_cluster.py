@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from redis.exceptions import AskError, MovedError, TryAgainError
 
 from emqfast.backends import pure_batcher
-from emqfast.backends.exchange import cut_error
+from emqfast.backends.transport import cut_error
 from emqfast.backends.transport import Wait
 from emqfast.core.errors import BackendUnavailable, ConnectionFailed
 from emqfast.core.ops import as_bytes, rows_per_call

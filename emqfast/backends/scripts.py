@@ -22,6 +22,10 @@ ScriptCall = Tuple[Any, Sequence[Any], Sequence[Any]]  # (script, keys, args); a
 class Script(LuaSource):
     """A Lua move that can run itself on a redis-py client (sync or asyncio)."""
 
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Tuple[Any, ...]:
+        """The EVALSHA command of one call."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
     def __call__(self, client: "redis.Redis", keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run the script once (EVALSHA, loading it on NOSCRIPT); never re-sent after a lost
         reply (:class:`~emqfast.errors.ReplyLost`). Error replies raise typed errors."""

@@ -89,6 +89,15 @@ class QueueKeys:
         window only; the grate hash holds the group's limit)."""
         return self.base + "g:" + group + ":rate"
 
+    def worker_record(self, token: str) -> str:
+        """One worker's last heartbeat (hash), PEXPIRE'd a few beats after it."""
+        return self.base + "worker:" + token
+
+    @property
+    def workers(self) -> str:
+        """The queue's workers (zset: token -> last beat, server ms)."""
+        return self.base + "workers"
+
     def worker_claim(self, worker: str) -> str:
         """One worker's last claim (hash: request id, ids, counter), so a claim re-sent after
         its reply was lost returns the same leases instead of popping more; expires with them."""

@@ -46,10 +46,6 @@ class LuaSource:
             raise AssertionError(
                 f"{self.name}.lua declares {self.fixed_keys} fixed keys, got {n}")
 
-    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Tuple[Any, ...]:
-        """The EVALSHA command of one call."""
-        return ("EVALSHA", self.sha, len(keys), *keys, *args)
-
 
 def expand(text: str, directory: Path) -> str:
     def include(match: "re.Match[str]") -> str:

@@ -5,108 +5,32 @@ One bounded, expiring record per worker under the queue's slot (``lua/heartbeat.
 
 - ``emq:{q}:worker:<token>`` hash: ``beat`` (server ms), ``host``, ``pid``, ``queues``,
   ``concurrency``, ``in_hand`` (jobs it holds), ``kind`` (thread or asyncio); PEXPIRE'd
-  after :data:`BEATS_KEPT` beats, so a worker that died vanishes by itself;
+  after a few beats (:data:`emqfast.worker.calls.BEATS_KEPT`), so a worker that died vanishes by itself;
 - ``emq:{q}:workers`` zset: token -> last beat (server ms), trimmed of stale entries on
   every write, at most 10,000 entries, expiring with its last worker.
 
-The Worker's beat runs :meth:`Heartbeat.beat`; a failed heartbeat is logged and never stops
-a Worker (it is information, not part of the job's safety)."""
+The Worker writes them (``heartbeat.lua``, :class:`emqfast.worker.machine.Heartbeat`); this
+module reads them."""
 from __future__ import annotations
 
-import logging
-import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from emqfast.backends.scripts import load
-from emqfast.core.errors import EmqError
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
-from emqfast.core.version import KEYSPACE_VERSION
+from emqfast.core.ops import Batch, Cmd, Op, Returns, operation
 
-log = logging.getLogger("emqfast.worker")
 
-_HEARTBEAT = load("heartbeat")
-BEATS_KEPT = 3  # a record outlives its last beat by this many beats
-MIN_TTL_MS = 3000  # ... and at least this long (a beat may be late under load)
 MAX_LISTED = 500  # the most workers one read lists
 
 
 def worker_key(keys: QueueKeys, token: str) -> str:
-    """The hash of one worker's last heartbeat (keys of a queue's slot, like QueueKeys')."""
-    return keys.base + "worker:" + token
+    """The hash of one worker's last heartbeat (:meth:`QueueKeys.worker_record`)."""
+    return keys.worker_record(token)
 
 
 def registry_key(keys: QueueKeys) -> str:
     """The zset of a queue's workers, scored by their last beat (server ms)."""
-    return keys.base + "workers"
-
-
-def beat_call(keys: QueueKeys, token: str, ttl_ms: int, fields: Dict[str, Any]) -> Call:
-    """heartbeat.lua recording ``fields`` for worker ``token``, alive for ``ttl_ms``."""
-    pairs = [x for item in fields.items() for x in (item[0], str(item[1]))]
-    return Call(_HEARTBEAT, [worker_key(keys, token), registry_key(keys), keys.meta],
-                [token, ttl_ms, KEYSPACE_VERSION, *pairs])
-
-
-class Heartbeat:
-    """A beat hook of one Worker: ``hook()`` writes its heartbeat (sync), or returns the
-    awaitable doing it (an :mod:`emqfast.aio` Worker, whose queue drives coroutines)."""
-
-    def __init__(self, machine: Any):
-        self.machine = machine
-        self.host = socket.gethostname()
-
-    def fields(self) -> Dict[str, Any]:
-        """What the record says about the worker now."""
-        m = self.machine
-        return {"host": self.host, "pid": os.getpid(), "queues": m.queue.name,
-                "concurrency": m.concurrency, "in_hand": len(m._running),
-                "kind": "asyncio" if getattr(m.queue, "is_async", False) else "thread"}
-
-    def ttl_ms(self) -> int:
-        return max(MIN_TTL_MS, int(self.machine.beat_s * 1000 * BEATS_KEPT))
-
-    def op(self) -> Op:
-        """The heartbeat as an operation (driven by the worker's queue)."""
-        m = self.machine
-        return (yield beat_call(m.queue.keys, m.name, self.ttl_ms(), self.fields()))
-
-    def sign_off_op(self) -> Returns[Any]:
-        """The worker stopped: its record goes now (it would linger until it expires)."""
-        m = self.machine
-        keys = m.queue.keys
-        return (yield Batch([Cmd.of("DEL", worker_key(keys, m.name)),
-                             Cmd.of("ZREM", registry_key(keys), m.name)]))
-
-    def beat(self) -> Op:
-        """The heartbeat on the Worker's beat (run by its driver); a failure is logged."""
-        try:
-            yield from self.op()
-        except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
-
-    def sign_off(self) -> Any:
-        """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""
-        return self._run(self.sign_off_op(), "removed")
-
-    def _run(self, op: Any, what: str) -> Any:
-        queue = self.machine.queue
-        if getattr(queue, "is_async", False):
-            return self._run_async(op, what)
-        try:
-            return queue._drive(op)
-        except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
-            return None
-
-    async def _run_async(self, op: Any, what: str) -> Any:
-        try:
-            return await self.machine.queue._drive(op)
-        except EmqError as exc:
-            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
-            return None
+    return keys.workers
 
 
 @dataclass(frozen=True)

@@ -436,3 +436,17 @@ def cancel_active_call(k: QueueKeys, run: CancelledRun) -> Call:
     return Call(_CANCEL_ACTIVE, [k.job(run.job.id), k.active, k.leases, k.cancelled, k.meta,
                                  k.events, k.metrics, k.waiters, k.dependents, k.outbox],
                 [run.job.id, run.token, KEYSPACE_VERSION])
+
+
+# --- the heartbeat ------------------------------------------------------------------------
+
+_HEARTBEAT = load("heartbeat")
+BEATS_KEPT = 3  # a record outlives its last beat by this many beats
+MIN_TTL_MS = 3000  # ... and at least this long (a beat may be late under load)
+
+
+def beat_call(keys: QueueKeys, token: str, ttl_ms: int, fields: Dict[str, Any]) -> Call:
+    """heartbeat.lua recording ``fields`` for worker ``token``, alive for ``ttl_ms``."""
+    pairs = [x for item in fields.items() for x in (item[0], str(item[1]))]
+    return Call(_HEARTBEAT, [keys.worker_record(token), keys.workers, keys.meta],
+                [token, ttl_ms, KEYSPACE_VERSION, *pairs])

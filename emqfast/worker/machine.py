@@ -29,7 +29,8 @@ from itertools import islice
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
-from emqfast.core.ops import Batch, Cmd, Hook, Logic, PopMarker, WaitDrained, WaitForRoom
+from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
+                              WaitForRoom)
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
 from emqfast.facade.deps import Settled, settle_op
@@ -37,7 +38,6 @@ from emqfast.facade.deps import results_op
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedules
-from emqfast.facade.workers import Heartbeat
 from emqfast.worker import calls
 from emqfast.worker.calls import AckPlan, JobRows, metrics_call, run_times
 from emqfast.worker.leases import HeldLease, Prefetch, RunningJob
@@ -640,3 +640,62 @@ class DependencyStep:
             yield from results_op(jobs)
         except EmqError as exc:
             log.warning("%s: dependency results not read (%s)", self.machine.name, exc)
+
+
+class Heartbeat:
+    """A beat hook of one Worker: ``hook()`` writes its heartbeat (sync), or returns the
+    awaitable doing it (an :mod:`emqfast.aio` Worker, whose queue drives coroutines)."""
+
+    def __init__(self, machine: Any):
+        self.machine = machine
+        self.host = socket.gethostname()
+
+    def fields(self) -> Dict[str, Any]:
+        """What the record says about the worker now."""
+        m = self.machine
+        return {"host": self.host, "pid": os.getpid(), "queues": m.queue.name,
+                "concurrency": m.concurrency, "in_hand": len(m._running),
+                "kind": "asyncio" if getattr(m.queue, "is_async", False) else "thread"}
+
+    def ttl_ms(self) -> int:
+        return max(calls.MIN_TTL_MS, int(self.machine.beat_s * 1000 * calls.BEATS_KEPT))
+
+    def op(self) -> Op:
+        """The heartbeat as an operation (driven by the worker's queue)."""
+        m = self.machine
+        return (yield calls.beat_call(m.queue.keys, m.name, self.ttl_ms(), self.fields()))
+
+    def sign_off_op(self) -> Returns[Any]:
+        """The worker stopped: its record goes now (it would linger until it expires)."""
+        m = self.machine
+        keys = m.queue.keys
+        return (yield Batch([Cmd.of("DEL", keys.worker_record(m.name)),
+                             Cmd.of("ZREM", keys.workers, m.name)]))
+
+    def beat(self) -> Op:
+        """The heartbeat on the Worker's beat (run by its driver); a failure is logged."""
+        try:
+            yield from self.op()
+        except EmqError as exc:  # never stop a worker over its heartbeat
+            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
+
+    def sign_off(self) -> Any:
+        """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""
+        return self._run(self.sign_off_op(), "removed")
+
+    def _run(self, op: Any, what: str) -> Any:
+        queue = self.machine.queue
+        if getattr(queue, "is_async", False):
+            return self._run_async(op, what)
+        try:
+            return queue._drive(op)
+        except EmqError as exc:  # never stop a worker over its heartbeat
+            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
+            return None
+
+    async def _run_async(self, op: Any, what: str) -> Any:
+        try:
+            return await self.machine.queue._drive(op)
+        except EmqError as exc:
+            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
+            return None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from emqfast.core.errors import InputTypeError, InvalidInput
 from emqfast.core.ops import Logic
-from emqfast.facade.workers import Heartbeat
+from emqfast.worker.machine import Heartbeat
 from emqfast.worker.leases import Prefetch
 from emqfast.worker.queue_order import QueueOrder
 from emqfast.worker.outcomes import WorkerStats
