@@ -23,10 +23,6 @@ from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
 from emqfast.worker.leases import RunningJob
 
-if TYPE_CHECKING:
-    from emqfast.aio.host import AioHost as _Host
-else:
-    _Host = object
 
 log = logging.getLogger("emqfast.worker")
 
@@ -123,80 +119,3 @@ def _cut(pubsub: Any) -> None:
     if transport is not None:
         transport.abort()
 
-
-class AioStops(StopKeeping, _Host):
-    """Mixed into :class:`emqfast.aio.Worker` (before the machine)."""
-
-    _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
-    _listener: Optional[AioCancelListener]
-    cancel_listening: Optional[asyncio.Event]  # set while subscribed (tests wait on it)
-
-    def _setup_listening(self) -> None:
-        self._timers = {}
-        self._listener = None
-        self.cancel_listening = None
-
-    def _start_listening(self) -> None:
-        # (made on the running loop: its Event needs one on Python 3.9)
-        self._listener = AioCancelListener(self._redis, self._cancel_channels(),
-                                           self._on_cancel, self._recheck_after_subscribe,
-                                           self._who)
-        self.cancel_listening = self._listener.subscribed
-        self._listener.start()
-
-    async def _stop_listening(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            await listener.close()
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-
-    def _cancel_channels(self) -> List[str]:
-        return [self._keys.cancel_channel]
-
-    async def _recheck_after_subscribe(self) -> None:
-        """The listener (re-)subscribed: a cancel published while nobody listened is caught."""
-        await self._drive(self._recheck_cancels())
-
-    def _arm(self, job_id: str, token: str, delay_s: float, kind: str) -> None:
-        assert self._loop is not None
-        old = self._timers.pop((job_id, token), None)
-        if old is not None:
-            old.cancel()
-        self._timers[(job_id, token)] = self._loop.call_later(delay_s, self._on_due, job_id,
-                                                              token, kind)
-
-    def _arm_timeout(self, job: Job, token: str) -> None:
-        """A job handed to a handler: stop it when its timeout passes (if it has one)."""
-        limit = timeout_ms_of(job, self.job_timeout_ms)
-        if limit:
-            self._arm(job.id, token, limit / 1000.0, TIMEOUT)
-
-    def _disarm(self, job_id: str, token: str) -> None:
-        """A run's handler ended: its timers go."""
-        handle = self._timers.pop((job_id, token), None)
-        if handle is not None:
-            handle.cancel()
-
-    def _on_due(self, job_id: str, token: str, kind: str) -> None:
-        self._timers.pop((job_id, token), None)
-        if kind == TIMEOUT:
-            self._stopped(self._stop_run(job_id, TIMEOUT, token))
-        elif kind == ABANDON:
-            outcome = self._abandon_run(job_id, token)
-            if outcome is not None:
-                self._queue_ack(job_id, token, outcome=outcome)
-
-    def _stopped(self, run: Optional[RunningJob]) -> None:
-        """A run was asked to stop: a coroutine's task is cancelled; abandoned if it has
-        not ended within the grace."""
-        if run is None:
-            return
-        if self._is_coro and run.task is not None:
-            run.task.cancel()
-        self._arm(run.job.id, run.token, self.cancel_grace_ms / 1000.0, ABANDON)
-
-    if TYPE_CHECKING:
-        def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,
-                       release: Any = None) -> None: ...

@@ -43,16 +43,17 @@ shared with it; this driver awaits its requests), different machinery:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import traceback
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from emqfast.aio import cancels
-from emqfast.aio.cancel_listener import AioStops
-from emqfast.aio.handlers import AioRunHooks, JobTasks
-from emqfast.aio.lifecycle import Lifecycle
+from emqfast.aio.cancel_listener import AioCancelListener
+from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
@@ -60,13 +61,15 @@ from emqfast.backends.drive import run_async
 from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
 from emqfast.facade.job import Job
 from emqfast.server import eviction
-from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.async_slots import AsyncSlots
-from emqfast.worker.cancels import DEFAULT_GRACE_MS
-from emqfast.worker.machine import WorkerMachine
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, StopKeeping,
+                                    timeout_ms_of)
+from emqfast.worker.leases import RunningJob
+from emqfast.worker.machine import ACK_BATCH, WorkerMachine
 from emqfast.worker.many_runs import serve_many
-from emqfast.worker.outcomes import Outcome, check_worker_args, is_async_handler
-from emqfast.worker.outcomes import WorkerStats
+from emqfast.worker.outcomes import (Outcome, WorkerStats, check_decodable, check_worker_args,
+                                     failure, is_async_handler, job_group, success)
+from emqfast.worker.resend import typed
 from emqfast.worker.threads import DEFAULT_BATCH
 
 log = logging.getLogger("emqfast.worker")
@@ -74,7 +77,7 @@ log = logging.getLogger("emqfast.worker")
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
-class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
+class Worker(StopKeeping, WorkerMachine):
     """Runs ``await handler(job)`` for jobs of an :class:`emqfast.aio.Queue`.
 
     Arguments mean what they mean for :class:`emqfast.Worker`. Inside a
@@ -93,6 +96,11 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
 
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
+
+    _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
+    _listener: Optional[AioCancelListener]
+    cancel_listening: Optional[asyncio.Event]  # set while subscribed (tests wait on it)
+    _run_hooks: AioRunHooks  # each running job's Job._run (made by the Worker's setup)
 
     def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
@@ -340,3 +348,391 @@ class Worker(JobTasks, Lifecycle, AioStops, WorkerMachine):
             raise
         self._pending_acks -= len(held)
         self._notify()
+
+    # --- running handlers: a task per job ----------------------------------------------
+
+
+    def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
+        """A task per started job (bounded by the semaphore)."""
+        now = time.monotonic()
+        hooks = self._run_hooks
+        timed = self.job_timeout_ms is not None
+        for job, token in started:  # no per-job callables: cheaper per job
+            job._run, job._run_token = hooks, token
+            running = RunningJob(job, token, now)
+            self._running[job.id] = running
+            self._in_hand += 1
+            running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
+            if timed or job.extra:  # stopped when it passes its timeout
+                self._arm_timeout(job, token)
+        self._stop_early(started)  # cancelled while held
+
+    def _take_held(self, peek: bool = False) -> List[Held]:
+        """Started jobs waiting for a handler: none to take. Jobs are started only into
+        free slots (plus the few the slots take up within the prefetch budget, whose tasks
+        wait on the semaphore for well under a few ms); held jobs stay unstarted."""
+        return []
+
+    async def _run_job(self, job: Job, token: str) -> None:
+        """One job's task: its handler's outcome is queued for the acker; a job whose task
+        was cancelled (shutdown, loop teardown) is queued for release instead: its handler
+        has ended, so it can no longer finish and may run again elsewhere."""
+        try:
+            outcome = await self._outcome_of(job, token)
+        except BaseException as exc:
+            self._disarm(job.id, token)
+            self._slot_freed()
+            if job._stop_reason is None:
+                self._queue_ack(job.id, token, release=(job.id, token, job_group(job)))
+            else:  # stopped (cancel, timeout) before its handler began: ends by its stop
+                settled = self._settle_run(failure(job, token, exc, ""))
+                if settled is not None:
+                    self._queue_ack(job.id, token, outcome=settled)
+            raise
+        self._disarm(job.id, token)
+        self._slot_freed()
+        settled = self._settle_run(outcome)  # a stopped run ends by its stop
+        if settled is not None:  # (None: abandoned, its outcome queued already)
+            self._queue_ack(job.id, token, outcome=settled)
+
+    def _slot_freed(self) -> None:
+        """A handler returned: the claim loop may start a held job."""
+        self._in_hand -= 1
+        self._notify()
+
+    async def _outcome_of(self, job: Job, token: str) -> Outcome:
+        """Run the handler; its result or exception as an outcome. Raises CancelledError
+        only when this job's task itself was cancelled."""
+        slots = self._sem
+        assert slots is not None
+        if not slots.take_now():  # nearly always free: the Worker starts jobs into free slots
+            await slots.take()
+        try:
+            began = time.perf_counter()
+            try:
+                if self._is_coro:  # inline (no coroutine of ours per job); plain: _handle_plain
+                    check_decodable(job)
+                    result = self.handler(job)
+                    if inspect.iscoroutine(result):
+                        done, result = first_step(result, self._on_step, job.id)
+                        if not done:
+                            result = await result
+                    else:
+                        result = await result
+                else:
+                    result = await self._handle_plain(job)
+                self._holding.observe(time.perf_counter() - began)
+                return success(job, token, result)
+            except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
+                if self._task_cancelled() and job._stop_reason is None:
+                    raise  # our shutdown or the loop's teardown: released by _run_job
+                # (stopped by a cancel or a timeout: _run_job ends it by its stop)
+                # the handler raised it itself (or awaited something cancelled): a failure
+                return failure(job, token, exc, traceback.format_exc())
+            except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
+                return failure(job, token, exc, traceback.format_exc())
+        finally:
+            slots.give()
+
+    async def _handle_plain(self, job: Job) -> Any:
+        """A plain handler's result: run in the executor (and what it returns awaited
+        when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
+        check_decodable(job)
+        result = await self._in_executor(job)
+        if inspect.isawaitable(result):  # a plain function returning a coroutine
+            result = await result
+        return result
+
+    def _run_cancelled(self) -> bool:
+        """True once the task running :meth:`run` was asked to cancel (checked as well as
+        caught: redis.asyncio can swallow a cancellation that lands mid-command)."""
+        task = self._run_task
+        return task is not None and cancels.requests(task) > self._cancels_before
+
+    @staticmethod
+    def _task_cancelled() -> bool:
+        """True when the current task was asked to cancel (not a CancelledError a handler
+        raised or caught from something else)."""
+        task = asyncio.current_task()
+        return task is not None and cancels.requests(task) > 0
+
+    def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,
+                   release: Optional[Held] = None) -> None:
+        """Hand a finished job to the acker: its outcome to write, or its release."""
+        running = self._running.get(job_id)
+        if running is not None and running.token == token:
+            running.acking = True  # the lease loop leaves it alone from now on
+        self._pending_acks += 1
+        if outcome is not None:
+            self._outcomes.append(outcome)
+        else:
+            assert release is not None
+            self._releases.append(release)
+        if self._ack_ready is not None:
+            self._ack_ready.set()
+
+    def _on_step(self, job_id: str, seconds: float) -> None:
+        """A coroutine handler's step held the loop ``seconds``: warn when that is long
+        enough to make other jobs' lease renewals late."""
+        if seconds < self.stall_warn_s:
+            return
+        self._last_stall = time.monotonic()
+        log.warning("aio worker %s: job %s blocked the event loop for %.2fs (over 40%% "
+                    "of lease_ms=%d): lease renewals of the other running jobs were late and "
+                    "may lapse (the job then runs twice). Run CPU-bound or blocking work in a "
+                    "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
+                    seconds, self.lease_ms)
+
+    async def _in_executor(self, job: Job) -> Any:
+        """A plain handler in the default executor. Its thread cannot be stopped: cancelled
+        (shutdown ran out of time, loop teardown, again and again), this still waits for
+        it, so the job is not released while its handler may finish (it would run twice).
+        The handler's exception is raised here as it raised it."""
+        future = asyncio.get_running_loop().run_in_executor(None, call_plain, self.handler, job)
+        warned = False
+        while True:
+            try:
+                ok, value = await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                if future.cancelled():
+                    raise  # never began: nothing can finish
+                if not warned and not future.done():
+                    warned = True
+                    log.warning("aio worker %s: job %s runs in a thread that cannot "
+                                "be cancelled; keeping its lease until it returns", self.name,
+                                job.id)
+        if ok:
+            return value
+        raise value
+
+    async def _extend_run(self, job_id: str, token: str, ms: int) -> None:
+        """``await job.extend_lease_async(ms)`` of a running job (through :class:`AioRunHooks`)."""
+        await self._drive(self._extend_one(job_id, token, ms))
+
+    async def _progress_run(self, job_id: str, token: str, value: Any) -> None:
+        """``await job.progress_async(value)`` of a running job (through :class:`AioRunHooks`)."""
+        await self._drive(self._progress(job_id, token, value))
+
+    def _blocking(self, call: Awaitable[None], instead: str) -> None:
+        """``job.extend_lease`` / ``job.progress`` for plain handlers running in the
+        executor: ``call`` run on the Worker's loop; a coroutine handler is told ``instead``."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            loop = self._loop
+            assert loop is not None
+            asyncio.run_coroutine_threadsafe(call, loop).result()  # type: ignore[arg-type]
+            return
+        if inspect.iscoroutine(call):
+            call.close()  # never awaited: no "was never awaited" warning
+        raise RuntimeError(f"in a coroutine handler use `{instead}`")
+
+    # --- the lease task and the shutdown -----------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        """Renew leases a third used, in the background (handlers may hog no thread, but
+        a claim loop blocked on the marker must not let a long job's lease lapse)."""
+        # ends on _closing, not only by cancel: redis.asyncio can swallow a cancellation
+        # that lands mid-command, and this loop would then renew leases forever
+        while not self._closing:
+            slept_at = time.monotonic()
+            await asyncio.sleep(self.beat_s)
+            self._check_stall(time.monotonic() - slept_at - self.beat_s)
+            try:
+                await self._drive(self._renew_due())
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.warning("aio worker %s: cannot extend leases (%s)", self.name,
+                            typed(exc))
+
+    def _check_stall(self, late_s: float) -> None:
+        """The lease loop woke ``late_s`` late: the event loop was blocked. Warn when that
+        may cost leases, unless a handler step already reported it by its job's name."""
+        if late_s < self.stall_warn_s or time.monotonic() - self._last_stall < late_s + 1.0:
+            return
+        log.warning("aio worker %s: lease renewal ran %.2fs late: something blocked "
+                    "the event loop (running jobs: %s); leases may lapse and jobs run twice. "
+                    "Run CPU-bound or blocking work in a thread or a process.", self.name,
+                    late_s, ", ".join(sorted(self._running)[:10]) or "none")
+
+    async def _finish(self, acker: "asyncio.Task[None]", leases: "asyncio.Task[None]") -> None:
+        """Run the shutdown to its end, however :meth:`run` is left: a cancellation of the
+        task awaiting run() (again and again, or the loop's teardown) only hurries it
+        (handlers are cancelled at once), then is re-raised once everything is done."""
+        assert self._hurry is not None
+        shutdown = asyncio.ensure_future(self._shutdown(acker, leases))
+        cancelled = False
+        try:
+            while not shutdown.done():
+                try:
+                    await asyncio.shield(shutdown)
+                except asyncio.CancelledError:
+                    if not shutdown.done():
+                        cancelled = True
+                        self._hurry.set()
+        finally:
+            self._serving = False
+        if cancelled or self._run_cancelled():  # (redis.asyncio may have swallowed it)
+            raise asyncio.CancelledError()
+        shutdown.result()
+
+    async def _shutdown(self, acker: "asyncio.Task[None]", leases: "asyncio.Task[None]") -> None:
+        """Stop; see the module docstring for which late jobs are released (only those whose
+        handler has ended by cancellation) and which are waited for (lease kept)."""
+        assert self._hurry is not None
+        self._stopping = True
+        # the loop's teardown cancels every task at once: the acker and the lease loop too,
+        # but outcomes must still be written and a slow handler's lease kept
+        acker = await self._alive(acker, self._ack_loop, "emq-acker")
+        leases = await self._alive(leases, self._lease_loop, "emq-leases")
+        # a claim or start that the cancellation of run() cut short: its jobs go back
+        await self._drive(self._settle(time.monotonic() + min(self.shutdown_timeout_s, 5.0)))
+        await self._grace_period()
+        late = self._job_tasks()
+        for task in late:
+            task.cancel()  # its job is released once its handler has ended
+        while late:
+            # no timeout: a cancelled coroutine ends at once; a thread that cannot be
+            # cancelled is waited for (the lease loop keeps its lease), its outcome written
+            await asyncio.wait(late, timeout=self.beat_s)
+            acker = await self._alive(acker, self._ack_loop, "emq-acker")
+            leases = await self._alive(leases, self._lease_loop, "emq-leases")
+            late = self._job_tasks()
+        await self._flush(acker)
+        leases.cancel()  # and _closing: see _lease_loop
+        await asyncio.wait([leases], timeout=self.beat_s + 1.0)
+        await self._heartbeat.sign_off()  # gone from the Workers page now
+        await self._close_connections()
+
+    def _job_tasks(self) -> List["asyncio.Task[None]"]:
+        """The tasks of jobs whose handlers have not ended yet."""
+        return [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+
+    async def _alive(self, task: "asyncio.Task[None]", loop_fn: Callable[[], Any],
+                     name: str) -> "asyncio.Task[None]":
+        """``task``, or a new one running ``loop_fn`` when it was cancelled (teardown).
+        A cancelled task that has not ended soon swallowed its cancellation (redis.asyncio
+        can, mid-command) and still runs: it is kept."""
+        if not task.done() and cancels.requests(task):
+            await asyncio.wait([task], timeout=0.1)  # an acker puts its batch back first
+        if not task.done() or not task.cancelled():
+            return task  # running, or ended on its own (_closing)
+        return cancels.spawn(loop_fn(), name=name)
+
+    async def _grace_period(self) -> None:
+        """Wait up to ``shutdown_timeout_s`` for running handlers to finish (less when a
+        further cancellation hurries the shutdown)."""
+        assert self._hurry is not None
+        end = time.monotonic() + self.shutdown_timeout_s
+        while not self._hurry.is_set():
+            tasks = self._job_tasks()
+            left = end - time.monotonic()
+            if not tasks or left <= 0:
+                return
+            await asyncio.wait(tasks, timeout=min(left, 0.05))
+
+    async def _flush(self, acker: "asyncio.Task[None]") -> None:
+        """Let the acker write the outcomes and releases still queued, re-sending for a
+        bounded time only (after that the reaper re-runs what could not be written)."""
+        assert self._ack_ready is not None
+        self._ack_until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+        acker = await self._alive(acker, self._ack_loop, "emq-acker")
+        self._closing = True  # the acker returns once it has written what is queued
+        self._ack_ready.set()
+        await asyncio.wait([acker], timeout=self._ack_until + 5.0 - time.monotonic())
+        if not acker.done():
+            acker.cancel()
+            await asyncio.wait([acker], timeout=1.0)
+        elif self._outcomes or self._releases:  # it ended by cancellation: write them here
+            try:
+                await self._ack_queued()
+            except Exception:  # noqa: BLE001 - logged below; the reaper re-runs them
+                pass
+        if self._outcomes or self._releases:
+            log.warning("aio worker %s: could not write %d outcomes / release %d jobs "
+                        "before stopping; the reaper will hand them back", self.name,
+                        len(self._outcomes), len(self._releases))
+        self._outcomes, self._releases, self._pending_acks = [], [], 0
+        self._running.clear()  # every handler has ended: nothing of ours is running
+
+    async def _close_connections(self) -> None:
+        """End the wake-up calls stop() started and close the marker connection."""
+        if self._wakers:
+            await asyncio.wait(list(self._wakers), timeout=1.0)
+            for waker in list(self._wakers):
+                waker.cancel()
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            try:
+                await waiter.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+
+    # --- stopping running jobs ---------------------------------------------------------
+
+
+    def _setup_listening(self) -> None:
+        self._timers = {}
+        self._listener = None
+        self.cancel_listening = None
+
+    def _start_listening(self) -> None:
+        # (made on the running loop: its Event needs one on Python 3.9)
+        self._listener = AioCancelListener(self._redis, self._cancel_channels(),
+                                           self._on_cancel, self._recheck_after_subscribe,
+                                           self._who)
+        self.cancel_listening = self._listener.subscribed
+        self._listener.start()
+
+    async def _stop_listening(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def _cancel_channels(self) -> List[str]:
+        return [self._keys.cancel_channel]
+
+    async def _recheck_after_subscribe(self) -> None:
+        """The listener (re-)subscribed: a cancel published while nobody listened is caught."""
+        await self._drive(self._recheck_cancels())
+
+    def _arm(self, job_id: str, token: str, delay_s: float, kind: str) -> None:
+        assert self._loop is not None
+        old = self._timers.pop((job_id, token), None)
+        if old is not None:
+            old.cancel()
+        self._timers[(job_id, token)] = self._loop.call_later(delay_s, self._on_due, job_id,
+                                                              token, kind)
+
+    def _arm_timeout(self, job: Job, token: str) -> None:
+        """A job handed to a handler: stop it when its timeout passes (if it has one)."""
+        limit = timeout_ms_of(job, self.job_timeout_ms)
+        if limit:
+            self._arm(job.id, token, limit / 1000.0, TIMEOUT)
+
+    def _disarm(self, job_id: str, token: str) -> None:
+        """A run's handler ended: its timers go."""
+        handle = self._timers.pop((job_id, token), None)
+        if handle is not None:
+            handle.cancel()
+
+    def _on_due(self, job_id: str, token: str, kind: str) -> None:
+        self._timers.pop((job_id, token), None)
+        if kind == TIMEOUT:
+            self._stopped(self._stop_run(job_id, TIMEOUT, token))
+        elif kind == ABANDON:
+            outcome = self._abandon_run(job_id, token)
+            if outcome is not None:
+                self._queue_ack(job_id, token, outcome=outcome)
+
+    def _stopped(self, run: Optional[RunningJob]) -> None:
+        """A run was asked to stop: a coroutine's task is cancelled; abandoned if it has
+        not ended within the grace."""
+        if run is None:
+            return
+        if self._is_coro and run.task is not None:
+            run.task.cancel()
+        self._arm(run.job.id, run.token, self.cancel_grace_ms / 1000.0, ABANDON)
