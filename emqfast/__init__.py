@@ -14,7 +14,7 @@ from emqfast.facade.options import Backoff
 from emqfast.facade.control import CancelResult
 from emqfast.facade.flow import Flow, FlowJob
 from emqfast.facade.waiting import wait_all
-from emqfast.facade.bulk import promote_many
+from emqfast.facade.promote import promote_many
 from emqfast.facade.leaderboard import Entry, Leaderboard
 # running jobs
 from emqfast.worker.threads import Worker, WorkerStats

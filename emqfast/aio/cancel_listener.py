@@ -16,7 +16,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
-from emqfast.aio import cancels
+from emqfast.aio import tasks
 from emqfast.facade.job import Job
 from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
@@ -37,7 +37,7 @@ class AioCancelListener:
     timeout fires, redis.asyncio can swallow it and read on with no timeout at all (seen
     in CI: a Worker whose listener outlived it hung ``asyncio.run``'s teardown). So the
     loop also stops on a flag and on any cancel request it can count
-    (:func:`emqfast.aio.cancels.requests`), and :meth:`close` cuts the connection of a
+    (:func:`emqfast.aio.tasks.requests`), and :meth:`close` cuts the connection of a
     read the cancel did not end.
     """
 
@@ -54,7 +54,7 @@ class AioCancelListener:
 
     def start(self) -> None:
         self._closed = False
-        self._task = cancels.spawn(self._run(), name="emq-cancels")
+        self._task = tasks.spawn(self._run(), name="emq-cancels")
 
     async def close(self) -> None:
         """Stop listening; returns once the task ended (or after a couple of seconds)."""
@@ -73,7 +73,7 @@ class AioCancelListener:
 
     def _stopping(self) -> bool:
         me = asyncio.current_task()
-        return self._closed or (me is not None and cancels.requests(me) > 0)
+        return self._closed or (me is not None and tasks.requests(me) > 0)
 
     async def _run(self) -> None:
         while not self._stopping():

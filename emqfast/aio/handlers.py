@@ -11,7 +11,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Sequence, Tuple
 
-from emqfast.aio import cancels
+from emqfast.aio import tasks
 from emqfast.facade.job import Job
 from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
 from emqfast.worker.leases import RunningJob

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, Optional
 
-from emqfast.facade import bulk
+from emqfast.facade import promote as bulk  # promote_many
 from emqfast.facade.events import Event, Waits, block_chunk_ms, check_position
 from emqfast.facade.leaderboard import Leaderboard as _SyncLeaderboard
 from emqfast.core.ops import Op

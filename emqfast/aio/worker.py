@@ -51,7 +51,7 @@ import time
 import traceback
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from emqfast.aio import cancels
+from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
 from emqfast.aio.queue import Queue
@@ -156,7 +156,7 @@ class Worker(StopKeeping, WorkerMachine):
         loop's teardown, shuts down the same way (see the module docstring)."""
         signals = SIGNALS.add(self, asyncio.get_running_loop())
         try:
-            await cancels.counted(self._serve(until_idle=False, deadline=None,
+            await tasks.counted(self._serve(until_idle=False, deadline=None,
                                               wait_scheduled=False))
         finally:
             if signals:
@@ -173,7 +173,7 @@ class Worker(StopKeeping, WorkerMachine):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wait_active = wait_active
         try:
-            await cancels.counted(self._serve(until_idle=True, deadline=deadline,
+            await tasks.counted(self._serve(until_idle=True, deadline=deadline,
                                               wait_scheduled=wait_scheduled))
         finally:
             self._stopping = False  # a stop requested meanwhile was honoured
@@ -219,8 +219,8 @@ class Worker(StopKeeping, WorkerMachine):
         if not self.allow_eviction:
             self._refuse_eviction(await eviction.check_async(self._redis))
         self._begin()
-        acker = cancels.spawn(self._ack_loop(), name="emq-acker")
-        leases = cancels.spawn(self._lease_loop(), name="emq-leases")
+        acker = tasks.spawn(self._ack_loop(), name="emq-acker")
+        leases = tasks.spawn(self._lease_loop(), name="emq-leases")
         self._start_listening()
         try:
             try:
@@ -244,7 +244,7 @@ class Worker(StopKeeping, WorkerMachine):
         self._closing = False
         self._serving = True
         task = asyncio.current_task()
-        self._run_task, self._cancels_before = task, (cancels.requests(task) if task else 0)
+        self._run_task, self._cancels_before = task, (tasks.requests(task) if task else 0)
 
     # --- performing the machine's requests---------------------------------------------
     def _drive(self, logic: Logic) -> Any:
@@ -362,7 +362,7 @@ class Worker(StopKeeping, WorkerMachine):
             running = RunningJob(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
-            running.task = cancels.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
+            running.task = tasks.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
             if timed or job.extra:  # stopped when it passes its timeout
                 self._arm_timeout(job, token)
         self._stop_early(started)  # cancelled while held
@@ -447,14 +447,14 @@ class Worker(StopKeeping, WorkerMachine):
         """True once the task running :meth:`run` was asked to cancel (checked as well as
         caught: redis.asyncio can swallow a cancellation that lands mid-command)."""
         task = self._run_task
-        return task is not None and cancels.requests(task) > self._cancels_before
+        return task is not None and tasks.requests(task) > self._cancels_before
 
     @staticmethod
     def _task_cancelled() -> bool:
         """True when the current task was asked to cancel (not a CancelledError a handler
         raised or caught from something else)."""
         task = asyncio.current_task()
-        return task is not None and cancels.requests(task) > 0
+        return task is not None and tasks.requests(task) > 0
 
     def _queue_ack(self, job_id: str, token: str, outcome: Optional[Outcome] = None,
                    release: Optional[Held] = None) -> None:
@@ -613,11 +613,11 @@ class Worker(StopKeeping, WorkerMachine):
         """``task``, or a new one running ``loop_fn`` when it was cancelled (teardown).
         A cancelled task that has not ended soon swallowed its cancellation (redis.asyncio
         can, mid-command) and still runs: it is kept."""
-        if not task.done() and cancels.requests(task):
+        if not task.done() and tasks.requests(task):
             await asyncio.wait([task], timeout=0.1)  # an acker puts its batch back first
         if not task.done() or not task.cancelled():
             return task  # running, or ended on its own (_closing)
-        return cancels.spawn(loop_fn(), name=name)
+        return tasks.spawn(loop_fn(), name=name)
 
     async def _grace_period(self) -> None:
         """Wait up to ``shutdown_timeout_s`` for running handlers to finish (less when a
