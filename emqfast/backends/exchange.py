@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import redis
 from redis.exceptions import ResponseError
 
-from emqfast.core import errors
+from emqfast.core import deadlines, errors
 
 Command = Sequence[Any]
 Wait = Optional[Tuple[int, int]]
@@ -120,6 +120,22 @@ class Failed(Exception):
         self.replies = replies
 
 
+def _deadlines(conn: Any, commands: Sequence[Command]) -> List[Optional[float]]:
+    """Per command, the read deadline to give ``read_response`` (None: the connection's
+    own ``socket_timeout``): every read has one (:mod:`emqfast.core.deadlines`) however
+    the connection was set up, and a WAIT gets its block time plus a margin."""
+    configured = getattr(conn, "socket_timeout", None)
+    plain = None if configured is not None and configured > 0 else \
+        deadlines.read_timeout(None)
+    out: List[Optional[float]] = []
+    for args in commands:
+        if args and args[0] == "WAIT":  # (with_wait's spelling)
+            out.append(deadlines.blocking_read_timeout(int(args[2]) / 1000, configured))
+        else:
+            out.append(plain)
+    return out
+
+
 def marked(replies: List[Any], written: int, total: int) -> List[Any]:
     """``replies`` padded to ``total``: LOST for what was written, UNSENT for the rest."""
     return replies + [LOST] * (written - len(replies)) + [UNSENT] * (total - max(written,
@@ -137,9 +153,10 @@ def exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for data, upto in _frames(conn, commands):
             conn.send_packed_command([data], check_health=False)
             written = upto
-        for _ in range(len(commands)):
+        for timeout in _deadlines(conn, commands):
             try:
-                replies.append(conn.read_response())
+                replies.append(conn.read_response() if timeout is None
+                               else conn.read_response(timeout=timeout))
             except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
@@ -203,9 +220,10 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for data, upto in _frames(conn, commands):
             await conn.send_packed_command([data], check_health=False)
             written = upto
-        for _ in range(len(commands)):
+        for timeout in _deadlines(conn, commands):
             try:
-                replies.append(await conn.read_response())
+                replies.append(await (conn.read_response() if timeout is None
+                                      else conn.read_response(timeout=timeout)))
             except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
