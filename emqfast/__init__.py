@@ -16,8 +16,8 @@ from emqfast.facade.bulk import promote_many
 from emqfast.server.connection import connect
 from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, EmqError, EvictionRisk,
     InputTypeError, InvalidInput, JobNotFound, JobStateError, KeyTypeConflict, KindError,
-    LeaseLost, PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy,
-    ServerFull, Unrecoverable, VersionMismatch)
+    LeaseLost, PartialBatch, PayloadError, PermissionDenied, PoolExhausted, RangeError,
+    ReplyLost, ServerBusy, ServerFull, Unrecoverable, VersionMismatch)
 from emqfast.core.errors import Cancelled, JobTimeout  # issue 15: cancelling running jobs
 from emqfast.facade.control import CancelResult
 from emqfast.core.errors import DependencyCycle, UnknownDependency  # issue 15: dependencies
@@ -33,7 +33,8 @@ from emqfast.worker.threaded import Worker, WorkerStats
 
 __all__ = [
     "Backoff", "BackendUnavailable", "ConnectionFailed", "EmqError", "Entry", "EvictionRisk",
-    "InvalidInput", "Job", "PartialBatch", "PermissionDenied", "ReplyLost", "ServerBusy",
+    "InvalidInput", "Job", "PartialBatch", "PermissionDenied", "PoolExhausted", "ReplyLost",
+    "ServerBusy",
     "ServerFull", "InputTypeError", "KeyTypeConflict",
     "JobNotFound", "JobRef", "JobStateError", "KEYSPACE_VERSION", "KindError", "Leaderboard",
     "LeaseLost",

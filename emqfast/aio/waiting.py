@@ -10,6 +10,9 @@ subscribed once however many waits want it; the connection closes :data:`LINGER_
 its last wait left. A dropped connection is re-opened by the reader, every channel
 re-subscribed, and each waiter told to re-read its jobs once Redis confirms them again.
 A Cluster client's pub/sub connection goes to one node (PUBLISH reaches every node).
+A wait's own commands (register, read, unregister) go through :attr:`AioRegistry.lanes`,
+at most :data:`~emqfast.facade.waiters.IO_LANES` at a time: 1,000 tasks waiting on one
+client hold a handful of pool connections, not one each.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import redis
 import redis.asyncio as aredis
 
 from emqfast.facade.wait_channels import ChannelBook
-from emqfast.facade.waiters import LINGER_S, RETRY_S, connection_error
+from emqfast.facade.waiters import IO_LANES, LINGER_S, RETRY_S, connection_error
 from emqfast.facade.waiting import QueueWaiting, WaitPlan
 
 
@@ -109,6 +112,8 @@ class AioRegistry:
         self._reader: Optional["asyncio.Task[None]"] = None
         self._linger: Optional[asyncio.TimerHandle] = None
         self._sending = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
+        # the waits' own commands: a few at a time, never one pool connection per wait
+        self.lanes = asyncio.Semaphore(IO_LANES)
         # a private channel the connection stays subscribed to while open, so redis-py's
         # PubSub never falls back to its unsubscribed state between waits
         self._idle = ("emq:wake:" + uuid.uuid4().hex).encode()
@@ -245,6 +250,10 @@ async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
     plan = WaitPlan(refs, timeout_s, is_async=True)
     waiter = AioWaiter(plan.channel_of)
     added = []
+
+    async def read(q: Any, idxs: List[int], arrived: Dict[bytes, bytes]) -> None:
+        async with registry_for(q.redis).lanes:
+            plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), arrived)
     try:
         for q, idxs in plan.groups:
             reg = registry_for(q.redis)
@@ -252,21 +261,23 @@ async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
             await reg.add(waiter, plan.channels(idxs))
         if await waiter.wait_confirmed(plan.deadline):
             for q, idxs in plan.groups:
-                plan.took_register(idxs, await q._wait_register(plan.ids(idxs)))
+                async with registry_for(q.redis).lanes:
+                    plan.took_register(idxs, await q._wait_register(plan.ids(idxs)))
             while plan.pending():
                 arrived, recheck = await waiter.take(plan.deadline)
                 if not arrived and not recheck:
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
-                    plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), arrived)
+                    await read(q, idxs, arrived)
         else:  # no time to subscribe: a last look (read only) still sees an ended job
             for q, idxs in plan.groups:
-                plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), {})
+                await read(q, idxs, {})
     finally:
         for reg, chans in added:
             await reg.remove(waiter, chans)
         for q, ids in plan.to_unregister():
-            await q._wait_unregister(ids)
+            async with registry_for(q.redis).lanes:
+                await q._wait_unregister(ids)
     return plan.outcome(return_exceptions)
 
 

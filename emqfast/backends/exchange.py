@@ -27,6 +27,9 @@ _PACK_BYTES = 64 << 10  # bytes framed per write (few syscalls, bounded copies)
 # ConnectionError subclass, but it is a whole reply (the connection is in step) saying the
 # command did not run: typed ServerBusy like the C batcher's, not a lost reply.
 _REPLY_ERRORS = (ResponseError, redis.exceptions.BusyLoadingError)
+# A full pool (redis-py >= 6) is not a network failure: nothing was sent, and retrying
+# meets the same full pool (errors.PoolExhausted, naming its size).
+_POOL_FULL: Any = getattr(redis.exceptions, "MaxConnectionsError", ())
 
 
 class _Marker:
@@ -179,6 +182,8 @@ def on_pool(client: Any, commands: Sequence[Command]) -> List[Any]:
     pool = client.connection_pool
     try:
         conn = pool.get_connection()
+    except _POOL_FULL as exc:
+        raise errors.pool_exhausted(getattr(pool, "max_connections", None), exc) from exc
     except BaseException as exc:
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, [UNSENT] * len(commands)) from exc
@@ -246,6 +251,8 @@ async def on_pool_async(client: Any, commands: Sequence[Command]) -> List[Any]:
     pool = client.connection_pool
     try:
         conn = await pool.get_connection()
+    except _POOL_FULL as exc:
+        raise errors.pool_exhausted(getattr(pool, "max_connections", None), exc) from exc
     except BaseException as exc:
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, [UNSENT] * len(commands)) from exc

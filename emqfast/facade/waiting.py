@@ -16,7 +16,9 @@ How one wait works, across processes, woken by the job's own end (no polling):
    :class:`~emqfast.errors.WaitTimeout` (a ``TimeoutError`` too).
 
 Many waits share one pub/sub connection per client and process (:mod:`.waiters`: a
-reader thread; :mod:`emqfast.aio.waiting`: a reader task), and a wait over many refs
+reader thread; :mod:`emqfast.aio.waiting`: a reader task), their commands go a few at a
+time through the registry's lanes (pool connections stay O(1) in waits), and a wait over
+many refs
 (``wait_all``) subscribes, registers (500 ids per script call) and reads in batches.
 A dropped pub/sub connection is re-opened and each waited job re-read once re-subscribed.
 
@@ -302,6 +304,10 @@ def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
     plan = WaitPlan(refs, timeout_s, is_async=False)
     waiter = Waiter(list(dict.fromkeys(plan.channel_of)))
     added = []
+
+    def read(q: Any, idxs: List[int], arrived: Dict[bytes, bytes]) -> None:
+        with registry_for(q.redis).lanes:
+            plan.took_read(idxs, q._wait_read(plan.ids(idxs)), arrived)
     try:
         for q, idxs in plan.groups:
             reg = registry_for(q.redis)
@@ -309,19 +315,21 @@ def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
             added.append((reg, plan.channels(idxs)))
         if waiter.wait_confirmed(plan.deadline):
             for q, idxs in plan.groups:
-                plan.took_register(idxs, q._wait_register(plan.ids(idxs)))
+                with registry_for(q.redis).lanes:
+                    plan.took_register(idxs, q._wait_register(plan.ids(idxs)))
             while plan.pending():
                 arrived, recheck = waiter.take(plan.deadline)
                 if not arrived and not recheck:
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
-                    plan.took_read(idxs, q._wait_read(plan.ids(idxs)), arrived)
+                    read(q, idxs, arrived)
         else:  # no time to subscribe: a last look (read only) still sees an ended job
             for q, idxs in plan.groups:
-                plan.took_read(idxs, q._wait_read(plan.ids(idxs)), {})
+                read(q, idxs, {})
     finally:
         for reg, chans in added:
             reg.remove(waiter, chans)
         for q, ids in plan.to_unregister():
-            q._wait_unregister(ids)
+            with registry_for(q.redis).lanes:
+                q._wait_unregister(ids)
     return plan.outcome(return_exceptions)
