@@ -116,3 +116,44 @@ def test_a_queue_on_a_connect_client_survives_a_half_open_blip(backend, proxy, q
             send()  # the silent connection's call: typed, after its deadline
         send()  # a new connection
     assert emqfast.Queue(qname, redis_url).counts()["pending"] == 8  # (not the proxy's)
+
+
+@pytest.mark.parametrize("facade", ["sync", "aio"])
+def test_a_wait_outlives_a_half_open_pubsub_connection(facade, proxy, redis_url, qname, r,
+                                                       monkeypatch):
+    """The job ends while the wait's pub/sub connection is silent (its message is
+    swallowed): the quiet connection is PINGed, found dead past its deadline, re-opened,
+    and the wait re-reads its job instead of waiting out its timeout."""
+    import threading
+
+    import emqfast.aio as emq
+    from emqfast.facade import waiters
+    from test_wait_result import registered
+    from waiting import wait_until
+
+    monkeypatch.setattr(waiters, "QUIET_S", 0.3)
+    q = emqfast.Queue(qname, redis_url)
+    ref = q.enqueue({"blip": 1})
+    got: list = []
+
+    def wait() -> None:
+        try:
+            if facade == "sync":
+                mine = emqfast.Queue(qname, emqfast.connect(proxy.url(), socket_timeout=1))
+                got.append(mine.ref(ref.id).wait(timeout_s=40))
+                return
+
+            async def main() -> Any:
+                mine = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
+                return await mine.ref(ref.id).wait(timeout_s=40)
+            got.append(asyncio.run(main()))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            got.append(exc)
+    import asyncio
+    waiting_thread = threading.Thread(target=wait, daemon=True)
+    waiting_thread.start()
+    wait_until(lambda: registered(r, q, [ref.id]), 20, "the wait registered")
+    assert proxy.half_open() >= 1  # its pub/sub connection (and its idle pool ones) go silent
+    emqfast.Worker(q, lambda job: job.payload).run_until_idle(timeout_s=20)
+    waiting_thread.join(30)
+    assert got == [{"blip": 1}]

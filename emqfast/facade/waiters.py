@@ -41,10 +41,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from emqfast.core import deadlines
 from emqfast.core.errors import ConnectionFailed, EmqError, translate
-from emqfast.facade.wait_channels import ChannelBook
+from emqfast.facade.wait_channels import ChannelBook, Liveness
 
 LINGER_S = 5.0  # an unused reader waits this long for a new wait before it closes
+QUIET_S = 5.0  # a pub/sub connection this long without a message is PINGed
+PING = b"emqfast-alive"  # our PING's payload (redis-py's own health checks are its own)
 IO_LANES = 4  # a client's wait commands in flight at once per process (pool connections)
 RETRY_S = (0.05, 2.0)  # re-connect backoff after a dropped pub/sub connection: first, most
 
@@ -146,6 +149,7 @@ class Registry:
         self._todo: List[Tuple[str, List[bytes]]] = []
         self._woken = False  # a wake PUBLISH is on its way: the reader takes every todo
         self._thread: Optional[threading.Thread] = None
+        self._live = Liveness(QUIET_S, deadlines.READ_TIMEOUT_S)
         # the waits' own commands: a few at a time, never one pool connection per wait
         self.lanes = threading.BoundedSemaphore(IO_LANES)
 
@@ -223,6 +227,7 @@ class Registry:
         # a drop must reach _run (which re-reads), not be mended by redis-py's own retries
         # (a client of the user's may have them): it would re-subscribe without a word
         pubsub.connection.retry = Retry(NoBackoff(), 0)
+        self._live = Liveness(QUIET_S, deadlines.read_timeout(pubsub.connection.socket_timeout))
         return pubsub
 
     def _run(self) -> None:
@@ -260,7 +265,16 @@ class Registry:
             self._woken = False  # a todo added from now on needs a wake of its own
         for verb, chans in todo:
             getattr(pubsub, verb)(*chans)
-        msg = pubsub.get_message(timeout=LINGER_S)
+        msg = pubsub.get_message(timeout=min(LINGER_S, self._live.next_check_s()))
+        if msg is not None:
+            self._live.heard_now()
+        verdict = self._live.due()
+        if verdict == "dead":  # half-open: re-open, re-subscribe, and every wait re-reads
+            raise redis.ConnectionError("the pub/sub connection of ref.wait did not answer "
+                                        f"a PING within {self._live.deadline_s} s")
+        if verdict == "ping":
+            pubsub.ping(PING)
+            self._live.sent_ping()
         if msg is None:
             with self._lock:
                 if not self._book and not self._todo:
