@@ -466,6 +466,19 @@ int emq_conn_select(emq_conn *c, int64_t db)
     return setup_command(c, "SELECT", 2, argv, lens);
 }
 
+int emq_conn_set_timeout(emq_conn *c, double io_timeout)
+{
+    if (c->ctx == NULL) {
+        snprintf(c->err, sizeof c->err, "set timeout: not connected");
+        return EMQ_ECONNECT;
+    }
+    if (redisSetTimeout(c->ctx, to_timeval(io_timeout)) != REDIS_OK) {
+        emq_conn_fail(c, "cannot set socket timeout", errno);
+        return EMQ_ECONNECT;
+    }
+    return EMQ_OK;
+}
+
 int emq_conn_usable(emq_conn *c)
 {
     redisContext *ctx = c->ctx;

@@ -100,6 +100,10 @@ int emq_conn_open_tls(emq_conn *c, const char *host, int port,
                       double connect_timeout, double io_timeout,
                       const char *ca_file, const char *ca_path, const char *cert_file,
                       const char *key_file, int verify, int check_hostname);
+/* The read and write deadline of the open connection, in seconds (<= 0: none); for a
+ * batch that blocks on the server (WAIT) longer than the usual deadline. EMQ_OK, or
+ * EMQ_ECONNECT when closed or the socket refuses it. */
+int emq_conn_set_timeout(emq_conn *c, double io_timeout);
 /* 1 when open and idle: no error, no unread bytes, peer has not hung up. */
 int emq_conn_usable(emq_conn *c);
 void emq_conn_close(emq_conn *c);

@@ -29,7 +29,7 @@ from emqfast.core.version import KEYSPACE_VERSION, __version__
 from emqfast.core.errors import (BackendUnavailable, Cancelled, ConnectionFailed,
     DependencyCycle, EmqError, EvictionRisk, InputTypeError, InvalidInput, JobExpired,
     JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
-    PartialBatch, PayloadError, PermissionDenied, RangeError, ReplyLost, ServerBusy, ServerFull,
+    PartialBatch, PayloadError, PermissionDenied, PoolExhausted, RangeError, ReplyLost, ServerBusy, ServerFull,
     UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout)
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
     "EmqError", "BackendUnavailable", "Cancelled", "ConnectionFailed", "DependencyCycle",
     "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired", "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
-    "PayloadError", "PermissionDenied", "RangeError", "ReplyLost", "ServerBusy", "ServerFull",
+    "PayloadError", "PermissionDenied", "PoolExhausted", "RangeError", "ReplyLost", "ServerBusy", "ServerFull",
     "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout",
 ]
 

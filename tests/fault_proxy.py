@@ -25,6 +25,12 @@ API (all methods are thread-safe)::
         proxy.delay(0.05)          # add 50 ms before forwarding every chunk (0: off)
         proxy.pause()              # hold new connections (accepted, not forwarded) ...
         proxy.resume()             # ... until resume; pause(drop=True) closes them instead
+        proxy.half_open()          # every live connection goes silent for good: its bytes are
+                                   # swallowed both ways, no FIN, no RST (a NAT or link blip);
+                                   # new connections work at once
+        proxy.blackhole()          # the same for every connection, new ones included (they
+                                   # are accepted, then silent), until ...
+        proxy.heal()               # ... new connections work again (silenced ones stay dead)
         run = proxy.chaos(duration_s=10, gap_s=(0.05, 0.2))   # background: every 50-200 ms
         run.stop(); run.join()     # cut a random live connection ("c2s"/"s2c"/"rst", or
                                    # "hold" a reply hold_s); bounded
@@ -92,6 +98,7 @@ class _Link:
         self.armed: Dict[str, float] = {}  # direction -> monotonic deadline of the cut
         self.holds: Dict[str, float] = {}  # direction -> seconds to hold its next chunk
         self.closed = threading.Event()
+        self.silent = False  # half-open: its bytes are swallowed, it is never closed
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -144,6 +151,9 @@ class _Link:
                 data = src.recv(_CHUNK)
                 if not data:
                     break
+                if self.silent:  # swallowed: the peer hears nothing, not even a close
+                    proxy._count(f"swallowed_{direction}", len(data))
+                    continue
                 allowed = proxy._spend(direction, len(data))
                 if allowed is not None:  # cut_after: exactly `allowed` more bytes, then cut
                     if allowed:
@@ -237,6 +247,7 @@ class FaultProxy:
         self._accepting = threading.Event()
         self._accepting.set()
         self._drop_while_paused = False
+        self._blackhole = False
         self._stopped = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -349,6 +360,27 @@ class FaultProxy:
         """Serve new connections again (held ones are connected now)."""
         self._accepting.set()
 
+    def half_open(self) -> int:
+        """Silence every live connection for good: bytes either way are swallowed, nothing
+        is closed (no FIN, no RST), as after a link or NAT blip; new connections work.
+        Returns how many went silent."""
+        with self._links_lock:
+            links = list(self._links.values())
+        for link in links:
+            link.silent = True
+        self._count("half_open", len(links))
+        return len(links)
+
+    def blackhole(self) -> int:
+        """:meth:`half_open`, and every new connection is accepted and silent too, until
+        :meth:`heal`. Returns how many live connections went silent."""
+        self._blackhole = True
+        return self.half_open()
+
+    def heal(self) -> None:
+        """New connections are forwarded again (silenced ones stay silent)."""
+        self._blackhole = False
+
     def chaos(self, duration_s: float, gap_s: Tuple[float, float] = (0.05, 0.2),
               faults: Sequence[str] = ("c2s", "s2c", "rst"),
               max_cuts: int = 10_000, hold_s: float = 1.0) -> ChaosRun:
@@ -402,6 +434,7 @@ class FaultProxy:
         with self._links_lock:
             self._next_id += 1
             link = _Link(self, self._next_id, client, upstream)
+            link.silent = self._blackhole
             self._links[link.cid] = link
         self._count("accepted")
         link.start()

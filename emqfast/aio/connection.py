@@ -11,7 +11,7 @@ import redis
 import redis.asyncio as aredis
 
 from emqfast.server.connection import (bytes_settings, cannot_copy, decodes, open_client,
-                                       target_url)
+                                       target_url, with_deadlines)
 from emqfast.core.errors import InvalidInput
 
 
@@ -20,7 +20,8 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":
 
     No I/O happens until first use. An existing asyncio client is returned as is.
     Like the sync ``connect()``, the client re-sends no command (``retry`` defaults to no
-    retries; a broken connection is replaced on the next command).
+    retries; a broken connection is replaced on the next command) and every read has a
+    deadline (socket and connect timeouts, TCP keepalive, health checks by default).
     """
     if isinstance(url, (aredis.Redis, aredis.RedisCluster)):
         return url
@@ -30,6 +31,7 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":
     from redis.backoff import NoBackoff
 
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+    with_deadlines(kwargs)
     client: aredis.Redis = open_client(target_url(url), aredis.Redis, aredis.RedisCluster,
                                        **kwargs)
     return client

@@ -10,6 +10,9 @@ subscribed once however many waits want it; the connection closes :data:`LINGER_
 its last wait left. A dropped connection is re-opened by the reader, every channel
 re-subscribed, and each waiter told to re-read its jobs once Redis confirms them again.
 A Cluster client's pub/sub connection goes to one node (PUBLISH reaches every node).
+A wait's own commands (register, read, unregister) go through :attr:`AioRegistry.lanes`,
+at most :data:`~emqfast.facade.waiters.IO_LANES` at a time: 1,000 tasks waiting on one
+client hold a handful of pool connections, not one each.
 """
 from __future__ import annotations
 
@@ -22,9 +25,12 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 import redis
 import redis.asyncio as aredis
 
-from emqfast.facade.wait_channels import ChannelBook
-from emqfast.facade.waiters import LINGER_S, RETRY_S, connection_error
-from emqfast.facade.waiting import QueueWaiting, WaitPlan
+from emqfast.core.errors import ConnectionFailed
+from emqfast.core import deadlines
+from emqfast.facade import waiters
+from emqfast.facade.wait_channels import ChannelBook, Liveness
+from emqfast.facade.waiters import IO_LANES, LINGER_S, RETRY_S, connection_error
+from emqfast.facade.waiting import QueueWaiting, WaitPlan, retry_reads
 
 
 class AioWaiter:
@@ -109,6 +115,9 @@ class AioRegistry:
         self._reader: Optional["asyncio.Task[None]"] = None
         self._linger: Optional[asyncio.TimerHandle] = None
         self._sending = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
+        # the waits' own commands: a few at a time, never one pool connection per wait
+        self.lanes = asyncio.Semaphore(IO_LANES)
+        self._live = Liveness(waiters.QUIET_S, deadlines.READ_TIMEOUT_S)
         # a private channel the connection stays subscribed to while open, so redis-py's
         # PubSub never falls back to its unsubscribed state between waits
         self._idle = ("emq:wake:" + uuid.uuid4().hex).encode()
@@ -128,6 +137,7 @@ class AioRegistry:
             await self._pubsub.subscribe(*channels, *first)
             if first:
                 no_retries(self._pubsub)
+                self._new_liveness()
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -170,7 +180,8 @@ class AioRegistry:
                 if broken:
                     await self._reopen()
                     broken = False
-                msg = await self._pubsub.get_message(timeout=None)
+                msg = await self._pubsub.get_message(timeout=self._live.next_check_s())
+                await self._check_alive(msg)
                 pause = RETRY_S[0]
             except Exception as exc:  # noqa: BLE001 - any failure of the connection: re-open it
                 broken = True
@@ -181,6 +192,25 @@ class AioRegistry:
                 continue
             if msg:
                 self._dispatch(msg)
+
+    async def _check_alive(self, msg: Any) -> None:
+        """PING a quiet connection; one that leaves a PING unanswered past its deadline
+        (half-open) is broken: the caller re-opens it and every wait re-reads."""
+        if msg is not None:
+            self._live.heard_now()
+        verdict = self._live.due()
+        if verdict == "dead":
+            raise redis.ConnectionError("the pub/sub connection of ref.wait did not answer "
+                                        f"a PING within {self._live.deadline_s} s")
+        if verdict == "ping" and self._pubsub is not None:
+            async with self._sending:
+                await self._pubsub.ping(waiters.PING)
+            self._live.sent_ping()
+
+    def _new_liveness(self) -> None:
+        conn = getattr(self._pubsub, "connection", None)
+        self._live = Liveness(waiters.QUIET_S,
+                              deadlines.read_timeout(getattr(conn, "socket_timeout", None)))
 
     async def _reopen(self) -> None:
         """A new connection re-subscribed to every channel; their waiters re-read once
@@ -197,6 +227,7 @@ class AioRegistry:
             # (the wake channel: a new connection's first SUBSCRIBE, even with no waits)
             await self._pubsub.subscribe(*chans, self._idle)
             no_retries(self._pubsub)
+            self._new_liveness()
 
     def _dispatch(self, msg: Dict[str, Any]) -> None:
         kind, ch = msg.get("type"), msg.get("channel")
@@ -245,6 +276,18 @@ async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
     plan = WaitPlan(refs, timeout_s, is_async=True)
     waiter = AioWaiter(plan.channel_of)
     added = []
+
+    async def read(q: Any, idxs: List[int], arrived: Dict[bytes, bytes]) -> None:
+        for pause in retry_reads(plan.deadline):  # a read is safe to repeat after a blip
+            try:
+                async with registry_for(q.redis).lanes:
+                    replies = await q._wait_read(plan.ids(idxs))
+                break
+            except ConnectionFailed:
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+        plan.took_read(idxs, replies, arrived)
     try:
         for q, idxs in plan.groups:
             reg = registry_for(q.redis)
@@ -252,21 +295,23 @@ async def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
             await reg.add(waiter, plan.channels(idxs))
         if await waiter.wait_confirmed(plan.deadline):
             for q, idxs in plan.groups:
-                plan.took_register(idxs, await q._wait_register(plan.ids(idxs)))
+                async with registry_for(q.redis).lanes:
+                    plan.took_register(idxs, await q._wait_register(plan.ids(idxs)))
             while plan.pending():
                 arrived, recheck = await waiter.take(plan.deadline)
                 if not arrived and not recheck:
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
-                    plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), arrived)
+                    await read(q, idxs, arrived)
         else:  # no time to subscribe: a last look (read only) still sees an ended job
             for q, idxs in plan.groups:
-                plan.took_read(idxs, await q._wait_read(plan.ids(idxs)), {})
+                await read(q, idxs, {})
     finally:
         for reg, chans in added:
             await reg.remove(waiter, chans)
         for q, ids in plan.to_unregister():
-            await q._wait_unregister(ids)
+            async with registry_for(q.redis).lanes:
+                await q._wait_unregister(ids)
     return plan.outcome(return_exceptions)
 
 

@@ -16,7 +16,7 @@ from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from emqfast.backends import native_tls, transport
 from emqfast.backends._emqcore import ffi, lib
-from emqfast.core import errors
+from emqfast.core import deadlines, errors
 from emqfast.core.errors import (BackendUnavailable, ConnectionFailed, InvalidInput,
                                  PermissionDenied)
 
@@ -176,6 +176,11 @@ class Batcher:
     Connects lazily, on the first batch; a connection found broken before a
     batch is replaced once. A batch that fails after bytes left raises
     :class:`ConnectionFailed` and is never re-sent (it may have partly run).
+    Every read has a deadline (:mod:`emqfast.core.deadlines`): ``socket_timeout``, else
+    :data:`~emqfast.core.deadlines.READ_TIMEOUT_S` (a WAIT: its block time plus a margin);
+    a reply that misses it drops the connection (:class:`~emqfast.core.errors.ReplyLost`)
+    and the next call dials a new one. Connecting likewise, within
+    ``socket_connect_timeout``.
     Safe to share between threads (calls are serialised) and across fork
     (the child opens its own connection).
     """
@@ -198,9 +203,8 @@ class Batcher:
         self._password = encode(password) if password else None
         self._secret = self._password.decode("utf-8", "replace") if self._password else None
         self._db = db
-        self._io_timeout = float(socket_timeout or 0)
-        connect = socket_connect_timeout if socket_connect_timeout is not None else socket_timeout
-        self._connect_timeout = float(connect or 0)
+        self._io_timeout = deadlines.read_timeout(socket_timeout)
+        self._connect_timeout = deadlines.connect_timeout(socket_connect_timeout, socket_timeout)
         self._conn = ffi.gc(lib.emq_conn_new(), lib.emq_conn_free)
         if self._conn == ffi.NULL:
             raise MemoryError("emq_conn_new")
@@ -414,12 +418,14 @@ class Batcher:
             raise InvalidInput(f"script hashes to {reply.decode()}, not to the sha {sha_b.decode()}")
         return reply
 
-    def _run(self, ncalls: int, batch: Any, reconnect: bool = True) -> Tuple[List[Any], bool]:
+    def _run(self, ncalls: int, batch: Any, reconnect: bool = True,
+             deadline_s: Optional[float] = None) -> Tuple[List[Any], bool]:
         """Run one C batch on a live connection; returns (replies, all were ints).
 
         A batch is retried only when not one byte of it left (EMQ_EUNSENT). Without
         ``reconnect`` (a WAIT, which must follow its writes on their connection) a
-        connection found broken is an error, never replaced."""
+        connection found broken is an error, never replaced. ``deadline_s``: the read
+        deadline of this batch when it blocks on the server longer than the usual one."""
         with self._locked():
             if self._pid != os.getpid() or not lib.emq_conn_usable(self._conn):
                 if not reconnect:
@@ -427,6 +433,8 @@ class Batcher:
                                            "WAIT: the writes reached the master, their "
                                            "replication is unconfirmed")
                 self._connect()
+            if deadline_s is not None:
+                return self._run_blocking(ncalls, batch, deadline_s)
             rc = batch(self._conn)
             if rc == lib.EMQ_EUNSENT and reconnect:  # nothing left: a retry cannot double-apply
                 self._connect()
@@ -436,6 +444,20 @@ class Batcher:
             if rc != _OK:
                 self._raise(rc)
             return self._decode()
+
+    def _run_blocking(self, ncalls: int, batch: Any, deadline_s: float) -> Tuple[List[Any], bool]:
+        """``batch`` under the read deadline ``deadline_s``, the usual one restored after
+        (a connection the batch lost is closed: its next dial sets the usual one anyway)."""
+        rc = lib.emq_conn_set_timeout(self._conn, deadline_s)
+        if rc == _OK:
+            rc = batch(self._conn)
+            if lib.emq_conn_usable(self._conn):
+                lib.emq_conn_set_timeout(self._conn, self._io_timeout)
+        if rc == lib.EMQ_EIO:
+            raise self._cut(ncalls)
+        if rc != _OK:
+            self._raise(rc)
+        return self._decode()
 
     def _cut(self, ncalls: int) -> BaseException:
         """The BatchCut of a batch that failed after bytes left: the replies that arrived
@@ -455,9 +477,12 @@ class Batcher:
         if not wait:
             return replies
         values, blob, lens = pack_args([b"WAIT", int(wait[0]), int(wait[1])])
+        # WAIT blocks up to its timeout (0: until the replicas answer; held to the margin)
+        deadline = deadlines.blocking_read_timeout(int(wait[1]) / 1000, self._io_timeout)
         try:
             (acked,), _ = self._run(1, lambda conn: lib.emq_command_batch(
-                conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False)
+                conn, 1, 3, ffi.NULL, blob, lens, self._replies), reconnect=False,
+                deadline_s=deadline)
         except ConnectionFailed:  # the writes replied: landed, replication unconfirmed
             acked = 0
         return replies + [0 if isinstance(acked, Exception) else int(acked)]

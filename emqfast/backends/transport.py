@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Seq
 import redis
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from emqfast.core import errors
+from emqfast.core import deadlines, errors
 
 Command = Sequence[Any]
 Wait = Optional[Tuple[int, int]]
@@ -53,6 +53,9 @@ _PACK_BYTES = 64 << 10  # bytes framed per write (few syscalls, bounded copies)
 # ConnectionError subclass, but it is a whole reply (the connection is in step) saying the
 # command did not run: typed ServerBusy like the C batcher's, not a lost reply.
 _REPLY_ERRORS = (ResponseError, redis.exceptions.BusyLoadingError)
+# A full pool (redis-py >= 6) is not a network failure: nothing was sent, and retrying
+# meets the same full pool (errors.PoolExhausted, naming its size).
+_POOL_FULL: Any = getattr(redis.exceptions, "MaxConnectionsError", ())
 
 
 class _Marker:
@@ -146,6 +149,22 @@ class Failed(Exception):
         self.replies = replies
 
 
+def _deadlines(conn: Any, commands: Sequence[Command]) -> List[Optional[float]]:
+    """Per command, the read deadline to give ``read_response`` (None: the connection's
+    own ``socket_timeout``): every read has one (:mod:`emqfast.core.deadlines`) however
+    the connection was set up, and a WAIT gets its block time plus a margin."""
+    configured = getattr(conn, "socket_timeout", None)
+    plain = None if configured is not None and configured > 0 else \
+        deadlines.read_timeout(None)
+    out: List[Optional[float]] = []
+    for args in commands:
+        if args and args[0] == "WAIT":  # (with_wait's spelling)
+            out.append(deadlines.blocking_read_timeout(int(args[2]) / 1000, configured))
+        else:
+            out.append(plain)
+    return out
+
+
 def marked(replies: List[Any], written: int, total: int) -> List[Any]:
     """``replies`` padded to ``total``: LOST for what was written, UNSENT for the rest."""
     return replies + [LOST] * (written - len(replies)) + [UNSENT] * (total - max(written,
@@ -163,9 +182,10 @@ def exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for data, upto in _frames(conn, commands):
             conn.send_packed_command([data], check_health=False)
             written = upto
-        for _ in range(len(commands)):
+        for timeout in _deadlines(conn, commands):
             try:
-                replies.append(conn.read_response())
+                replies.append(conn.read_response() if timeout is None
+                               else conn.read_response(timeout=timeout))
             except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
@@ -188,6 +208,8 @@ def on_pool(client: Any, commands: Sequence[Command]) -> List[Any]:
     pool = client.connection_pool
     try:
         conn = pool.get_connection()
+    except _POOL_FULL as exc:
+        raise errors.pool_exhausted(getattr(pool, "max_connections", None), exc) from exc
     except BaseException as exc:
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, [UNSENT] * len(commands)) from exc
@@ -229,9 +251,10 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
         for data, upto in _frames(conn, commands):
             await conn.send_packed_command([data], check_health=False)
             written = upto
-        for _ in range(len(commands)):
+        for timeout in _deadlines(conn, commands):
             try:
-                replies.append(await conn.read_response())
+                replies.append(await (conn.read_response() if timeout is None
+                                      else conn.read_response(timeout=timeout)))
             except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
@@ -254,6 +277,8 @@ async def on_pool_async(client: Any, commands: Sequence[Command]) -> List[Any]:
     pool = client.connection_pool
     try:
         conn = await pool.get_connection()
+    except _POOL_FULL as exc:
+        raise errors.pool_exhausted(getattr(pool, "max_connections", None), exc) from exc
     except BaseException as exc:
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, [UNSENT] * len(commands)) from exc

@@ -106,6 +106,15 @@ class ServerBusy(EmqError, ConnectionError):
         self.state = state
 
 
+class PoolExhausted(EmqError):
+    """The client's connection pool is full (redis-py's ``MaxConnectionsError``): every
+    one of its ``max_connections`` connections is in use, so this call was not sent.
+    Not a network failure and not retried: give the client a larger pool
+    (``max_connections=``), or fewer threads or tasks using it at once."""
+
+    code = "EMQPOOL"
+
+
 class ServerFull(EmqError):
     """Redis is at ``maxmemory`` with ``noeviction`` (OOM) and refused the write; nothing
     of the refused call was written. Workers wait this out for their outcome writes."""
@@ -294,6 +303,8 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
         return PermissionDenied(_password_hint(text))
     if isinstance(exc, rx.OutOfMemoryError):
         return ServerFull(text)
+    if isinstance(exc, getattr(rx, "MaxConnectionsError", ())):  # (redis-py >= 6)
+        return pool_exhausted(None, exc)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, ConnectionError, TimeoutError)):
         cls = ReplyLost if sent else ConnectionFailed
         return cls(f"{type(exc).__name__}: {text}")
@@ -317,6 +328,15 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
         if typed is not None:
             return typed
     return exc
+
+
+def pool_exhausted(max_connections: int | None, exc: BaseException) -> PoolExhausted:
+    """:class:`PoolExhausted` naming the pool's size when known; nothing was sent."""
+    size = f"all {max_connections}" if max_connections is not None else "all"
+    return PoolExhausted(f"the redis client's connection pool is exhausted ({size} of its "
+                         f"connections are in use; {type(exc).__name__}: {exc}): nothing "
+                         "was sent. Give the client a larger pool (max_connections=...) or "
+                         "use it from fewer threads or tasks at once")
 
 
 def is_transient(exc: BaseException) -> bool:

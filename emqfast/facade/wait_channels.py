@@ -10,7 +10,41 @@ its way is confirmed by the last reply only).
 """
 from __future__ import annotations
 
-from typing import Dict, Generic, List, Set, Tuple, TypeVar
+import time
+from typing import Dict, Generic, List, Optional, Set, Tuple, TypeVar
+
+class Liveness:
+    """Whether a quiet pub/sub connection still answers (a half-open one never says it is
+    gone, and nothing else reads from it): after ``quiet_s`` without a message it is
+    PINGed, and a PING unanswered ``deadline_s`` later means the connection is dead (the
+    registry then re-opens it and every wait re-reads its jobs)."""
+
+    def __init__(self, quiet_s: float, deadline_s: float):
+        self.quiet_s, self.deadline_s = quiet_s, deadline_s
+        self.heard = time.monotonic()
+        self.pinged: Optional[float] = None
+
+    def heard_now(self) -> None:
+        """Something arrived: the connection is alive."""
+        self.heard, self.pinged = time.monotonic(), None
+
+    def due(self) -> str:
+        """``"dead"``, ``"ping"`` (then :meth:`sent_ping`) or ``""``."""
+        now = time.monotonic()
+        if self.pinged is not None:
+            return "dead" if now - self.pinged > self.deadline_s else ""
+        return "ping" if now - self.heard >= self.quiet_s else ""
+
+    def sent_ping(self) -> None:
+        self.pinged = time.monotonic()
+
+    def next_check_s(self) -> float:
+        """Seconds until :meth:`due` may say something new."""
+        now = time.monotonic()
+        if self.pinged is not None:
+            return max(0.0, self.pinged + self.deadline_s - now) + 0.01
+        return max(0.0, self.heard + self.quiet_s - now) + 0.01
+
 
 W = TypeVar("W")  # a waiter: anything the registry hands confirmations and messages to
 

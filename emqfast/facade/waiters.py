@@ -15,6 +15,12 @@ process waited together: one connection, one SUBSCRIBE of their channels), and
 UNSUBSCRIBEd when its last waiter leaves. "Confirmed" means Redis has processed the
 latest SUBSCRIBE of the channel (replies come in order: a count of the ones still due).
 
+Connections stay O(1) in waits: besides the pub/sub one, a wait's own commands (its
+register, read and unregister scripts, the wake PUBLISH) go through :attr:`Registry.lanes`,
+at most :data:`IO_LANES` at a time per client and process, so 1,000 threads waiting on one
+client queue here for a moment instead of each taking a pool connection (redis-py's pool
+holds 100 by default). A wake is published only when none is already on its way.
+
 When the connection drops the reader opens a new one, re-subscribes every channel, and
 tells each waiter to re-read its jobs once confirmed again (:meth:`Waiter.take`'s
 ``recheck``): an end published while it was down is not missed.
@@ -35,10 +41,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from emqfast.core import deadlines
 from emqfast.core.errors import ConnectionFailed, EmqError, translate
-from emqfast.facade.wait_channels import ChannelBook
+from emqfast.facade.wait_channels import ChannelBook, Liveness
 
 LINGER_S = 5.0  # an unused reader waits this long for a new wait before it closes
+QUIET_S = 5.0  # a pub/sub connection this long without a message is PINGed
+PING = b"emqfast-alive"  # our PING's payload (redis-py's own health checks are its own)
+IO_LANES = 4  # a client's wait commands in flight at once per process (pool connections)
 RETRY_S = (0.05, 2.0)  # re-connect backoff after a dropped pub/sub connection: first, most
 
 
@@ -137,7 +147,11 @@ class Registry:
         self._lock = threading.Lock()
         self._book: ChannelBook[Waiter] = ChannelBook()
         self._todo: List[Tuple[str, List[bytes]]] = []
+        self._woken = False  # a wake PUBLISH is on its way: the reader takes every todo
         self._thread: Optional[threading.Thread] = None
+        self._live = Liveness(QUIET_S, deadlines.READ_TIMEOUT_S)
+        # the waits' own commands: a few at a time, never one pool connection per wait
+        self.lanes = threading.BoundedSemaphore(IO_LANES)
 
     @property
     def client(self) -> Any:
@@ -157,11 +171,12 @@ class Registry:
                 self._thread = threading.Thread(target=self._run, name="emqfast-waiters",
                                                 daemon=True)
                 self._thread.start()
+            wake = self._needs_wake(bool(new) and not started)
         for ch in ready:
             waiter.confirmed(ch)
-        if new and not started:  # the running reader is blocked on its socket: wake it
+        if wake:  # the running reader is blocked on its socket: wake it
             try:
-                self.client.publish(self.wake, b"")
+                self._publish_wake()
             except redis.RedisError as exc:
                 raise connection_error(exc) from None
 
@@ -172,19 +187,36 @@ class Registry:
             gone = self._book.remove(waiter, channels)
             if gone:
                 self._todo.append(("unsubscribe", gone))
-            running = self._thread is not None
-        if gone and running:
+            wake = self._needs_wake(bool(gone) and self._thread is not None)
+        if wake:
             try:
-                self.client.publish(self.wake, b"")
+                self._publish_wake()
             except redis.RedisError:
                 pass  # the reader unsubscribes when it next wakes anyway
+
+    def _needs_wake(self, wanted: bool) -> bool:
+        """Whether this caller publishes the wake (under the lock): not when one is on
+        its way already, since the reader takes every todo when it wakes."""
+        if not wanted or self._woken:
+            return False
+        self._woken = True
+        return True
+
+    def _publish_wake(self) -> None:
+        try:
+            with self.lanes:
+                self.client.publish(self.wake, b"")
+        except BaseException:
+            with self._lock:
+                self._woken = False  # none on its way after all
+            raise
 
     # --- the reader thread -----------------------------------------------------------------
     def _open(self, lost: bool) -> Any:
         """A new pub/sub connection subscribed to the wake channel and every channel
         waited on (re-subscribed after a drop: their waiters re-read once confirmed)."""
         with self._lock:
-            self._todo = []
+            self._todo, self._woken = [], False
             chans = self._book.resubscribed()
         if lost:
             for ch, waiters in chans.items():
@@ -195,6 +227,7 @@ class Registry:
         # a drop must reach _run (which re-reads), not be mended by redis-py's own retries
         # (a client of the user's may have them): it would re-subscribe without a word
         pubsub.connection.retry = Retry(NoBackoff(), 0)
+        self._live = Liveness(QUIET_S, deadlines.read_timeout(pubsub.connection.socket_timeout))
         return pubsub
 
     def _run(self) -> None:
@@ -229,9 +262,19 @@ class Registry:
         reader is unused and has left."""
         with self._lock:
             todo, self._todo = self._todo, []
+            self._woken = False  # a todo added from now on needs a wake of its own
         for verb, chans in todo:
             getattr(pubsub, verb)(*chans)
-        msg = pubsub.get_message(timeout=LINGER_S)
+        msg = pubsub.get_message(timeout=min(LINGER_S, self._live.next_check_s()))
+        if msg is not None:
+            self._live.heard_now()
+        verdict = self._live.due()
+        if verdict == "dead":  # half-open: re-open, re-subscribe, and every wait re-reads
+            raise redis.ConnectionError("the pub/sub connection of ref.wait did not answer "
+                                        f"a PING within {self._live.deadline_s} s")
+        if verdict == "ping":
+            pubsub.ping(PING)
+            self._live.sent_ping()
         if msg is None:
             with self._lock:
                 if not self._book and not self._todo:

@@ -16,7 +16,9 @@ How one wait works, across processes, woken by the job's own end (no polling):
    :class:`~emqfast.errors.WaitTimeout` (a ``TimeoutError`` too).
 
 Many waits share one pub/sub connection per client and process (:mod:`.waiters`: a
-reader thread; :mod:`emqfast.aio.waiting`: a reader task), and a wait over many refs
+reader thread; :mod:`emqfast.aio.waiting`: a reader task), their commands go a few at a
+time through the registry's lanes (pool connections stay O(1) in waits), and a wait over
+many refs
 (``wait_all``) subscribes, registers (500 ids per script call) and reads in batches.
 A dropped pub/sub connection is re-opened and each waited job re-read once re-subscribed.
 
@@ -32,20 +34,20 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar,
-                    cast)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
+                    TypeVar, cast)
 
 from emqfast.backends.scripts import load
 from emqfast.core import codec
-from emqfast.core.errors import (Cancelled, InputTypeError, InvalidInput, JobExpired,
-                                 JobFailed, JobNotFound, WaitTimeout)
+from emqfast.core.errors import (Cancelled, ConnectionFailed, InputTypeError, InvalidInput,
+                                 JobExpired, JobFailed, JobNotFound, WaitTimeout)
 from emqfast.core.gcpause import gc_paused
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.validation import check_job_id
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.job import JobRef
-from emqfast.facade.waiters import Waiter, registry_for
+from emqfast.facade.waiters import RETRY_S, Waiter, registry_for
 
 ENDED = ("completed", "failed", "cancelled", "expired")
 CHUNK = 500  # job ids per wait_register / wait_unregister call and per read
@@ -291,6 +293,19 @@ class WaitPlan:
         return out
 
 
+def retry_reads(deadline: Optional[float]) -> Iterator[Optional[float]]:
+    """The pauses between tries of a wait's read that met a lost connection (backing off
+    as the reader does), while ``deadline`` allows; the last one is None: give up."""
+    pause = RETRY_S[0]
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= pause:
+            yield None
+            return
+        yield pause
+        pause = min(pause * 2, RETRY_S[1])
+
+
 def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
              return_exceptions: bool = False) -> List[Any]:
     """Wait until every job of ``refs`` (JobRefs of sync Queues, any queues) ended for
@@ -302,6 +317,18 @@ def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
     plan = WaitPlan(refs, timeout_s, is_async=False)
     waiter = Waiter(list(dict.fromkeys(plan.channel_of)))
     added = []
+
+    def read(q: Any, idxs: List[int], arrived: Dict[bytes, bytes]) -> None:
+        for pause in retry_reads(plan.deadline):  # a read is safe to repeat after a blip
+            try:
+                with registry_for(q.redis).lanes:
+                    replies = q._wait_read(plan.ids(idxs))
+                break
+            except ConnectionFailed:
+                if pause is None:
+                    raise
+                time.sleep(pause)
+        plan.took_read(idxs, replies, arrived)
     try:
         for q, idxs in plan.groups:
             reg = registry_for(q.redis)
@@ -309,19 +336,21 @@ def wait_all(refs: Iterable[Any], timeout_s: Optional[float] = None, *,
             added.append((reg, plan.channels(idxs)))
         if waiter.wait_confirmed(plan.deadline):
             for q, idxs in plan.groups:
-                plan.took_register(idxs, q._wait_register(plan.ids(idxs)))
+                with registry_for(q.redis).lanes:
+                    plan.took_register(idxs, q._wait_register(plan.ids(idxs)))
             while plan.pending():
                 arrived, recheck = waiter.take(plan.deadline)
                 if not arrived and not recheck:
                     break  # the deadline passed
                 for q, idxs in plan.to_read([*arrived, *recheck]):
-                    plan.took_read(idxs, q._wait_read(plan.ids(idxs)), arrived)
+                    read(q, idxs, arrived)
         else:  # no time to subscribe: a last look (read only) still sees an ended job
             for q, idxs in plan.groups:
-                plan.took_read(idxs, q._wait_read(plan.ids(idxs)), {})
+                read(q, idxs, {})
     finally:
         for reg, chans in added:
             reg.remove(waiter, chans)
         for q, ids in plan.to_unregister():
-            q._wait_unregister(ids)
+            with registry_for(q.redis).lanes:
+                q._wait_unregister(ids)
     return plan.outcome(return_exceptions)

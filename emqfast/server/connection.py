@@ -11,6 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from emqfast.core import deadlines
 from emqfast.core.errors import ConnectionFailed, InvalidInput
 from emqfast.core.redaction import scrub as _scrub_any
 
@@ -41,6 +42,14 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     than run it twice. emqfast's own script calls never use a client's retry anyway
     (see :mod:`emqfast.backends.transport`).
 
+    No read waits for ever (:mod:`emqfast.core.deadlines`): unless given (as keyword or
+    URL query arguments), ``socket_timeout`` and ``socket_connect_timeout`` are
+    :data:`~emqfast.core.deadlines.READ_TIMEOUT_S` / ``CONNECT_TIMEOUT_S``, TCP keepalive
+    is on and idle connections are health-checked. A connection silent past its deadline
+    is dropped (:class:`~emqfast.errors.ReplyLost`) and the next command dials anew.
+    Blocking commands sent on such a client need a read deadline above their block time:
+    emqfast's own (marker waits, event tails, WAIT) ask for one.
+
     The first connect() to a server whose ``maxmemory-policy`` may evict keys logs a
     loud warning (logger ``emqfast``): jobs would vanish under memory pressure. The
     check never fails connect() (an unreachable or ACL-restricted server is not checked).
@@ -48,10 +57,20 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         return url
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+    with_deadlines(kwargs)
     target = target_url(url)
     client: redis.Redis = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
     _warn_if_evicting(client, target)
     return client
+
+
+def with_deadlines(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` with emqfast's connection deadlines and keepalive filled in where the
+    caller set none (:func:`emqfast.core.deadlines.client_defaults`); URL query arguments
+    still win (redis-py applies them over keywords)."""
+    for name, value in deadlines.client_defaults().items():
+        kwargs.setdefault(name, value)
+    return kwargs
 
 
 _checked: Set[str] = set()  # servers (redacted URLs) whose eviction policy was looked at
