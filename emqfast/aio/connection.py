@@ -31,9 +31,9 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "aredis.Redis":
     from redis.backoff import NoBackoff
 
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-    with_deadlines(kwargs)
-    client: aredis.Redis = open_client(target_url(url), aredis.Redis, aredis.RedisCluster,
-                                       **kwargs)
+    target = target_url(url)
+    with_deadlines(kwargs, target)
+    client: aredis.Redis = open_client(target, aredis.Redis, aredis.RedisCluster, **kwargs)
     return client
 
 

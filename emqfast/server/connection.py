@@ -57,18 +57,22 @@ def connect(url: Optional[str] = None, **kwargs: Any) -> "redis.Redis":
     if isinstance(url, (redis.Redis, redis.RedisCluster)):
         return url
     kwargs.setdefault("retry", Retry(NoBackoff(), 0))
-    with_deadlines(kwargs)
     target = target_url(url)
+    with_deadlines(kwargs, target)
     client: redis.Redis = open_client(target, redis.Redis, redis.RedisCluster, **kwargs)
     _warn_if_evicting(client, target)
     return client
 
 
-def with_deadlines(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def with_deadlines(kwargs: Dict[str, Any], url: str = "") -> Dict[str, Any]:
     """``kwargs`` with emqfast's connection deadlines and keepalive filled in where the
     caller set none (:func:`emqfast.core.deadlines.client_defaults`); URL query arguments
-    still win (redis-py applies them over keywords)."""
+    still win (redis-py applies them over keywords). A unix socket (the embedded server)
+    gets the deadlines only: TCP keepalive is not an option of its connections."""
+    unix = url.startswith("unix:")
     for name, value in deadlines.client_defaults().items():
+        if unix and name.startswith("socket_keepalive"):
+            continue
         kwargs.setdefault(name, value)
     return kwargs
 
