@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import redis
 
+from emqfast.backends.transport import read_reply
 from emqfast.core import deadlines, errors
 from emqfast.core.errors import BackendUnavailable, InvalidInput
 
@@ -57,7 +58,7 @@ class ManyMarkers:
         deadline = deadlines.blocking_read_timeout(timeout_s, conn.socket_timeout)
         try:
             conn.send_command("BZPOPMIN", *keys, timeout_s)
-            reply = conn.read_response(timeout=deadline)
+            reply = read_reply(conn, deadline)
         except redis.ResponseError as exc:  # a whole reply: the connection is in step
             raise errors.translate(exc) from exc
         except BaseException as exc:

@@ -35,6 +35,7 @@ routing and redirect rounds.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Tuple
 
 import redis
@@ -165,6 +166,38 @@ def _deadlines(conn: Any, commands: Sequence[Command]) -> List[Optional[float]]:
     return out
 
 
+def read_reply(conn: Any, timeout: Optional[float]) -> Any:
+    """``conn.read_response()`` bounded by ``timeout`` seconds (None: the connection's own
+    ``socket_timeout``) on every redis-py the package supports: from 8.0 the read takes a
+    ``timeout``; before it, the socket's timeout is set around the read. A read that
+    passes its deadline raises redis-py's TimeoutError, and redis-py drops the connection."""
+    if timeout is None:
+        return conn.read_response()
+    if _takes_timeout(type(conn)):
+        return conn.read_response(timeout=timeout)
+    sock = getattr(conn, "_sock", None)
+    if sock is None:  # not connected: read_response raises its own ConnectionError
+        return conn.read_response()
+    previous = sock.gettimeout()
+    sock.settimeout(timeout)
+    try:
+        return conn.read_response()
+    finally:
+        if conn._sock is sock:  # still this socket (a timeout disconnects it)
+            sock.settimeout(previous)
+
+
+_TAKES_TIMEOUT: Dict[type, bool] = {}
+
+
+def _takes_timeout(cls: type) -> bool:
+    known = _TAKES_TIMEOUT.get(cls)
+    if known is None:
+        known = _TAKES_TIMEOUT[cls] = \
+            "timeout" in inspect.signature(cls.read_response).parameters
+    return known
+
+
 def marked(replies: List[Any], written: int, total: int) -> List[Any]:
     """``replies`` padded to ``total``: LOST for what was written, UNSENT for the rest."""
     return replies + [LOST] * (written - len(replies)) + [UNSENT] * (total - max(written,
@@ -184,8 +217,7 @@ def exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
             written = upto
         for timeout in _deadlines(conn, commands):
             try:
-                replies.append(conn.read_response() if timeout is None
-                               else conn.read_response(timeout=timeout))
+                replies.append(read_reply(conn, timeout))
             except _REPLY_ERRORS as exc:
                 replies.append(exc)
     except BaseException as exc:
