@@ -2,7 +2,8 @@
 the code prefix to the class below, so callers never parse strings."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Type
+import re
+from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
 
 class EmqError(Exception):
@@ -290,7 +291,9 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
     connection error after the write is :class:`ReplyLost` (it may have run), before it
     :class:`ConnectionFailed`. Error replies of transient states become
     :class:`ServerBusy`, OOM :class:`ServerFull`, NOPERM and authentication failures
-    :class:`PermissionDenied`, our own ``EMQ*`` codes their classes."""
+    :class:`PermissionDenied`, our own ``EMQ*`` codes their classes. An error reply is
+    classified by its server code wherever it arrived: alone, from a script, or worded
+    by redis-py as one command of a pipeline."""
     import redis.exceptions as rx  # here, not at import: errors is the lowest module
 
     if isinstance(exc, EmqError):
@@ -309,25 +312,63 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
         cls = ReplyLost if sent else ConnectionFailed
         return cls(f"{type(exc).__name__}: {text}")
     if isinstance(exc, rx.ResponseError):
-        head = text.split(" ", 1)[0]
-        if isinstance(exc, (rx.ReadOnlyError, rx.ClusterDownError, rx.TryAgainError)) \
-                or head in TRANSIENT_STATES:
-            return ServerBusy(text, head if head in TRANSIENT_STATES else type(exc).__name__)
-        if head == "OOM":
-            return ServerFull(text)
-        if head == "WRONGTYPE" or "WRONGTYPE" in text:
-            return KeyTypeConflict(
-                f"{text} -- a key of this queue holds another Redis type than emqfast keeps "
-                "there: another program wrote under emq:{<queue>}:*. Use another queue "
-                "name, or delete those keys (Queue.obliterate()) if nothing needs them")
-        # (an ACL denial inside a script has no code prefix: Redis words it this way)
-        if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _SCRIPT_NOPERM in text \
-                or _password_hint(text) is not text:
-            return PermissionDenied(_password_hint(text))
-        typed = from_reply(text)
-        if typed is not None:
-            return typed
+        return _reply_error(exc, rx) or exc
     return exc
+
+
+def _reply_error(exc: BaseException, rx: Any) -> Optional[EmqError]:
+    """The typed error for a server's error reply, or ``None`` if it is none of ours."""
+    head, text = server_reply(exc)
+    state = head if head in TRANSIENT_STATES else _TRANSIENT_CLASSES.get(type(exc).__name__)
+    if state is None and isinstance(exc, (rx.ReadOnlyError, rx.ClusterDownError,
+                                          rx.TryAgainError)):
+        state = type(exc).__name__
+    if state is not None:
+        return ServerBusy(str(exc), state)
+    if head == "OOM":
+        return ServerFull(str(exc))
+    if head == "WRONGTYPE" or "WRONGTYPE" in text:
+        return KeyTypeConflict(
+            f"{text} -- a key of this queue holds another Redis type than emqfast keeps "
+            "there: another program wrote under emq:{<queue>}:*. Use another queue "
+            "name, or delete those keys (Queue.obliterate()) if nothing needs them")
+    # (an ACL denial inside a script has no code prefix: Redis words it this way)
+    if head in ("NOPERM", "NOAUTH", "WRONGPASS") or _SCRIPT_NOPERM in text \
+            or _password_hint(text) is not text:
+        return PermissionDenied(_password_hint(text))
+    typed = from_reply(text)
+    return typed if isinstance(typed, EmqError) else None
+
+
+# redis-py's classes for transient replies whose text it strips of the code
+_TRANSIENT_CLASSES = {"ReadOnlyError": "READONLY", "MasterDownError": "MASTERDOWN",
+                      "ClusterDownError": "CLUSTERDOWN", "TryAgainError": "TRYAGAIN"}
+# redis-py words an error reply of one command of a pipeline (sync, asyncio, Cluster)
+# "Command # <n> (<command>) of pipeline caused error: <reply>"; greedy, so a command
+# text that happens to hold the phrase does not hide the reply after it
+_PIPELINE_WORDING = re.compile(r"Command # \d+ \(.*\) of pipeline caused error: ", re.S)
+# a server before Redis 7 words an error of a command a script calls
+# "ERR Error running script (...): @user_script:<n>: ... -<CODE> <message>" (redis-py 8
+# strips the "ERR ")
+_SCRIPT_WORDING = re.compile(r"(?:ERR )?Error running script .*?: -([A-Z][A-Z0-9_]*) (.*)",
+                             re.S)
+
+
+def server_reply(exc: BaseException) -> Tuple[str, str]:
+    """``(code, text)`` of the error reply a redis-py (or C batcher) exception carries,
+    unwrapped from redis-py's pipeline wording and an old server's script wording:
+    ``code`` is the reply's first word (``"BUSY"``, ``"EMQINPUT"``; redis-py keeps it in
+    ``status_code`` where it strips it from the text) and ``text`` the reply."""
+    text = str(exc)
+    wrapped = _PIPELINE_WORDING.match(text)
+    if wrapped:
+        text = text[wrapped.end():]
+    script = _SCRIPT_WORDING.match(text)
+    if script:
+        return script.group(1), f"{script.group(1)} {script.group(2)}"
+    head = text.split(" ", 1)[0]
+    code = getattr(exc, "status_code", None)
+    return (code if isinstance(code, str) and code else head), text
 
 
 def pool_exhausted(max_connections: int | None, exc: BaseException) -> PoolExhausted:
