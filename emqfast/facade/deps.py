@@ -427,6 +427,35 @@ def _tell_dependents(qk: QueueKeys, raw: Any, done: Settled) -> Returns[Set[str]
     return cascaded
 
 
+def drain_all_op(k: QueueKeys) -> Returns[int]:
+    """Drain ``k``'s outbox to the end (not :data:`DRAIN_ROUNDS` at a time): every
+    dependency of the queue that ended tells its dependents. Returns entries handled."""
+    told = 0
+    while True:
+        done = Settled()
+        yield from _drain(k, done)
+        told += done.told
+        if not done.told:
+            return told
+
+
+def orphan_dependents_op(k: QueueKeys) -> Returns[int]:
+    """After ``k``'s job hashes were deleted (``Queue.obliterate``): every job that
+    depends on one of them, on any queue, is told its dependency is ``missing``, so it
+    fails or runs per its ``on_dep_failure`` instead of waiting for good. Outbox entries
+    left over are told as they ended. Returns the dependencies whose dependents were told."""
+    told: int = yield from drain_all_op(k)
+    cursor: Any = 0
+    while True:
+        cursor, found = yield Cmd.of("HSCAN", k.dependents, cursor, "COUNT", SWEEP_COUNT)
+        ids = found.keys() if isinstance(found, dict) else found[::2]
+        for job_id in ids:
+            yield from _tell_dependents(k, "missing\0" + text_of(job_id), Settled())
+            told += 1
+        if int(cursor) == 0:
+            return told
+
+
 def repair_op(k: QueueKeys, grace_ms: int, done: Settled) -> Op:
     """Re-send the links of jobs marked on ``deplink`` for longer than ``grace_ms``."""
     stale = yield Call(DEP_STALE, [deplink_key(k)], [grace_ms, REPAIR_BATCH])

@@ -23,7 +23,7 @@ from emqfast.core.scores import MAX_RUN_AT_MS
 from emqfast.core.times import Delay, RunAt, delay_ms
 from emqfast.core.validation import check_int, check_new_job_id
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.facade import admission, deps, lanes, options, tracing
+from emqfast.facade import admission, deps, lanes, options, tracing, waiting
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.control import QueueControl
 from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
@@ -373,11 +373,31 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
 
     @operation
     def obliterate(self) -> Returns[int]:
-        """Delete every key of this queue (jobs, schedules, meta). Returns keys deleted."""
+        """Delete every key of this queue (jobs, schedules, meta). Returns keys deleted.
+
+        Nothing is left waiting on it: its jobs that ended first tell their dependents
+        (as a Worker's settle would); then, the jobs deleted, every job of another queue
+        that depends on one of them fails or runs per its ``on_dep_failure`` (the
+        dependency is missing), and every ``ref.wait()`` on one of them raises
+        :class:`~emqfast.errors.JobNotFound`."""
+        k = self.keys
+        yield from deps.drain_all_op(k)  # while the results are there to copy
+        found = [key.decode() if isinstance(key, bytes) else key
+                 for key in (yield Scan(k.glob(), 1000))]
+        # what says who waits or depends goes last: read once the jobs are gone, so a
+        # wait or a link arriving meanwhile finds no job rather than a key about to go
+        notes = [k.waiters, k.dependents, k.outbox]
+        notes += [key for key in found
+                  if key.startswith(k.base + "job:") and key.endswith(":dependents")]
+        late = set(notes)
         n = 0
-        for batch in chunks(list((yield Scan(self.keys.glob(), 1000))), 500):
+        for batch in chunks([key for key in found if key not in late], 500):
             n += int((yield Cmd.of("UNLINK", *batch)))
-        return n
+        yield from deps.orphan_dependents_op(k)  # it deletes each job's dependents set
+        yield from waiting.tell_deleted_op(k)
+        for batch in chunks(notes, 500):
+            yield Cmd.of("UNLINK", *batch)
+        return n + len(late.intersection(found))
 
 
 def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],

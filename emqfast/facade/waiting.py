@@ -23,9 +23,10 @@ many refs
 A dropped pub/sub connection is re-opened and each waited job re-read once re-subscribed.
 
 Decisions: a failed attempt that will be retried is not an end (fail.lua tells waiters
-only on the last one). A job deleted while waited on (``q.delete``, retention trim,
-obliterate) never publishes: its wait ends at its timeout, and a waiter whose process dies
-leaves its count until the job ends (then the hook takes it): both harmless. With
+only on the last one). A job deleted while waited on (``q.delete``, ``q.obliterate``) is
+told ``deleted``: its wait raises JobNotFound (retention trims ended jobs only: their
+waiters were told). A waiter whose process dies leaves its count until the job ends (then
+the hook takes it): harmless. With
 ``return_exceptions=False`` the first failure in the refs' order is raised once every
 job ended; ``True`` puts each exception in its place of the list.
 """
@@ -123,6 +124,26 @@ def binds_refs(fn: _F) -> _F:
                     self._bind(ref)
         return result
     return cast(_F, bound)
+
+
+def tell_deleted_op(k: QueueKeys) -> Returns[int]:
+    """Publish ``deleted`` to the waiters of every job of ``k`` whose hash is gone
+    (``Queue.obliterate``, after the deletion: a wait registered later finds no job and is
+    JobNotFound at once) and take their counts; a job still there keeps its waiters.
+    Returns the jobs whose waiters were told."""
+    told = 0
+    cursor: Any = 0
+    while True:
+        cursor, found = yield Cmd.of("HSCAN", k.waiters, cursor, "COUNT", CHUNK)
+        ids = [_text(i) for i in (found.keys() if isinstance(found, dict) else found[::2])]
+        there = (yield Batch([Cmd.of("EXISTS", key) for key in k.jobs(ids)])) if ids else []
+        gone = [job_id for job_id, n in zip(ids, there) if not int(n)]
+        if gone:
+            yield Batch([*(Cmd.of("PUBLISH", k.done_channel(j), "deleted") for j in gone),
+                         Cmd.of("HDEL", k.waiters, *gone)])
+            told += len(gone)
+        if int(cursor) == 0:
+            return told
 
 
 class QueueWaiting:
