@@ -27,7 +27,7 @@ from emqfast.server import embedded
 from emqfast.core.version import KEYSPACE_VERSION, __version__
 # errors: one base (EmqError), then by what they say
 from emqfast.core.errors import (BackendUnavailable, Cancelled, ConnectionFailed,
-    DependencyCycle, EmqError, EvictionRisk, InputTypeError, InvalidInput, JobExpired,
+    DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput, JobExpired,
     JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
     PartialBatch, PayloadError, PermissionDenied, PoolExhausted, RangeError, ReplyLost, ServerBusy, ServerFull,
     UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout)
@@ -43,7 +43,8 @@ __all__ = [
     "__version__",
     # errors
     "EmqError", "BackendUnavailable", "Cancelled", "ConnectionFailed", "DependencyCycle",
-    "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired", "JobFailed", "JobNotFound",
+    "DependencyFailed", "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired",
+    "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
     "PayloadError", "PermissionDenied", "PoolExhausted", "RangeError", "ReplyLost", "ServerBusy", "ServerFull",
     "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout",

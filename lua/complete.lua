@@ -76,6 +76,8 @@ for i = 10, #KEYS do
       wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
     end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
+    -- an earlier attempt's failure is not this outcome's
+    redis.call('HDEL', key, 'error', 'traceback')
     done[#done + 1] = id
     attempts[#attempts + 1] = attempt
     scored[#scored + 1] = now

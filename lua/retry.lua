@@ -11,6 +11,8 @@
 -- ARGV[2] version      keyspace version of the caller
 -- Returns: 1
 -- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set;
+--          EMQDEPFAILED the job failed because a dependency did not complete (run again,
+--          its handler would get no result for it: retry the dependency instead);
 --          EMQVERSION keyspace of another major version
 --@include common
 
@@ -28,6 +30,10 @@ if redis.call('EXISTS', job_key) == 0 then
 end
 if not redis.call('ZSCORE', failed_key, id) then
   return redis.error_reply('EMQSTATE job ' .. id .. ' is not failed')
+end
+if redis.call('HGET', job_key, 'error') == 'dependency failed' then
+  return redis.error_reply('EMQDEPFAILED job ' .. id .. ' failed because a dependency ' ..
+    'did not complete: retry the dependency, then enqueue this job again')
 end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end

@@ -61,6 +61,20 @@ class JobStateError(EmqError):
     code = "EMQSTATE"
 
 
+class DependencyFailed(JobStateError):
+    """``retry()`` of a job that failed because a dependency did not complete (its error
+    is ``dependency failed``): refused, nothing written. Running it again would hand its
+    handler no result for that dependency. Retry (or enqueue again) the dependency, then
+    enqueue the job again with ``depends_on``. ``dependencies``: the ``(queue, job_id)``
+    pairs of its dependencies that did not complete, when known."""
+
+    code = "EMQDEPFAILED"
+
+    def __init__(self, message: str, dependencies: Sequence[Any] = ()):
+        super().__init__(message)
+        self.dependencies = list(dependencies)
+
+
 class VersionMismatch(EmqError):
     """The queue was written by an incompatible major version of the keyspace."""
 
@@ -257,7 +271,7 @@ class DependencyCycle(InvalidInput):
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
-                LeaseLost, JobStateError, VersionMismatch, KeyTypeConflict)
+                LeaseLost, JobStateError, DependencyFailed, VersionMismatch, KeyTypeConflict)
 }
 
 

@@ -2,11 +2,12 @@
 queue-wide settings (events cap, rate limit). A mixin of :class:`~emqfast.Queue`."""
 from __future__ import annotations
 
+import json
 from enum import Enum
 from typing import Any, Callable, Union
 
 from emqfast.backends.scripts import load
-from emqfast.core.errors import JobNotFound, JobStateError
+from emqfast.core.errors import DependencyFailed, JobNotFound, JobStateError
 from emqfast.core.keys import QueueKeys
 from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.scores import MAX_OFFSET_MS
@@ -21,6 +22,19 @@ _PROMOTE_ONE = load("promote_one")
 _DELETE = load("delete")
 _PAUSE = load("pause")
 _CONFIGURE = load("configure")
+
+
+def _dependency_failed(job_id: str, opts: Any) -> Returns[DependencyFailed]:
+    """The refusal to retry ``job_id``, naming its dependencies that did not complete."""
+    listed = deps.deps_of(json.loads(opts)) if opts else []
+    states = (yield Batch([Cmd.of("HGET", QueueKeys(q).job(j), "state")
+                           for q, j in listed])) if listed else []
+    unmet = [dep for dep, st in zip(listed, states) if st != b"completed"]
+    named = ", ".join(f"{q}/{j}" for q, j in unmet[:5]) or "a dependency"
+    return DependencyFailed(
+        f"cannot retry {job_id}: it failed because {named} did not complete, so run again "
+        "it would get no result for it. Retry the dependency, then enqueue this job again "
+        "with depends_on (nothing was written)", unmet)
 
 
 class CancelResult(str, Enum):
@@ -91,12 +105,15 @@ class QueueControl:
     @operation
     def retry(self, job_id: str) -> Returns[None]:
         """Send a failed job back to pending with a fresh set of attempts. Raises
-        :class:`~emqfast.errors.JobNotFound` for an id the queue does not hold and
-        :class:`~emqfast.errors.JobStateError` naming the state of a job that is not failed."""
+        :class:`~emqfast.errors.JobNotFound` for an id the queue does not hold,
+        :class:`~emqfast.errors.JobStateError` naming the state of a job that is not failed,
+        and :class:`~emqfast.errors.DependencyFailed` (nothing written) for a job failed
+        because a dependency did not complete: run again, it would get no result for it."""
         check_job_id(job_id)
         k = self.keys
-        group, failed = yield Batch([Cmd.of("HGET", k.job(job_id), "group"),
-                                     Cmd.of("ZSCORE", k.failed, job_id)])
+        group, failed, error, opts = yield Batch([
+            Cmd.of("HGET", k.job(job_id), "group"), Cmd.of("ZSCORE", k.failed, job_id),
+            Cmd.of("HGET", k.job(job_id), "error"), Cmd.of("HGET", k.job(job_id), "opts")])
         if failed is None:  # refused: say why (retry.lua would refuse too, writing nothing)
             state = yield from self._state_of(job_id)
             if state is None:
@@ -104,6 +121,8 @@ class QueueControl:
             if state != "failed":
                 raise JobStateError(f"cannot retry {job_id}: it is {state}, and only failed "
                                     "jobs can be retried (q.get(job_id) shows it)")
+        if error == b"dependency failed":  # retry.lua refuses it too
+            raise (yield from _dependency_failed(job_id, opts))
         pending = k.pending if group is None else k.group_pending(group.decode())
         call = Call(_RETRY, [k.job(job_id), k.failed, pending, k.marker, k.meta, k.events],
                     [job_id, KEYSPACE_VERSION])

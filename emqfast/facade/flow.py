@@ -116,6 +116,11 @@ class Flow:
             raise InvalidInput(f"{job!r} is not a job of this flow")
         return self._by_id[job.id]
 
+    def _named(self, dep: deps.Dep) -> Optional[int]:
+        """The index of the job of this flow that ``(queue, id)`` names, or None."""
+        at = self._by_id.get(dep[1])
+        return at if at is not None and self._nodes[at].keys.name == dep[0] else None
+
     def _link(self, node: _Node, after: Iterable[Any]) -> None:
         """Add the edges ``after`` to ``node``: every item checked first, so a refused
         list adds none of them."""
@@ -123,11 +128,21 @@ class Flow:
                 or not deps.iterable(after):
             raise InputTypeError("after takes a list of jobs")
         inside, outside = list(node.after), list(node.outside)
+        own = (node.keys.name, node.job.id)
         for item in after:
             if isinstance(item, FlowJob) and item.flow_id == id(self):
-                inside.append(self._index(item))
+                at: Optional[int] = self._index(item)
+                dep = (item.queue, item.id)
+            else:  # a pair, id or ref naming a job of this flow is an edge inside it
+                dep = deps.one_dep(item, node.keys.name)
+                at = self._named(dep)
+            if dep == own:
+                raise DependencyCycle(f"job {node.job.id} of queue {own[0]!r} cannot depend "
+                                      "on itself")
+            if at is None:
+                outside.append(dep)
             else:
-                outside.append(deps.one_dep(item, node.keys.name))
+                inside.append(at)
         inside, outside = list(dict.fromkeys(inside)), list(dict.fromkeys(outside))
         if len(inside) + len(outside) > deps.MAX_DEPS:
             raise InvalidInput(f"a job takes at most {deps.MAX_DEPS} dependencies")
