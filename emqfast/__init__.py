@@ -27,9 +27,10 @@ from emqfast.server import embedded
 from emqfast.core.version import KEYSPACE_VERSION, __version__
 # errors: one base (EmqError), then by what they say
 from emqfast.core.errors import (BackendUnavailable, Cancelled, ConnectionFailed,
-    DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput, JobExpired,
-    JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
-    PartialBatch, PayloadError, PermissionDenied, PoolExhausted, RangeError, ReplyLost, ServerBusy, ServerFull,
+    DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput,
+    JobExpired, JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
+    PartialBatch, PayloadError, PermissionDenied, PoolExhausted, QueueKeysGone, RangeError,
+    ReplyLost, ServerBusy, ServerFull,
     UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout)
 
 __all__ = [
@@ -46,7 +47,8 @@ __all__ = [
     "DependencyFailed", "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired",
     "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
-    "PayloadError", "PermissionDenied", "PoolExhausted", "RangeError", "ReplyLost", "ServerBusy", "ServerFull",
+    "PayloadError", "PermissionDenied", "PoolExhausted", "QueueKeysGone", "RangeError",
+    "ReplyLost", "ServerBusy", "ServerFull",
     "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout",
 ]
 

@@ -24,7 +24,8 @@
 --          started -> now, for the caller's histograms via metrics_add.lua; -1 for a time
 --          not known), {-1, -1} when this very token already completed the job (a re-sent
 --          ack: nothing is rewritten), or the text 'EMQLEASE ...' when the lease expired and
---          the job was reaped, re-claimed or already ended (that job is left untouched)
+--          the job was reaped, re-claimed or already ended (that job is left untouched), or
+--          'EMQGONE ...' when the job's hash is gone (the queue's keys were deleted)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version;
 --          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write)
 --@include common
@@ -48,6 +49,7 @@ if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
+local fenced = redis.call('HEXISTS', meta_key, 'version') == 1  -- before the fence writes it
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
@@ -90,7 +92,7 @@ for i = 10, #KEYS do
     if f[1] == 'completed' and f[2] == token then
       out[#out + 1] = {-1, -1}  -- timed already
     else
-      out[#out + 1] = 'EMQLEASE lease on ' .. id .. ' is no longer held by this worker'
+      out[#out + 1] = emq_lease_lost(key, id, meta_key, fenced)
     end
   end
 end

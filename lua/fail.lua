@@ -27,7 +27,8 @@
 --          when this very token already wrote this outcome (a call re-sent after its reply
 --          was lost: nothing is rewritten; the job hash's 'ftok' names the token whose fail
 --          outcome was written last)
--- Errors:  EMQLEASE the lease is no longer held by this worker; EMQINPUT bad delay;
+-- Errors:  EMQLEASE the lease is no longer held by this worker; EMQGONE the job's hash is
+--          gone while leased (the queue's keys were deleted); EMQINPUT bad delay;
 --          EMQVERSION keyspace of another major version; NOPERM the ACL denies PUBLISH on
 --          the done channels or RPUSH (before any write)
 --@include common
@@ -62,7 +63,8 @@ local flag = delay < 0 and 0 or 1
 if redis.call('HGET', leases_key, id) ~= token then
   -- tokens are unique: a recorded outcome of ours is this same call, re-sent
   if redis.call('HGET', job_key, 'ftok') == token then return {flag, -1, -1} end
-  return redis.error_reply('EMQLEASE lease on ' .. id .. ' is no longer held by this worker')
+  local lost = emq_lease_lost(job_key, id, meta_key)
+  return redis.error_reply(lost)
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end

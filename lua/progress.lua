@@ -10,7 +10,8 @@
 -- ARGV[3] progress    progress value (JSON text, validated above the wire)
 -- ARGV[4] version     keyspace version of the caller
 -- Returns: 1
--- Errors:  EMQLEASE the lease is no longer held by this worker;
+-- Errors:  EMQLEASE the lease is no longer held by this worker; EMQGONE the job's hash is
+--          gone while leased (the queue's keys were deleted);
 --          EMQVERSION keyspace of another major version
 --@include common
 
@@ -24,7 +25,8 @@ local progress = ARGV[3]
 local version = ARGV[4]
 
 if redis.call('HGET', leases_key, id) ~= token then
-  return redis.error_reply('EMQLEASE lease on ' .. id .. ' is no longer held by this worker')
+  local lost = emq_lease_lost(job_key, id, meta_key)
+  return redis.error_reply(lost)
 end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end

@@ -55,6 +55,15 @@ class LeaseLost(EmqError):
     code = "EMQLEASE"
 
 
+class QueueKeysGone(LeaseLost):
+    """A job in hand vanished while leased: the keys of its queue are gone (a server
+    restart without persistence, ``FLUSHDB``, ``Queue.obliterate()``); the message says
+    whether the queue's meta hash and version fence vanished too. Its outcome is discarded
+    like any lost lease's, but the cause is the queue's, not the job's."""
+
+    code = "EMQGONE"
+
+
 class JobStateError(EmqError):
     """The job is not in a state that allows the operation (e.g. retry a pending job)."""
 
@@ -271,7 +280,8 @@ class DependencyCycle(InvalidInput):
 _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
-                LeaseLost, JobStateError, DependencyFailed, VersionMismatch, KeyTypeConflict)
+                LeaseLost, QueueKeysGone, JobStateError, DependencyFailed, VersionMismatch,
+                KeyTypeConflict)
 }
 
 

@@ -32,10 +32,16 @@ def check_printable_name(name: str, what: str) -> str:
     ``\\t``, NUL, ...): such names print as nothing or break line-based output."""
     if not name.strip():
         raise InvalidInput(f"{what} name must not be whitespace only, got {name[:40]!r}")
-    if _CONTROL.search(name):
-        raise InvalidInput(f"{what} name must not contain control characters "
-                           f"(newline, tab, NUL, ...), got {name[:40]!r}")
-    return name
+    return check_no_control(name, f"{what} name")
+
+
+def check_no_control(text: str, label: str) -> str:
+    """Refuse ``text`` holding a control character (newline, tab, NUL, ...): the one rule
+    for every name and every new job id (``label`` says which, e.g. ``"job id"``)."""
+    if _CONTROL.search(text):
+        raise InvalidInput(f"{label} must not contain control characters "
+                           f"(newline, tab, NUL, ...), got {text[:40]!r}")
+    return text
 
 
 def _check_key_name(name: Any, what: str, no_nul: bool = False) -> str:
@@ -81,13 +87,15 @@ def check_job_id(job_id: str) -> str:
 
 
 def check_new_job_id(job_id: str) -> str:
-    """Validate the id of a job about to be created: :func:`check_job_id`, and no ``:``.
+    """Validate the id of a job about to be created: :func:`check_job_id`, no control
+    character (the rule names obey: :func:`check_no_control`) and no ``:``.
 
     A job's own sets extend its hash key ``emq:{q}:job:<id>`` with ``:deps`` and
     ``:dependents``; an id holding a ``:`` could name another job's set (``JOBb:deps`` is
     ``JOBb``'s dependency set), so new ids never hold one. Looking a job up by an id with a
     ``:`` stays allowed (:func:`check_job_id`)."""
     check_job_id(job_id)
+    check_no_control(job_id, "job id")
     if ":" in job_id:
         raise InvalidInput(f"job id must not contain ':' (got {job_id[:40]!r}): it separates "
                            "the parts of a job's keys (emq:{q}:job:<id>:deps)")

@@ -88,6 +88,20 @@ local function emq_fence(meta, version)
   return err
 end
 
+-- Why a caller no longer holds the lease on job `id` (hash `job_key`): EMQGONE when the
+-- job's hash is gone while leased (no move deletes an active job's hash: the queue's keys
+-- were deleted under it: a server restart without persistence, FLUSHDB, obliterate),
+-- naming the vanished fence when `fenced` is false; else EMQLEASE (expired, taken over).
+local function emq_lease_lost(job_key, id, meta, fenced)
+  if redis.call('EXISTS', job_key) == 1 then
+    return 'EMQLEASE lease on ' .. id .. ' is no longer held by this worker'
+  end
+  if fenced == nil then fenced = redis.call('HEXISTS', meta, 'version') == 1 end
+  return 'EMQGONE job ' .. id .. ' vanished while leased: the keys of its queue are gone' ..
+    (fenced and '' or ' (its meta hash and version fence vanished too)') ..
+    ' -- a server restart without persistence, FLUSHDB or obliterate'
+end
+
 -- Wake one blocked worker now (score 0 = "work is ready").
 local function emq_wake(marker)
   redis.call('ZADD', marker, '0', '0')
