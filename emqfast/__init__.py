@@ -26,7 +26,8 @@ from emqfast.facade import metrics
 from emqfast.server import embedded
 from emqfast.core.version import KEYSPACE_VERSION, __version__
 # errors: one base (EmqError), then by what they say
-from emqfast.core.errors import (BackendUnavailable, Cancelled, ConnectionFailed,
+from emqfast.core.errors import (BackendUnavailable, Cancelled, CertificateRejected,
+    ConnectionFailed,
     DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput,
     JobExpired, JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
     PartialBatch, PayloadError, PermissionDenied, PoolExhausted, QueueKeysGone, RangeError,
@@ -43,7 +44,8 @@ __all__ = [
     "connect", "backend", "errors", "redaction", "metrics", "embedded", "KEYSPACE_VERSION",
     "__version__",
     # errors
-    "EmqError", "BackendUnavailable", "Cancelled", "ConnectionFailed", "DependencyCycle",
+    "EmqError", "BackendUnavailable", "Cancelled", "CertificateRejected", "ConnectionFailed",
+    "DependencyCycle",
     "DependencyFailed", "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired",
     "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",

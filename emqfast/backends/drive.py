@@ -76,8 +76,8 @@ def _raised(reply: Any) -> Any:
 def typed_failure(exc: BaseException) -> BaseException:
     """emqfast's typed error for a driver failure (cause chained). A redis-py connection
     error on a plain command counts as sent unless it failed while connecting."""
-    if isinstance(exc, errors.EmqError):
-        return exc  # typed already (a Worker's own waits raise typed errors)
+    if isinstance(exc, errors.EmqError):  # typed already (a Worker's own waits raise them)
+        return errors.certificate_rejected(exc) or exc
     sent = "connecting to" not in str(exc)
     typed = errors.translate(exc, sent=sent)
     if not isinstance(typed, errors.EmqError) and _SCRIPT_NOPERM in str(typed):

@@ -157,7 +157,8 @@ def conn_failure(rc: int, message: str, where: str, secret: Optional[str]) -> Ex
         message += " (the batch was sent, at least in part, and may have partly run)"
     if any(code in message for code in ("WRONGPASS", "NOAUTH", "NOPERM", "AUTH failed")):
         return PermissionDenied(f"redis at {where}: {message}")
-    return ConnectionFailed(f"redis at {where}: {message}")
+    failure = ConnectionFailed(f"redis at {where}: {message}")
+    return errors.certificate_rejected(failure) or failure  # a TLS one: permanent
 
 
 def cut_again(cut: ConnectionFailed, replies: List[Any],

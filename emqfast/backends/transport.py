@@ -89,6 +89,8 @@ def cut_error(exc: BaseException, replies: List[Any]) -> BaseException:
     if all(r is UNSENT for r in replies):
         return errors.translate(exc, sent=False)
     typed = errors.translate(exc, sent=True)
+    if isinstance(typed, errors.CertificateRejected):  # the handshake failed: nothing ran
+        return typed
     text = str(typed) if isinstance(typed, errors.ConnectionFailed) else \
         f"{type(exc).__name__}: {exc}"
     return BatchCut(text, replies)

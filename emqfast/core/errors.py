@@ -153,6 +153,17 @@ class PermissionDenied(EmqError, PermissionError):
     code = "EMQPERM"
 
 
+class CertificateRejected(PermissionDenied):
+    """The TLS handshake failed on a certificate: the server's is not signed by the CA
+    given (``ssl_ca_certs``), has expired or names another host, or the server refused
+    the client's (missing, or not signed by its CA). Permanent, as a wrong password is:
+    retrying cannot help, so Workers stop with it (it is a :class:`PermissionDenied`).
+    Fix the certificates or the TLS settings (``ssl_ca_certs``, ``ssl_certfile`` /
+    ``ssl_keyfile``, ``ssl_check_hostname``)."""
+
+    code = "EMQTLS"
+
+
 class EvictionRisk(EmqError):
     """The server's ``maxmemory-policy`` may evict emqfast's keys (jobs would vanish).
     Workers refuse such a server unless started with ``allow_eviction=True``."""
@@ -320,6 +331,9 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
     by redis-py as one command of a pipeline."""
     import redis.exceptions as rx  # here, not at import: errors is the lowest module
 
+    rejected = certificate_rejected(exc)
+    if rejected is not None:
+        return rejected
     if isinstance(exc, EmqError):
         return exc
     text = str(exc)
@@ -393,6 +407,42 @@ def server_reply(exc: BaseException) -> Tuple[str, str]:
     head = text.split(" ", 1)[0]
     code = getattr(exc, "status_code", None)
     return (code if isinstance(code, str) and code else head), text
+
+
+# How OpenSSL words a certificate failure, seen from either side of the handshake: this
+# client's check of the server's certificate, or the server's alert refusing ours. A
+# handshake cut by the network (EOF, reset) says none of these: it stays transient.
+_CERTIFICATE_WORDING = re.compile(
+    r"certificate verify failed|CERTIFICATE_VERIFY_FAILED|alert (?:certificate required|"
+    r"bad certificate|unknown ca|certificate expired|certificate unknown|certificate "
+    r"revoked|unsupported certificate)|ALERT_(?:CERTIFICATE_REQUIRED|BAD_CERTIFICATE|"
+    r"UNKNOWN_CA|CERTIFICATE_EXPIRED|CERTIFICATE_UNKNOWN|CERTIFICATE_REVOKED|"
+    r"UNSUPPORTED_CERTIFICATE)")
+
+
+def certificate_rejected(exc: BaseException) -> Optional[CertificateRejected]:
+    """:class:`CertificateRejected` when ``exc`` (a connection failure from redis-py, the
+    C batcher or :mod:`ssl`, or one in its cause chain) is a TLS certificate failure,
+    else ``None``."""
+    import ssl
+
+    import redis.exceptions as rx
+
+    if isinstance(exc, CertificateRejected):
+        return exc
+    connection_failures = (rx.ConnectionError, OSError, ConnectionFailed)  # ssl's: OSError
+    seen = 0
+    link: Optional[BaseException] = exc
+    while link is not None and seen < 8:  # (a chain is short; a cycle is not followed)
+        if isinstance(link, ssl.SSLCertVerificationError) or (
+                isinstance(link, connection_failures)
+                and _CERTIFICATE_WORDING.search(str(link))):
+            return CertificateRejected(
+                f"TLS certificate failure: {exc} -- permanent: fix the certificates or the "
+                "TLS settings (ssl_ca_certs, ssl_certfile/ssl_keyfile, ssl_check_hostname)")
+        link = link.__cause__ or link.__context__
+        seen += 1
+    return None
 
 
 def pool_exhausted(max_connections: int | None, exc: BaseException) -> PoolExhausted:
