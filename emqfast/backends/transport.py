@@ -226,6 +226,10 @@ def exchange(conn: Any, commands: Sequence[Command]) -> List[Any]:
         conn.disconnect()  # unread replies or half a command: the connection is out of step
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, marked(replies, written, len(commands))) from exc
+        if errors.is_torn_connection(exc):
+            # closed under us by another thread (the client's own close): a cut connection
+            cut = redis.exceptions.ConnectionError(f"connection closed under the call: {exc}")
+            raise Failed(cut, marked(replies, written, len(commands))) from exc
         raise
     return replies
 
@@ -298,6 +302,11 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
             pass
         if isinstance(exc, _NETWORK) or isinstance(exc, redis.exceptions.AuthenticationError):
             raise Failed(exc, marked(replies, written, len(commands))) from exc
+        if errors.is_torn_connection(exc):
+            # the client closed this connection under us (a Cluster client's aclose() on
+            # CLUSTERDOWN): lost like any cut connection, never an untyped AttributeError
+            cut = redis.exceptions.ConnectionError(f"connection closed under the call: {exc}")
+            raise Failed(cut, marked(replies, written, len(commands))) from exc
         raise
     return replies
 

@@ -337,6 +337,14 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
     if isinstance(exc, EmqError):
         return exc
     text = str(exc)
+    if is_torn_connection(exc):
+        return (ReplyLost if sent else ConnectionFailed)(
+            f"the connection was closed under the call ({type(exc).__name__}: {text}): "
+            "redis-py's client closed its connections meanwhile (a Cluster client does on "
+            "CLUSTERDOWN, during a failover)")
+    if isinstance(exc, (rx.RedisClusterException, rx.ClusterError)) \
+            and not isinstance(exc, rx.ResponseError):  # (a reply: classified below)
+        return _cluster_failure(exc, rx, sent)
     if isinstance(exc, rx.BusyLoadingError):
         return ServerBusy(f"redis is loading its dataset: {text}", "LOADING")
     if isinstance(exc, (rx.AuthenticationError, rx.AuthorizationError,
@@ -351,6 +359,38 @@ def translate(exc: BaseException, sent: bool = True) -> BaseException:
         return cls(f"{type(exc).__name__}: {text}")
     if isinstance(exc, rx.ResponseError):
         return _reply_error(exc, rx) or exc
+    return exc
+
+
+def is_torn_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py using a connection that was closed under it: an
+    AttributeError or TypeError on a ``None`` reader, writer or socket raised while
+    redis-py's code was running (``'NoneType' object has no attribute 'writelines'``),
+    from redis-py itself or the asyncio transport beneath it; not a bug of ours."""
+    if not isinstance(exc, (AttributeError, TypeError)) or "'NoneType' object" not in str(exc):
+        return False
+    files = []
+    tb = exc.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
+        tb = tb.tb_next
+    return bool(files) and any("/redis/" in f for f in files) and \
+        ("/redis/" in files[-1] or "/asyncio/" in files[-1])
+
+
+def _cluster_failure(exc: BaseException, rx: Any, sent: bool) -> BaseException:
+    """redis-py's Cluster client's own failures (not server replies): no node reachable is
+    :class:`ConnectionFailed` (nothing was sent); a slot no node serves (a failover under
+    way) :class:`ServerBusy` ``CLUSTERDOWN``; others (a request over many slots: the
+    caller's) unchanged."""
+    text = str(exc)
+    if isinstance(exc, getattr(rx, "RedisClusterUnreachableError", ())) \
+            or "cannot be connected" in text:
+        return ConnectionFailed(f"{type(exc).__name__}: {text}")
+    if isinstance(exc, rx.SlotNotCoveredError) or "not covered by the cluster" in text:
+        return ServerBusy(f"{type(exc).__name__}: {text}", "CLUSTERDOWN")
+    if "TTL exhausted" in text:  # redirected and failed over past its retries
+        return (ReplyLost if sent else ConnectionFailed)(f"{type(exc).__name__}: {text}")
     return exc
 
 

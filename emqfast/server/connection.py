@@ -127,7 +127,9 @@ def open_client(url: str, single: Any, cluster: Any, **kwargs: Any) -> Any:
         if url.startswith(("redis+cluster://", "rediss+cluster://")):
             return cluster.from_url(url.replace("+cluster", "", 1), **kwargs)
         return single.from_url(url, **kwargs)
-    except (ValueError, redis.RedisError) as exc:
+    except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # (a Cluster client reads its slot map at construction: an unreachable node fails
+        # here, as a single server's first command does: ConnectionFailed, not sent)
         # redis-py's messages may echo the URL: never let a password out
         raise ConnectionFailed(f"cannot connect to {redact(url)}: "
                                f"{_scrub(str(exc), url)}") from None
