@@ -135,7 +135,8 @@ def tell_deleted_op(k: QueueKeys) -> Returns[int]:
     cursor: Any = 0
     while True:
         cursor, found = yield Cmd.of("HSCAN", k.waiters, cursor, "COUNT", CHUNK)
-        ids = [_text(i) for i in (found.keys() if isinstance(found, dict) else found[::2])]
+        ids = [i.decode() if isinstance(i, bytes) else str(i)
+               for i in (found.keys() if isinstance(found, dict) else found[::2])]
         there = (yield Batch([Cmd.of("EXISTS", key) for key in k.jobs(ids)])) if ids else []
         gone = [job_id for job_id, n in zip(ids, there) if not int(n)]
         if gone:
