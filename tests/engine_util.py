@@ -144,3 +144,12 @@ def release(q: emqfast.Queue, job_id: str, token: str) -> Any:
     k = q.keys
     return load("release")(q.redis, [k.job(job_id), k.active, k.leases, k.pending, k.marker,
                                      k.meta, k.events], [job_id, token, KEYSPACE_VERSION])
+
+
+def raised(call: Any) -> Optional[BaseException]:
+    """What ``call()`` raised (an Exception), or None when it returned."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the caller inspects it
+        return exc
+    return None

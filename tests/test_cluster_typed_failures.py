@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections import Counter
 
 import pytest

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import redis
 
 import emqfast
 from emqfast.core.errors import InvalidInput, LeaseLost, QueueKeysGone

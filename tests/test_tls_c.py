@@ -50,14 +50,19 @@ def native():
     return backend_mod._native
 
 
-@pytest.fixture(scope="module")
-def tls_srv(native):
+def serving():
+    """The TLS test server for a fixture to yield (the test skipped when none can start)."""
     try:
         server = _tls_bench().start_tls_server(binds=("127.0.0.1", "127.0.0.2"))
     except RuntimeError as exc:
         pytest.skip(str(exc))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_srv(native):
+    yield from serving()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import redis
 import emqfast
 import emqfast.aio
 from conftest import native_built
+from engine_util import raised
 from emqfast.core.errors import (CertificateRejected, ConnectionFailed, PermissionDenied,
                                  is_transient, translate)
 
@@ -28,13 +29,8 @@ backend_mod = importlib.import_module("emqfast.backend")
 
 @pytest.fixture(scope="module")
 def tls_srv():
-    from test_tls_c import _tls_bench
-    try:
-        server = _tls_bench().start_tls_server(binds=("127.0.0.1", "127.0.0.2"))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
+    from test_tls_c import serving  # its server, without its need of the C core
+    yield from serving()
 
 
 @pytest.fixture(params=["c", "python"])
@@ -58,28 +54,20 @@ def _url(server, case: str) -> str:
 CASES = ["wrong CA", "misnamed"]
 
 
-def _raised(call):
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - inspected by the caller
-        return exc
-    return None
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_every_path_raises_the_certificate_failure(tls_srv, backend, qname, case):
     q = emqfast.Queue(qname, emqfast.connect(_url(tls_srv, case)))
     ref = q.ref("JOB" + "1" * 23)
-    raised = {"script": _raised(lambda: q.enqueue("x")),
-              "batch": _raised(lambda: q.enqueue_many(["x", "y"])),
-              "pipeline": _raised(lambda: q.get(ref.id)),
-              "command": _raised(q.pause),
-              "pub/sub": _raised(lambda: ref.wait(timeout_s=5))}
-    wrong = {k: (type(v).__name__, str(v)[:160]) for k, v in raised.items()
+    got = {"script": raised(lambda: q.enqueue("x")),
+           "batch": raised(lambda: q.enqueue_many(["x", "y"])),
+           "pipeline": raised(lambda: q.get(ref.id)),
+           "command": raised(q.pause),
+           "pub/sub": raised(lambda: ref.wait(timeout_s=5))}
+    wrong = {k: (type(v).__name__, str(v)[:160]) for k, v in got.items()
              if not isinstance(v, CertificateRejected)}
     assert not wrong, wrong
     assert all(isinstance(v, PermissionDenied) and not is_transient(v)
-               for v in raised.values())
+               for v in got.values())
 
 
 @pytest.mark.parametrize("case", CASES)

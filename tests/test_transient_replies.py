@@ -22,6 +22,7 @@ from emqfast.backends import pure_batcher
 from emqfast.core.errors import ServerBusy, ServerFull, is_transient, translate
 
 from conftest import require_native, start_redis_server
+from engine_util import raised
 from waiting import wait_until
 
 from emqfast.backends.native_batcher import _RedisParser as _Parser  # both Batchers' mapping
@@ -123,14 +124,6 @@ def _is_busy(admin: redis.Redis) -> bool:
         return "BUSY" in str(exc)
 
 
-def _raised(call):
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the test inspects it
-        return exc
-    return None
-
-
 def _batchers(r: redis.Redis):
     yield "python batcher", pure_batcher.Batcher.from_redis(r)
     try:
@@ -147,24 +140,24 @@ def test_every_path_answers_server_busy_from_a_busy_server(busy_server, qname):
     ref = q.enqueue("x")
     batchers = list(_batchers(r))
     make_busy()
-    raised = {
-        "single command": _raised(lambda: q.pause()),
-        "script": _raised(lambda: q.enqueue("y")),
-        "pipeline (get)": _raised(lambda: q.get(ref.id)),
-        "pipeline (counts)": _raised(q.counts),
-        "pub/sub (wait)": _raised(lambda: ref.wait(timeout_s=5)),
+    got = {
+        "single command": raised(lambda: q.pause()),
+        "script": raised(lambda: q.enqueue("y")),
+        "pipeline (get)": raised(lambda: q.get(ref.id)),
+        "pipeline (counts)": raised(q.counts),
+        "pub/sub (wait)": raised(lambda: ref.wait(timeout_s=5)),
     }
     for name, batcher in batchers:
         try:
             replies = batcher.evalsha_many(ECHO_SHA, ECHO, 1, [["emq-busy"]])
         except Exception as exc:  # noqa: BLE001 - a batch refused as a whole
-            raised[name] = exc
+            got[name] = exc
         else:
-            raised[name] = translate(replies[0]) if isinstance(replies[0], Exception) \
+            got[name] = translate(replies[0]) if isinstance(replies[0], Exception) \
                 else None
         finally:
             batcher.close()
     wrong = {where: (type(exc).__name__, getattr(exc, "state", None), str(exc)[:120])
-             for where, exc in raised.items()
+             for where, exc in got.items()
              if not (isinstance(exc, ServerBusy) and exc.state == "BUSY")}
     assert not wrong, wrong
