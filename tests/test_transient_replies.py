@@ -8,6 +8,7 @@ an unclassified one would end ``Worker.run()``.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import shutil
@@ -18,6 +19,7 @@ import redis
 import redis.asyncio
 
 import emqfast
+import emqfast.aio
 from emqfast.backends import pure_batcher
 from emqfast.core.errors import ServerBusy, ServerFull, is_transient, translate
 
@@ -157,6 +159,31 @@ def test_every_path_answers_server_busy_from_a_busy_server(busy_server, qname):
                 else None
         finally:
             batcher.close()
+    wrong = {where: (type(exc).__name__, getattr(exc, "state", None), str(exc)[:120])
+             for where, exc in got.items()
+             if not (isinstance(exc, ServerBusy) and exc.state == "BUSY")}
+    assert not wrong, wrong
+
+
+def test_every_asyncio_path_answers_server_busy_from_a_busy_server(busy_server, qname):
+    url, make_busy = busy_server
+
+    async def main() -> dict:
+        q = emqfast.aio.Queue(qname, emqfast.aio.connect(url))
+        ref = await q.enqueue("x")
+        make_busy()
+        got = {}
+        for where, call in [("single command", q.pause), ("script", lambda: q.enqueue("y")),
+                            ("pipeline (get)", lambda: q.get(ref.id)),
+                            ("pipeline (counts)", q.counts),
+                            ("pub/sub", lambda: ref.wait(timeout_s=5))]:
+            try:
+                await call()
+                got[where] = None
+            except Exception as exc:  # noqa: BLE001 - inspected below
+                got[where] = exc
+        return got
+    got = asyncio.run(main())
     wrong = {where: (type(exc).__name__, getattr(exc, "state", None), str(exc)[:120])
              for where, exc in got.items()
              if not (isinstance(exc, ServerBusy) and exc.state == "BUSY")}
