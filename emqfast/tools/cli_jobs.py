@@ -22,9 +22,10 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
     for job_id in ids:
         pipe.hgetall(q.keys.job(job_id))
         pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
+        pipe.zscore(q.keys.active, job_id)
     got = pipe.execute()
-    return [Job.from_hash(q.name, job_id, h, delayed)
-            for job_id, h, delayed in zip(ids, got[::2], got[1::2]) if h]
+    return [Job.from_hash(q.name, job_id, h, delayed, active)
+            for job_id, h, delayed, active in zip(ids, got[::3], got[1::3], got[2::3]) if h]
 
 
 @click.command()
@@ -75,10 +76,11 @@ def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
     pipe = q.redis.pipeline(transaction=False)
     pipe.hgetall(q.keys.job(job_id))
     pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
-    h, delayed = pipe.execute()
+    pipe.zscore(q.keys.active, job_id)
+    h, delayed, active = pipe.execute()
     if not h:
         _fail(f"[red]no job {job_id} in {q.name}[/red] (never enqueued, or trimmed)")
-    return Job.from_hash(q.name, job_id, h, delayed), len(h.get(b"payload", b""))
+    return Job.from_hash(q.name, job_id, h, delayed, active), len(h.get(b"payload", b""))
 
 
 def _dump_long_fields(job: Job) -> None:

@@ -119,7 +119,7 @@ class StopKeeping(_Host):
     """Stopping running jobs, mixed into both Workers before the machine (its
     ``_write_batch`` writes cancelled runs, then hands the rest to the machine's)."""
 
-    _stops: Dict[str, Stop]
+    _stops: Dict[str, Stop]  # lease token -> its stop: a stop belongs to one run (attempt)
     job_timeout_ms: Optional[int]
     cancel_grace_ms: int
 
@@ -127,7 +127,6 @@ class StopKeeping(_Host):
         self.job_timeout_ms, self.cancel_grace_ms = check_timeouts(job_timeout_ms,
                                                                    cancel_grace_ms)
         self._stops = {}
-        self._early: Set[str] = set()  # held (claimed, not started) jobs asked to cancel
 
     def _cancel_held(self, job_id: str) -> None:
         """A cancel of a job this Worker holds but has not started (prefetched): it is
@@ -157,11 +156,11 @@ class StopKeeping(_Host):
         cancels a coroutine's task and arms the abandonment after the grace."""
         with self._guard:
             run = self._running.get(job_id)
-            if run is None or run.acking or run.lost or job_id in self._stops \
+            if run is None or run.acking or run.lost or run.token in self._stops \
                     or (token is not None and run.token != token):
                 return None
             run.job._stop_reason = reason
-            self._stops[job_id] = Stop(run.token, reason)
+            self._stops[run.token] = Stop(run.token, reason)
         log.info("%s: job %s %s; stopping its handler", self._who, job_id,
                  "was cancelled" if reason == CANCELLED else "timed out",
                  extra=log_context(run.job))
@@ -172,12 +171,11 @@ class StopKeeping(_Host):
         instead (None: the run was abandoned, its outcome written already)."""
         if not self._stops:  # the common case: nothing stopped, no lock taken
             return outcome
-        job_id, token = outcome.job.id, outcome.token
+        token = outcome.token
         with self._guard:
-            stop = self._stops.get(job_id)
-            if stop is None or stop.token != token:
+            stop = self._stops.pop(token, None)
+            if stop is None:
                 return outcome
-            del self._stops[job_id]
         if stop.settled:
             return None
         tb = outcome.traceback if isinstance(outcome, Failed) else ""
@@ -187,12 +185,12 @@ class StopKeeping(_Host):
         """The grace after a stop has passed: the outcome to write now if the handler is
         still running (its late return is then ignored), else None."""
         with self._guard:
-            stop = self._stops.get(job_id)
-            if stop is None or stop.token != token or stop.settled:
+            stop = self._stops.get(token)
+            if stop is None or stop.settled:
                 return None
             run = self._running.get(job_id)
             if run is None or run.token != token or run.acking:
-                del self._stops[job_id]  # ended meanwhile: nothing to abandon
+                del self._stops[token]  # ended meanwhile: nothing to abandon
                 return None
             stop.settled = True
         log.warning("%s: job %s's handler did not end within cancel_grace_ms=%d of its %s; "
@@ -207,7 +205,7 @@ class StopKeeping(_Host):
         re-reads."""
         with self._guard:
             return [(i, r.token) for i, r in self._running.items()
-                    if i not in self._stops and not r.acking and not r.lost]
+                    if r.token not in self._stops and not r.acking and not r.lost]
 
     def _recheck_cancels(self) -> Logic:
         """Read the cancel marks of the running jobs not stopped yet (on the beat, and after

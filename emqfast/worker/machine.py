@@ -138,6 +138,7 @@ class WorkerMachine:
         self._claiming: Any = None
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
+        self._early: Set[str] = set()  # held jobs asked to cancel (their handler never runs)
         self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
         self._deps = DependencyStep(self)  # settles dependencies on the beat and after acks
         # callables run on every beat after the Worker's own steps (an awaitable one is
@@ -404,6 +405,7 @@ class WorkerMachine:
             with self._guard:  # handed out (or no longer ours)
                 for h in chunk:
                     self._held.pop(h.job_id, None)
+                    self._early.discard(h.job_id)
                 if not self._held:
                     self._held_groups.clear()
             slots -= len(chunk)
@@ -485,7 +487,8 @@ class WorkerMachine:
         if isinstance(r, HeldLease):
             if self._held.get(r.job_id) is r:  # never started: just forget it
                 r.lost = True
-                log.warning("lease on held job %s was lost", r.job_id)
+                if r.job_id not in self._early:  # (cancelled while held: cancel.lua took it)
+                    log.warning("lease on held job %r was lost", r.job_id)
         elif self._running.get(r.job.id) is r and not r.acking:
             r.lost = True
             log.warning("lease on running job %s was lost", r.job.id)

@@ -420,6 +420,8 @@ class Worker(StopKeeping, WorkerMachine):
     def _run_one(self, job: Job, token: str) -> Outcome:
         """Run the handler; the outcome the acker writes."""
         try:
+            if job._stop_reason is not None:  # stopped before it began: never handed to it
+                job.raise_if_cancelled()
             if job._undecodable is not None:  # fails for good, its handler never runs
                 check_decodable(job)
             result = self.handler(job)
@@ -598,6 +600,7 @@ class CancelListener:
         self._closed = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
+        self._backoff = Backoff(0.05, 2.0)  # between re-subscribes after losses
         self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
 
     def start(self) -> None:
@@ -614,7 +617,7 @@ class CancelListener:
             thread.join(timeout=2.0)
 
     def _run(self) -> None:
-        backoff = Backoff(0.05, 2.0)
+        backoff = self._backoff
         while not self._closed.is_set():
             try:
                 self._listen()
@@ -635,6 +638,7 @@ class CancelListener:
                 return
             pubsub.subscribe(*self._channels)
             self.subscribed.set()
+            self._backoff.reset()  # a loss after this one waits the first step again
             self._on_subscribed()
             while not self._closed.is_set():
                 message = pubsub.get_message(timeout=_POLL_S)
