@@ -74,6 +74,8 @@ from emqfast.worker.threads import DEFAULT_BATCH
 
 log = logging.getLogger("emqfast.worker")
 
+FLUSH_MIN_S = 1.0  # a shutdown step's least time, when the stop's bound has passed already
+
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
@@ -141,7 +143,6 @@ class Worker(StopKeeping, WorkerMachine):
         self._changed: Optional[asyncio.Event] = None   # a job finished / an outcome written
         self._ack_ready: Optional[asyncio.Event] = None
         self._hurry: Optional[asyncio.Event] = None  # set: cancel handlers now, no grace
-        self._wakers: "set[asyncio.Future[Any]]" = set()
         # a handler step holding the loop longer than this delays every lease renewal
         # enough for leases to lapse (renewed a third used, checked every quarter)
         self.stall_warn_s = self.lease_ms * 0.4 / 1000.0
@@ -193,20 +194,18 @@ class Worker(StopKeeping, WorkerMachine):
             if running is not loop:  # another thread: act on the worker's own loop
                 loop.call_soon_threadsafe(self.stop)
                 return
-        self._stopping = True
-        self._stopped_at = time.monotonic()
+        if not self._stopping:
+            self._stopping = True
+            self._stopped_at = time.monotonic()
         self._notify()
-        if loop is not None and loop.is_running() and self._serving:
-            # wake the claim loop if it is blocked on the marker
-            waker = loop.create_task(self._wake(), name="emq-wake")
-            self._wakers.add(waker)
-            waker.add_done_callback(self._wakers.discard)
+        if self._waiter is not None:  # wake a claim loop blocked on the marker, without
+            self._waiter.interrupt()  # I/O: a silent server would hold a wake-up call
 
-    async def _wake(self) -> None:
-        try:
-            await self._redis.zadd(self._keys.marker, {"0": 0})
-        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
-            pass
+    def _stop_bound(self) -> float:
+        """When a stopping Worker's shutdown must be over (monotonic s): the stop plus
+        ``shutdown_timeout_s`` (a run that ends without stop(): from now)."""
+        start = self._stopped_at if self._stopping else time.monotonic()
+        return start + self.shutdown_timeout_s
 
     def _on_signal(self, signum: int) -> None:
         log.info("aio worker %s: signal %d, shutting down gracefully", self.name, signum)
@@ -586,7 +585,13 @@ class Worker(StopKeeping, WorkerMachine):
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
         leases = await self._alive(leases, self._lease_loop, "emq-leases")
         # a claim or start that the cancellation of run() cut short: its jobs go back
-        await self._drive(self._settle(time.monotonic() + min(self.shutdown_timeout_s, 5.0)))
+        settle = tasks.spawn(self._drive(self._settle(self._stop_bound())), name="emq-settle")
+        await asyncio.wait([settle], timeout=max(self._stop_bound() - time.monotonic(), 0.0))
+        if not settle.done():  # a silent server: their leases lapse, the reaper re-runs them
+            settle.cancel()
+            log.warning("%s: could not hand back claimed jobs within shutdown_timeout_s=%s "
+                        "(Redis unreachable?); the reaper will", self._who,
+                        self.shutdown_timeout_s)
         await self._grace_period()
         late = self._job_tasks()
         for task in late:
@@ -600,8 +605,13 @@ class Worker(StopKeeping, WorkerMachine):
             late = self._job_tasks()
         await self._flush(acker)
         leases.cancel()  # and _closing: see _lease_loop
-        await asyncio.wait([leases], timeout=self.beat_s + 1.0)
-        await self._heartbeat.sign_off()  # gone from the Workers page now
+        await asyncio.wait([leases], timeout=FLUSH_MIN_S)
+        try:  # gone from the Workers page now, not when it expires (bounded: see _flush)
+            await asyncio.wait_for(self._heartbeat.sign_off(),
+                                   max(self._stop_bound() - time.monotonic(), FLUSH_MIN_S))
+        except asyncio.TimeoutError:
+            log.warning("%s: could not sign off within shutdown_timeout_s=%s (Redis "
+                        "unreachable?); its record expires", self._who, self.shutdown_timeout_s)
         await self._close_connections()
 
     def _job_tasks(self) -> List["asyncio.Task[None]"]:
@@ -623,7 +633,7 @@ class Worker(StopKeeping, WorkerMachine):
         """Wait up to ``shutdown_timeout_s`` for running handlers to finish (less when a
         further cancellation hurries the shutdown)."""
         assert self._hurry is not None
-        end = time.monotonic() + self.shutdown_timeout_s
+        end = self._stop_bound()
         while not self._hurry.is_set():
             tasks = self._job_tasks()
             left = end - time.monotonic()
@@ -635,11 +645,13 @@ class Worker(StopKeeping, WorkerMachine):
         """Let the acker write the outcomes and releases still queued, re-sending for a
         bounded time only (after that the reaper re-runs what could not be written)."""
         assert self._ack_ready is not None
-        self._ack_until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+        # within the stop's bound (at least a moment: outcomes of handlers that ended late
+        # get one try at least); a silent server cannot hold the exit past it
+        self._ack_until = max(self._stop_bound(), time.monotonic() + FLUSH_MIN_S)
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
         self._closing = True  # the acker returns once it has written what is queued
         self._ack_ready.set()
-        await asyncio.wait([acker], timeout=self._ack_until + 5.0 - time.monotonic())
+        await asyncio.wait([acker], timeout=self._ack_until - time.monotonic())
         if not acker.done():
             acker.cancel()
             await asyncio.wait([acker], timeout=1.0)
@@ -656,11 +668,7 @@ class Worker(StopKeeping, WorkerMachine):
         self._running.clear()  # every handler has ended: nothing of ours is running
 
     async def _close_connections(self) -> None:
-        """End the wake-up calls stop() started and close the marker connection."""
-        if self._wakers:
-            await asyncio.wait(list(self._wakers), timeout=1.0)
-            for waker in list(self._wakers):
-                waker.cancel()
+        """Close the marker connection."""
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             try:

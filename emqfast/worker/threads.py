@@ -69,6 +69,7 @@ GATHER_S = 0.001  # ...else gather for this long while more are coming
 # How long one cancel-channel read waits. close() does not wait for it to run out: it shuts
 # the listener's socket, which ends the read at once (a Worker's stop stays instant).
 _POLL_S = 5.0
+SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed already
 
 
 class Worker(StopKeeping, WorkerMachine):
@@ -101,6 +102,10 @@ class Worker(StopKeeping, WorkerMachine):
     until the handler returns, its outcome is written, then :meth:`run` returns (a warning
     names such jobs when the timeout passes). Handler threads cannot be interrupted; a
     process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
+    A server that stops answering cannot hold the exit: outcomes and hand-backs are
+    tried until ``shutdown_timeout_s`` after the stop (plus at most one read deadline in
+    flight), then :meth:`run` says what it could not write and returns; those jobs' leases
+    lapse and the reaper re-runs them.
 
     Cancels and timeouts: ``q.cancel(id)`` on a job this Worker runs reaches it
     at once (a pub/sub listener thread; the beat re-reads the cancel marks in case a
@@ -202,17 +207,23 @@ class Worker(StopKeeping, WorkerMachine):
         (a running handler is never released: it may still finish). A stop requested
         before :meth:`run` starts is honoured by it (run returns at once)."""
         self._stopped_at = time.monotonic()
+        # outcomes of a stopping worker are re-sent within its bound, then left to the
+        # reaper: a partition cannot hold the exit (see _shutdown)
+        self._ack_until = self._stopped_at + self.shutdown_timeout_s
         self._stop.set()
-        try:  # wake the claim loop if it is blocked on the marker
-            self._redis.zadd(self._keys.marker, {"0": 0})
-        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
-            pass
+        waiter = self._waiter
+        if waiter is not None:  # wake a claim loop blocked on the marker: no I/O here,
+            waiter.interrupt()  # which a silent server would hold (a signal handler runs it)
+        with self._lock:  # ...or one waiting for a handler slot
+            self._lock.notify_all()
 
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
         if not self.allow_eviction:
             self._refuse_eviction(eviction.check(self._redis))
         # _stop is NOT cleared here: a stop() requested before run() is honoured
         self._fatal = None
+        if not self._stop.is_set():
+            self._ack_until = None
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
         self._acker.start()
@@ -288,10 +299,12 @@ class Worker(StopKeeping, WorkerMachine):
         docstring for why a handler still running after ``shutdown_timeout_s`` is waited
         for (its lease kept) rather than released."""
         pool, self._pool = self._pool, None
-        end = time.monotonic() + self.shutdown_timeout_s
+        stopped = self._stop.is_set()
+        end = (self._stopped_at if stopped else time.monotonic()) + self.shutdown_timeout_s
         # claimed but not started yet: hand back now instead of running
-        self._drive(self._settle(end))
-        self._drive(self._releasing(self._take_held(), end))
+        self._within(end, "handing back claimed jobs", lambda: (
+            self._drive(self._settle(end)),
+            self._drive(self._releasing(self._take_held(), end))))
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
@@ -300,21 +313,53 @@ class Worker(StopKeeping, WorkerMachine):
         self._acks.put(None)
         if self._acker is not None:
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))
+            if self._acker.is_alive():
+                log.warning("%s: outcomes still unwritten at shutdown_timeout_s=%s (Redis "
+                            "unreachable?): their leases will lapse and the reaper will "
+                            "re-run those jobs", self._who, self.shutdown_timeout_s)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._heartbeat.sign_off()  # gone from the Workers page now, not when it expires
+        # gone from the Workers page now, not when it expires
+        self._within(max(end, time.monotonic() + SIGN_OFF_S), "signing off",
+                     self._heartbeat.sign_off)
+
+    def _within(self, end: float, what: str, step: Callable[[], Any]) -> None:
+        """Run a shutdown ``step`` that does I/O, returning by ``end`` (monotonic s): a step
+        a silent server holds past it is left to end (its reads have deadlines) in a
+        daemon thread of its own, and its jobs' leases lapse (the reaper re-runs them).
+        An error it raised in time is raised here."""
+        raised: List[BaseException] = []
+
+        def run_step() -> None:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+                raised.append(exc)
+
+        thread = threading.Thread(target=run_step, name="emq-shutdown", daemon=True)
+        thread.start()
+        thread.join(max(end - time.monotonic(), 0.0))
+        if thread.is_alive():
+            log.warning("%s: %s did not finish within shutdown_timeout_s=%s (Redis "
+                        "unreachable?); exiting without it", self._who, what,
+                        self.shutdown_timeout_s)
+        elif raised:
+            raise raised[0]
 
     def _wait_for_handlers(self, end: float) -> None:
         """Until every running handler has returned and its outcome is written, renewing
         their leases (the claim loop's beat has stopped); warn once ``end`` has passed."""
         warned = False
         next_beat = time.monotonic() + self.beat_s
+        renewing: Optional[threading.Thread] = None
         while not signals.abandon_if_forced(self):  # a 2nd signal: hand back, stop waiting
             with self._lock:
                 if not self._running and self._pending_acks == 0:
                     break
                 if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
                     break  # only jobs whose lease is gone: nothing of ours to write
+                if time.monotonic() >= end and self._handlers_running() == 0:
+                    break  # only outcome writes are left: the acker's own bound ends them
                 if not warned and time.monotonic() >= end and self._running:
                     warned = True
                     log.warning("worker %s: %d handler(s) still running after "
@@ -323,13 +368,24 @@ class Worker(StopKeeping, WorkerMachine):
                                 self.name, len(self._running), self.shutdown_timeout_s,
                                 ", ".join(sorted(self._running)[:10]))
                 self._lock.wait(0.05)
-            if time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat and (renewing is None or not renewing.is_alive()):
+                # in a thread of its own: a silent server must not hold this wait
                 next_beat = time.monotonic() + self.beat_s
-                try:  # transient faults: logged, the next beat tries again
-                    self._drive(self._renew_on_beat(time.monotonic()))
-                except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
-                    log.error("worker %s: cannot extend leases while stopping (%s)",
-                              self.name, exc)
+                renewing = threading.Thread(target=self._renew_while_stopping, daemon=True,
+                                            name="emq-renew")
+                renewing.start()
+
+    def _handlers_running(self) -> int:
+        """Handlers that have not returned, less the abandoned ones (their outcome is
+        written; their threads may never return). Under the lock."""
+        return self._in_hand - sum(1 for stop in self._stops.values() if stop.settled)
+
+    def _renew_while_stopping(self) -> None:
+        """Renew the leases of handlers still running while the Worker stops."""
+        try:  # transient faults: logged, the next beat tries again
+            self._drive(self._renew_on_beat(time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
+            log.error("worker %s: cannot extend leases while stopping (%s)", self.name, exc)
 
     # --- handler slots ------------------------------------------------------------------
 
