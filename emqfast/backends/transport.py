@@ -194,7 +194,7 @@ def _takes_timeout(cls: type) -> bool:
     known = _TAKES_TIMEOUT.get(cls)
     if known is None:
         known = _TAKES_TIMEOUT[cls] = \
-            "timeout" in inspect.signature(cls.read_response).parameters
+            "timeout" in inspect.signature(getattr(cls, "read_response")).parameters
     return known
 
 

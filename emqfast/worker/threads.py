@@ -119,6 +119,8 @@ class Worker(StopKeeping, WorkerMachine):
     returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
     """
 
+    _listener_class: Any = None  # CancelListener, TimeoutTimer (set below: defined later)
+    _timer_class: Any = None
     _ready: "deque[Tuple[Job, str]]"  # started, waiting for a handler thread
     _listener: Optional["CancelListener"]
     _timer: Optional["TimeoutTimer"]
@@ -578,7 +580,8 @@ class Worker(StopKeeping, WorkerMachine):
     def _start_listening(self) -> None:
         """At the start of a run: the timer, and the listener thread subscribing."""
         self._timer = TimeoutTimer(self._on_due)
-        self._listener = CancelListener(self._redis, self._cancel_channels(), self._on_cancel,
+        self._listener = CancelListener(self._redis,
+                                        {c: self._on_cancel for c in self._cancel_channels()},
                                         lambda: self._drive(self._recheck_cancels()),
                                         self._who)
         self._listener.start()
@@ -647,12 +650,14 @@ class ThreadRunHooks:
 
 
 class CancelListener:
-    """Hears the cancel channels ``channels`` on ``client`` (sync redis-py, or Cluster)."""
+    """Hears the cancel channels on ``client`` (sync redis-py, or Cluster): ``routes`` maps
+    each channel to what hears its job ids (one connection for every queue of a Worker)."""
 
-    def __init__(self, client: Any, channels: Sequence[str], on_cancel: Callable[[str], None],
+    def __init__(self, client: Any, routes: Dict[str, Callable[[str], None]],
                  on_subscribed: Callable[[], None], who: str):
-        self._client, self._channels = client, list(channels)
-        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._client, self._routes = client, dict(routes)
+        self._channels = list(self._routes)
+        self._on_subscribed, self._who = on_subscribed, who
         self._closed = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
@@ -699,8 +704,9 @@ class CancelListener:
             while not self._closed.is_set():
                 message = pubsub.get_message(timeout=_POLL_S)
                 if message and message.get("type") == "message":
-                    data = message["data"]
-                    self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+                    route = self._routes.get(_text(message["channel"]))
+                    if route is not None:
+                        route(_text(message["data"]))
         finally:
             self.subscribed.clear()
             self._pubsub = None
@@ -708,6 +714,10 @@ class CancelListener:
                 pubsub.close()
             except Exception:  # noqa: BLE001 - closing a dead connection
                 pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _cut(pubsub: Any) -> None:
@@ -769,3 +779,6 @@ class TimeoutTimer:
                     self._on_due(job_id, token, kind)
                 except Exception:  # noqa: BLE001 - one job's stop must not end the timer
                     log.exception("stopping timed-out job %s failed", job_id)
+
+
+Worker._listener_class, Worker._timer_class = CancelListener, TimeoutTimer
