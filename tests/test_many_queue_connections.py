@@ -76,3 +76,34 @@ def test_a_serving_worker_over_many_queues_waits_on_one_connection_and_hears_can
         w.stop()
         t.join(30)
     assert not t.is_alive()
+
+
+def test_an_aio_worker_over_more_queues_than_a_pool_holds_serves_them_all(redis_url, qname,
+                                                                          r):
+    import asyncio
+
+    import emqfast.aio
+
+    n = 200
+    names = [f"{qname}-{i}" for i in range(n)]
+    seed = emqfast.connect(redis_url)
+    refs = [(name, Queue(name, seed).enqueue(i).id) for i, name in enumerate(names)]
+    before = int(r.info("clients")["connected_clients"])
+    stop, peak = threading.Event(), []
+    watcher = threading.Thread(target=_peak_clients, args=(r, stop, peak), daemon=True)
+    watcher.start()
+
+    async def main():
+        conn = emqfast.aio.connect(redis_url)
+        queues = [emqfast.aio.Queue(name, conn) for name in names]
+        return await emqfast.aio.Worker(queues, lambda job: job.payload).run_until_idle(
+            timeout_s=120)
+    try:
+        stats = asyncio.run(main())
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert stats.completed == n
+    assert all(Queue(name, seed).get(job_id).result == i
+               for i, (name, job_id) in enumerate(refs))
+    assert max(peak) - before < 60, (max(peak), before)

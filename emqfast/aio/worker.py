@@ -54,6 +54,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
+from emqfast.aio.many_shared import AioShared
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
@@ -98,6 +99,7 @@ class Worker(StopKeeping, WorkerMachine):
 
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
+    many_shared_parts = AioShared  # what its members share in a many-queue Worker
 
     _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
     _listener: Optional[AioCancelListener]
@@ -215,8 +217,7 @@ class Worker(StopKeeping, WorkerMachine):
                      wait_scheduled: bool) -> None:
         # this loop's client (an aio Queue keeps one per event loop)
         self._redis = self.queue.redis
-        if not self.allow_eviction:
-            self._refuse_eviction(await eviction.check_async(self._redis))
+        await self._check_server()
         self._begin()
         acker = tasks.spawn(self._ack_loop(), name="emq-acker")
         leases = tasks.spawn(self._lease_loop(), name="emq-leases")
@@ -229,6 +230,11 @@ class Worker(StopKeeping, WorkerMachine):
         finally:  # after the shutdown: a cancel still stops a handler it waits for
             await self._stop_listening()
         self._raise_fatal()
+
+    async def _check_server(self) -> None:
+        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        if not self.allow_eviction:
+            self._refuse_eviction(await eviction.check_async(self._redis))
 
     def _begin(self) -> None:
         """This run's loop, events and flags (_stopping is NOT reset: a stop() requested
@@ -686,8 +692,8 @@ class Worker(StopKeeping, WorkerMachine):
 
     def _start_listening(self) -> None:
         # (made on the running loop: its Event needs one on Python 3.9)
-        self._listener = AioCancelListener(self._redis, self._cancel_channels(),
-                                           self._on_cancel, self._recheck_after_subscribe,
+        self._listener = AioCancelListener(self._redis,
+                                           {c: self._on_cancel for c in self._cancel_channels()}, self._recheck_after_subscribe,
                                            self._who)
         self.cancel_listening = self._listener.subscribed
         self._listener.start()

@@ -14,10 +14,10 @@ What they share is made here:
 - one lock (threads) and wake-ups that reach every member (a job of one queue ending may
   let another queue claim).
 
-Each member's claim loop runs in a thread (asyncio: a task) of its own. The thread
-Worker's members on one single-server client share one marker wait, one cancel listener
-and a gate on their requests (:mod:`emqfast.worker.many_shared`); on a Cluster, and under
-asyncio, each member blocks on its own queue's marker (``BZPOPMIN``). Either way an idle
+Each member's claim loop runs in a thread (asyncio: a task) of its own. Members on one
+single-server client share one marker wait, one cancel listener and a gate on their
+requests (:mod:`emqfast.worker.many_shared`, :mod:`emqfast.aio.many_shared`); on a
+Cluster each member blocks on its own queue's marker (``BZPOPMIN``). Either way an idle
 worker burns no CPU and wakes in a round trip when any queue gets work. A single queue
 (``Worker(q, ...)``) never comes here.
 """
@@ -219,7 +219,9 @@ class Many:
         self.pool: Any = None  # threads: the handler pool of a run (many_runs makes it)
         self.sem: Any = None   # asyncio: the handler semaphore of a run (likewise)
         self.lock = threading.Condition()  # the thread members' one lock
-        cls = member_class(driver, self.shared_parts)
+        # what the members share: the driver's own kind (asyncio names it), else this one's
+        cls = member_class(driver, getattr(driver, "many_shared_parts", None)
+                           or self.shared_parts)
         self._wake: Callable[[Any], None] = getattr(driver, "_notify")  # the driver's own
         self.members: List[Any] = [cls(q, handler, concurrency=concurrency, prefetch=prefetch,
                                        name=self.name, **options) for q in queues]

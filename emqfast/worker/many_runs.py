@@ -17,8 +17,9 @@ import inspect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from emqfast.server import eviction
 from emqfast.worker import signals
 from emqfast.worker.many_shared import (MemberMarkers, SharedMarkers, gate_size, gated,
                                         shared_client)
@@ -46,6 +47,17 @@ class ThreadShared:
     (:mod:`emqfast.worker.many_shared`), a member uses them instead of its own."""
 
     _many: "ThreadMany"
+
+    def _check_server(self) -> None:
+        """The eviction check, once for the whole Worker (not once per queue at once)."""
+        many = self._many
+        if many.gate is None or self.allow_eviction:  # type: ignore[attr-defined]
+            super()._check_server()  # type: ignore[misc]
+            return
+        with many.gate:
+            if many.eviction is None:
+                many.eviction = (eviction.check(self._redis),)  # type: ignore[attr-defined]
+        self._refuse_eviction(many.eviction[0])  # type: ignore[attr-defined]
 
     def _drive(self, logic: Any) -> Any:
         gate = self._many.gate
@@ -101,6 +113,7 @@ class ThreadMany(Many):
             self._listener_client = client
         self._listener: Any = None
         self._listening = 0
+        self.eviction: Optional[Tuple[Optional[str]]] = None  # the check's warning, once
 
     def listener_open(self) -> Any:
         """A member begins serving: the one cancel listener of every queue (started by the

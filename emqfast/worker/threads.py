@@ -220,8 +220,7 @@ class Worker(StopKeeping, WorkerMachine):
             self._lock.notify_all()
 
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
-        if not self.allow_eviction:
-            self._refuse_eviction(eviction.check(self._redis))
+        self._check_server()
         # _stop is NOT cleared here: a stop() requested before run() is honoured
         self._fatal = None
         if not self._stop.is_set():
@@ -235,6 +234,11 @@ class Worker(StopKeeping, WorkerMachine):
         finally:
             self._shutdown()
         self._raise_fatal()
+
+    def _check_server(self) -> None:
+        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        if not self.allow_eviction:
+            self._refuse_eviction(eviction.check(self._redis))
 
     # --- performing the machine's requests -------------------------------------------
     def _drive(self, logic: Logic) -> Any:
