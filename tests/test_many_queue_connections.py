@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import emqfast
 from emqfast import Queue, Worker
 from waiting import wait_until
@@ -107,3 +109,23 @@ def test_an_aio_worker_over_more_queues_than_a_pool_holds_serves_them_all(redis_
     assert all(Queue(name, seed).get(job_id).result == i
                for i, (name, job_id) in enumerate(refs))
     assert max(peak) - before < 60, (max(peak), before)
+
+
+@pytest.mark.parametrize("order", ["strict", "weighted"])
+def test_a_serving_worker_over_many_queues_runs_work_of_its_lowest_queue(redis_url, qname,
+                                                                         order):
+    """Idle queues waking for their beats must not keep the lowest queue from claiming."""
+    conn = emqfast.connect(redis_url)
+    queues = [Queue(f"{qname}-{i}", conn) for i in range(N_QUEUES)]
+    w = Worker(queues, lambda job: "done", order=order)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: all(m._waiter is not None for m in w.members), 30, "all serving")
+        for q in (queues[-1], queues[0], queues[N_QUEUES // 2]):
+            ref = q.enqueue("x")
+            wait_until(lambda: q.get(ref.id).state == "completed", 30, f"{q.name}'s job run")
+    finally:
+        w.stop()
+        t.join(30)
+    assert not t.is_alive()

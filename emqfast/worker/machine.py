@@ -287,15 +287,16 @@ class WorkerMachine:
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """After an empty claim: wait until the beat, a run-at, a rate window's opening or
-        the next schedule run, or until new work wakes the marker."""
+        the next schedule run, or until new work wakes the marker. True when it ended for
+        work (a marker due now, or our own outcomes written), not by its time."""
         wait_ms, hint = calls.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
         if hint is not None:
             self._due_hint = hint
         # draining: what ends this wait is our own outcomes being written, not the marker,
         # which would hold us a beat
         if until_idle and status == 1 and (yield WaitDrained(wait_ms / 1000)):
-            return
-        yield from self._block_on_marker(wait_ms)
+            return True
+        return (yield from self._block_on_marker(wait_ms))
 
     def _block_on_marker(self, wait_ms: float) -> Logic:
         """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
@@ -309,18 +310,19 @@ class WorkerMachine:
         while not self._stop_requested():
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
-                return
+                return False
             popped = yield PopMarker(self._keys.marker, remaining)
             if popped is None:
-                return
+                return False
             score = popped[1]
             ahead_ms = score - self._server_now_ms()
             if ahead_ms <= 0:
-                return
+                return True
             # it may be a schedule's next run (upserted or minted elsewhere): pump then
             if self._next_schedule_ms is None or score < self._next_schedule_ms:
                 self._next_schedule_ms = score
             end = min(end, time.monotonic() + ahead_ms / 1000)
+        return False
 
     # --- pause --------------------------------------------------------------------------
     def _check_paused(self) -> Logic:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from emqfast.core.errors import InputTypeError, InvalidInput
 from emqfast.core.ops import Logic
+from emqfast.worker import calls
 from emqfast.worker.machine import Heartbeat
 from emqfast.worker.leases import Prefetch
 from emqfast.worker.queue_order import QueueOrder
@@ -126,12 +127,16 @@ class Member(_Base):
 
     def _claim(self, n: int) -> Logic:
         self._dry = False
+        reply = None
         try:
-            return (yield from super()._claim(n))
+            reply = yield from super()._claim(n)
+            return reply
         finally:
             with self._guard:
                 if self._many.order.claimed(self._index):
                     self._many.notify_all()
+            if reply is not None and calls.parse_claim(reply)[3]:  # it has work: ready
+                self._many.set_ready(self, True)
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """An empty claim: not ready while blocked on the marker (lower queues may claim).
@@ -140,12 +145,19 @@ class Member(_Base):
         would not end a wait on this queue's marker."""
         if self._held:
             self._dry = True
-            return
+            return False
+        # Not ready (lower queues may claim) until work wakes it: a wait that ends by its
+        # time (the beat) leaves it idle, or with many queues one of them would always be
+        # up for its beat and the lowest would never claim; its own next claim that
+        # leases jobs makes it ready again (see _claim).
         self._many.set_ready(self, False)
+        woken = True  # (an error: ready, as before it waited)
         try:
-            yield from super()._wait_for_work(until_idle, now, status, next_due)
+            woken = yield from super()._wait_for_work(until_idle, now, status, next_due)
         finally:
-            self._many.set_ready(self, True)
+            if woken:
+                self._many.set_ready(self, True)
+        return woken
 
 
 class SharedPool:
