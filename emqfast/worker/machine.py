@@ -28,7 +28,8 @@ import uuid
 from itertools import islice
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.core.errors import (ConnectionFailed, EmqError, EvictionRisk, PermissionDenied,
+                                 VersionMismatch)
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
                               WaitForRoom)
 from emqfast.core.validation import check_int
@@ -81,6 +82,11 @@ class WorkerMachine:
         """``(id, token, group)`` of started jobs whose handler has not begun, taken back
         (``peek``: left where they are)."""
         raise NotImplementedError
+
+    def _connections_suspect(self) -> None:
+        """A connection failed or went silent (a half-open blip silences every connection
+        at once): the driver drops the idle ones it keeps, so the next write dials anew
+        instead of waiting out its own read deadline on a dead one."""
 
     def _recheck_cancels(self) -> Logic:
         """On the beat: read the cancel marks of the running jobs (the stop rules of
@@ -213,6 +219,8 @@ class WorkerMachine:
                     return
                 backoff.reset()
             except Exception as exc:  # noqa: BLE001 - sorted by wait_out
+                if isinstance(typed(exc), ConnectionFailed):
+                    self._connections_suspect()
                 yield from wait_out(exc, backoff, self._who)
 
     def _turn(self, until_idle: bool, wait_scheduled: bool) -> Logic:

@@ -168,6 +168,7 @@ class Worker(StopKeeping, WorkerMachine):
         self._guard = self._lock
         self._acks: "queue_mod.SimpleQueue[Optional[Outcome]]" = queue_mod.SimpleQueue()
         self._ack_batcher: Any = None  # the acker thread's Batcher (hiredis under C)
+        self._ack_reconnect = False  # a lost connection was met: make the Batcher anew
         self._stop = threading.Event()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._acker: Optional[threading.Thread] = None
@@ -234,6 +235,19 @@ class Worker(StopKeeping, WorkerMachine):
         finally:
             self._shutdown()
         self._raise_fatal()
+
+    def _connections_suspect(self) -> None:
+        """The claim loop met a lost connection: the acker makes its Batcher anew before
+        its next write, and the client's idle pooled connections are dropped (both went
+        silent with it in a half-open blip; each would wait out its own read deadline)."""
+        self._ack_reconnect = True
+        backend.close_shared()  # the claim loop's own C connections (this thread's)
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None:
+            try:
+                pool.disconnect(inuse_connections=False)
+            except Exception:  # noqa: BLE001 - best effort: a dead one still has a deadline
+                pass
 
     def _check_server(self) -> None:
         """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
@@ -522,6 +536,12 @@ class Worker(StopKeeping, WorkerMachine):
                 if batch is None:
                     return
                 try:
+                    if self._ack_reconnect:
+                        self._ack_reconnect = False
+                        stale, self._ack_batcher = self._ack_batcher, None
+                        if stale is not None:
+                            stale.close()
+                        backend.close_shared()  # this thread's C connections: dial anew
                     if self._ack_batcher is None:  # the live backend's pipeline
                         self._ack_batcher = backend.batcher_for(self._redis)
                     self._ack_outcomes(batch)
