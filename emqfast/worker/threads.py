@@ -372,7 +372,8 @@ class Worker(StopKeeping, WorkerMachine):
         warned = False
         next_beat = time.monotonic() + self.beat_s
         renewing: Optional[threading.Thread] = None
-        while not signals.abandon_if_forced(self):  # a 2nd signal: hand back, stop waiting
+        # a 2nd signal: hand back, stop waiting
+        while not (getattr(self, "_force_quit", False) and signals.abandon_if_forced(self)):
             with self._lock:
                 if not self._running and self._pending_acks == 0:
                     break
