@@ -75,7 +75,9 @@ class WorkerMachine:
         raise NotImplementedError
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
-        """Run the handlers of the started ``(job, token)`` pairs."""
+        """Run the handlers of the started ``(job, token)`` pairs: each becomes a running
+        job, and ``_stop_early(started)`` stops those cancelled while held before any of
+        their handlers can begin (a handler never gets a job cancelled before it)."""
         raise NotImplementedError
 
     def _take_held(self, peek: bool = False) -> List[Held]:
