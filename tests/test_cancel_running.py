@@ -382,7 +382,8 @@ def test_the_listener_re_subscribes_at_its_first_step_after_each_recovery(redis_
     try:
         with caplog.at_level("WARNING", logger="emqfast.worker"):
             for cut in range(8):
-                wait_until(lambda: r.pubsub_numsub(q.keys.cancel_channel)[0][1] == 1, 30,
+                wait_until(lambda: w._listener.subscribed.is_set()
+                           and r.pubsub_numsub(q.keys.cancel_channel)[0][1] == 1, 30,
                            "listener subscribed")
                 r.client_kill_filter(_type="pubsub")
                 wait_until(lambda: len(_resubscribes(caplog)) > cut, 30, "the loss logged")

@@ -15,7 +15,6 @@ from emqfast import Queue
 from emqfast.core.errors import LeaseLost, PermissionDenied, ReplyLost, ServerBusy
 from emqfast.core.ops import (Batch, Call, Cmd, Hook, PopMarker, Sleep, WaitDrained,
                               WaitForRoom)
-from emqfast.worker.cancels import StopKeeping
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.outcomes import CancelledRun, Done, Failed
 from emqfast.worker.leases import RunningJob
@@ -23,7 +22,7 @@ from emqfast.worker.leases import RunningJob
 NOW = 1_800_000_000_000  # server ms the scripted claim replies carry
 
 
-class Machine(StopKeeping, WorkerMachine):
+class Machine(WorkerMachine):
     """The machine with the smallest driver: handed-out jobs are recorded, never run."""
 
     def __init__(self, queue: Queue, **options: Any):

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
 from emqfast.aio import tasks
 from emqfast.facade.job import Job
-from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
 from emqfast.worker.leases import RunningJob

@@ -63,7 +63,7 @@ from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, W
 from emqfast.facade.job import Job
 from emqfast.server import eviction
 from emqfast.worker.async_slots import AsyncSlots
-from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, StopKeeping,
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT,
                                     timeout_ms_of)
 from emqfast.worker.leases import RunningJob
 from emqfast.worker.machine import ACK_BATCH, WorkerMachine
@@ -80,7 +80,7 @@ FLUSH_MIN_S = 1.0  # a shutdown step's least time, when the stop's bound has pas
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
-class Worker(StopKeeping, WorkerMachine):
+class Worker(WorkerMachine):
     """Runs ``await handler(job)`` for jobs of an :class:`emqfast.aio.Queue`.
 
     Arguments mean what they mean for :class:`emqfast.Worker`. Inside a

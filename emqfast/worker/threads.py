@@ -45,7 +45,7 @@ from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.worker import signals
 from emqfast.worker.machine import ACK_BATCH
-from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines, StopKeeping,
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines,
                                     timeout_ms_of)
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.many_runs import serve_many
@@ -72,7 +72,7 @@ _POLL_S = 5.0
 SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed already
 
 
-class Worker(StopKeeping, WorkerMachine):
+class Worker(WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
@@ -723,8 +723,8 @@ class CancelListener:
             if self._closed.is_set():  # closed while this connection was being made
                 return
             pubsub.subscribe(*self._channels)
-            self.subscribed.set()
             self._backoff.reset()  # a loss after this one waits the first step again
+            self.subscribed.set()
             self._on_subscribed()
             while not self._closed.is_set():
                 message = pubsub.get_message(timeout=_POLL_S)
