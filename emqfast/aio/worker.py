@@ -585,7 +585,9 @@ class Worker(WorkerMachine):
         """Stop; see the module docstring for which late jobs are released (only those whose
         handler has ended by cancellation) and which are waited for (lease kept)."""
         assert self._hurry is not None
-        self._stopping = True
+        if not self._stopping:  # ended without stop() (idle, or cancelled): bound from now
+            self._stopping = True
+            self._stopped_at = time.monotonic()
         # the loop's teardown cancels every task at once: the acker and the lease loop too,
         # but outcomes must still be written and a slow handler's lease kept
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
