@@ -59,7 +59,7 @@ class JobRef:
         for refs from :mod:`emqfast.aio`); raises :class:`~emqfast.errors.JobFailed`,
         :class:`~emqfast.errors.Cancelled`, :class:`~emqfast.errors.JobExpired`, or
         :class:`~emqfast.errors.WaitTimeout` after ``timeout_s`` (None: no limit). Woken
-        by the job's own end (pub/sub), across processes; see :mod:`emqfast.facade.waiting`."""
+        by the job's own end (pub/sub), across processes; see :mod:`emqfast.facade.job_wait`."""
         if self._queue is None:
             raise InvalidInput(f"JobRef {self.id} knows no queue to wait on: use "
                                "q.ref(job_id).wait() or q.wait_many([...])")
