@@ -16,7 +16,8 @@ from rich.table import Table
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import State, console, current_state, url_option
-from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative, stats_line
+from emqfast.tools.render import (counts_table, fmt_delta, fmt_ms, fmt_relative, plain,
+                                  stats_line, styled)
 
 
 def discover_queues(conn: redis.Redis) -> List[str]:
@@ -43,7 +44,7 @@ def _stats_view(state: State, queue: Optional[str]) -> Any:
     title = f"Queues on {state.where()} — server clock {fmt_ms(now)}"
     parts: List[Any] = [counts_table(rows, now, title=title, width=console.width)]
     if not rows:
-        parts.append("[dim]no queues yet[/dim]")
+        parts.append(styled(("no queues yet", "dim")))
     if queue and rows[0]["schedules"]:
         parts.append(schedules_table(Queue(queue, state.conn()), now))
     return Group(*parts)
@@ -119,12 +120,12 @@ def _schedule_row(sched: Any) -> Dict[str, Any]:
 
 def schedules_table(q: Queue, now_ms: int) -> Table:
     """The registry of repeatable schedules of ``q``, next runs in each schedule's zone."""
-    table = Table(title=f"Schedules of {q.name}", title_justify="left")
+    table = Table(title=plain(f"Schedules of {q.name}"), title_justify="left")
     for name in ("name", "cadence", "time zone", "next run (schedule's zone)", "in"):
         table.add_column(name)
     for row in schedule_rows(q):
-        table.add_row(row["name"], row["cadence"], row["tz"], row["next_local"],
-                      fmt_relative(row["next_ms"], now_ms))
+        table.add_row(plain(row["name"]), plain(row["cadence"]), plain(row["tz"]),
+                      plain(row["next_local"]), fmt_relative(row["next_ms"], now_ms))
     return table
 
 
@@ -141,7 +142,7 @@ def schedules(ctx: click.Context, queue: str) -> None:
     table = schedules_table(q, q.server_time_ms())
     console.print(table)
     if not table.row_count:
-        console.print("[dim]no schedules[/dim]")
+        console.print(styled(("no schedules", "dim")))
 
 
 @schedules.command("remove")
@@ -152,9 +153,9 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
     """Delete schedule NAME (jobs it already made stay)."""
     queue = ctx.parent.params["queue"] if ctx.parent else ""
     if current_state().queue(queue).schedules.remove(name):
-        console.print(f"[green]removed[/green] schedule {name} of {queue}", highlight=False)
+        console.print(styled(("removed", "green"), f" schedule {name} of {queue}"))
     else:
-        console.print(f"no schedule {name} in {queue}: nothing removed", highlight=False)
+        console.print(styled(f"no schedule {name} in {queue}: nothing removed"))
 
 
 @click.command()
