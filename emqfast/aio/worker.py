@@ -477,7 +477,7 @@ class Worker(StopKeeping, WorkerMachine):
         if seconds < self.stall_warn_s:
             return
         self._last_stall = time.monotonic()
-        log.warning("aio worker %s: job %s blocked the event loop for %.2fs (over 40%% "
+        log.warning("aio worker %s: job %r blocked the event loop for %.2fs (over 40%% "
                     "of lease_ms=%d): lease renewals of the other running jobs were late and "
                     "may lapse (the job then runs twice). Run CPU-bound or blocking work in a "
                     "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
@@ -499,7 +499,7 @@ class Worker(StopKeeping, WorkerMachine):
                     raise  # never began: nothing can finish
                 if not warned and not future.done():
                     warned = True
-                    log.warning("aio worker %s: job %s runs in a thread that cannot "
+                    log.warning("aio worker %s: job %r runs in a thread that cannot "
                                 "be cancelled; keeping its lease until it returns", self.name,
                                 job.id)
         if ok:

@@ -162,7 +162,7 @@ class StopKeeping(_Host):
                 return None
             run.job._stop_reason = reason
             self._stops[job_id] = Stop(run.token, reason)
-        log.info("%s: job %s %s; stopping its handler", self._who, job_id,
+        log.info("%s: job %r %s; stopping its handler", self._who, job_id,
                  "was cancelled" if reason == CANCELLED else "timed out",
                  extra=log_context(run.job))
         return run
@@ -195,7 +195,7 @@ class StopKeeping(_Host):
                 del self._stops[job_id]  # ended meanwhile: nothing to abandon
                 return None
             stop.settled = True
-        log.warning("%s: job %s's handler did not end within cancel_grace_ms=%d of its %s; "
+        log.warning("%s: job %r's handler did not end within cancel_grace_ms=%d of its %s; "
                     "abandoning the run (its thread keeps its slot until it returns)",
                     self._who, job_id, self.cancel_grace_ms,
                     "cancel" if stop.reason == CANCELLED else "timeout",
@@ -266,11 +266,11 @@ class StopKeeping(_Host):
         out = []
         for o, reply in zip(ended, replies):
             if isinstance(reply, Exception):
-                log.warning("%s: could not end cancelled job %s (%s)", self._who, o.job.id,
+                log.warning("%s: could not end cancelled job %r (%s)", self._who, o.job.id,
                             reply, extra=log_context(o.job))
             else:
                 self.stats.cancelled += 1
-                log.info("%s: job %s cancelled", self._who, o.job.id,
+                log.info("%s: job %r cancelled", self._who, o.job.id,
                          extra=log_context(o.job))
             out.append(reply)
         self._forget(ended)

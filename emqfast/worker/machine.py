@@ -267,7 +267,7 @@ class WorkerMachine:
             return True
         head = yield Cmd.of("ZRANGE", self._keys.active, 0, 0, "WITHSCORES", withscores=True)
         ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
-        log.info("%s: queue %s is idle here; leaving %d job(s) active under other workers' "
+        log.info("%s: queue %r is idle here; leaving %d job(s) active under other workers' "
                  "leases (the earliest lease ends in %.1f s; a job whose worker died is "
                  "reaped and re-run then: wait_active=True / --wait-active waits for it)",
                  self._who, self.queue.name, active, ends_in)
@@ -336,7 +336,7 @@ class WorkerMachine:
         finish."""
         if not self._held and not self._take_held(peek=True):
             return
-        log.info("%s: queue %s paused; handing back %d held jobs", self._who,
+        log.info("%s: queue %r paused; handing back %d held jobs", self._who,
                  self.queue.name, len(self._held))
         until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
         yield from self._settle(until)
@@ -485,10 +485,10 @@ class WorkerMachine:
         if isinstance(r, HeldLease):
             if self._held.get(r.job_id) is r:  # never started: just forget it
                 r.lost = True
-                log.warning("lease on held job %s was lost", r.job_id)
+                log.warning("lease on held job %r was lost", r.job_id)
         elif self._running.get(r.job.id) is r and not r.acking:
             r.lost = True
-            log.warning("lease on running job %s was lost", r.job.id)
+            log.warning("lease on running job %r was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""
@@ -537,7 +537,7 @@ class WorkerMachine:
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):
-                    log.warning("could not release %s (%s); the reaper will", job_id,
+                    log.warning("could not release %r (%s); the reaper will", job_id,
                                 reply)
                 running = self._running.get(job_id)
                 if running is not None and running.token == token:

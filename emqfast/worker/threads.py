@@ -708,4 +708,4 @@ class TimeoutTimer:
                 try:
                     self._on_due(job_id, token, kind)
                 except Exception:  # noqa: BLE001 - one job's stop must not end the timer
-                    log.exception("stopping timed-out job %s failed", job_id)
+                    log.exception("stopping timed-out job %r failed", job_id)
