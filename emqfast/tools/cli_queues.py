@@ -163,7 +163,10 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
 @click.argument("queues", nargs=-1)
 @click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
               help="Serve the metrics over HTTP on 127.0.0.1:PORT (/metrics) until Ctrl-C.")
-def metrics(queues: Tuple[str, ...], port: Optional[int]) -> None:
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="With --serve: also answer this Host name (repeatable; loopback names "
+                   "always).")
+def metrics(queues: Tuple[str, ...], port: Optional[int], allowed_hosts: Tuple[str, ...]) -> None:
     """Prometheus text metrics of QUEUES (every queue when none is named)."""
     from emqfast.facade import metrics as metrics_mod
 
@@ -171,10 +174,11 @@ def metrics(queues: Tuple[str, ...], port: Optional[int]) -> None:
     if port is None:
         click.echo(metrics_mod.exposition(current_state().conn(), names), nl=False)
         return
-    from prometheus_client import start_http_server
+    from emqfast.tools.hosts import AllowedHosts
+    from emqfast.tools.metrics_serve import serve
 
-    server, _thread = start_http_server(port, addr="127.0.0.1",
-                                        registry=metrics_mod.registry_for(current_state().conn(), names))
+    registry = metrics_mod.registry_for(current_state().conn(), names)
+    server, _thread = serve(registry, port, AllowedHosts(allowed_hosts))
     click.echo(f"serving metrics on http://127.0.0.1:{server.server_port}/metrics", err=True)
     stop = threading.Event()
     try:
