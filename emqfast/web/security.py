@@ -201,13 +201,16 @@ class Guard:
 def cross_site(headers: Mapping[str, str]) -> Optional[str]:
     """Why a state-changing request comes from another site (None when it does not):
     its ``Sec-Fetch-Site`` is not ``same-origin``, or its ``Origin`` is not the origin the
-    request was sent to (its Host). Requests without either (scripts, old browsers)
-    rely on the CSRF token alone."""
+    request was sent to (its Host; ``null`` counts as foreign unless Sec-Fetch-Site
+    vouched for the request). Requests without either (scripts, old browsers) rely on
+    the CSRF token alone."""
     site = headers.get("sec-fetch-site")
     if site is not None and site.lower() not in ("same-origin", "none"):
         return f"the request came from another site (Sec-Fetch-Site: {site[:40]})"
     origin = headers.get("origin")
-    if origin is None:
+    if origin is None or (origin.strip() == "null" and site is not None):
+        # Chromium sends "Origin: null" on same-origin form posts of a page whose
+        # Referrer-Policy is no-referrer (ours); its Sec-Fetch-Site said same-origin
         return None
     scheme, sep, netloc = origin.strip().lower().partition("://")
     host = headers.get("host", "").strip().lower()
