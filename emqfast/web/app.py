@@ -117,10 +117,11 @@ def csrf_of(request: Request) -> str:
     (set as the cookie by the response; a planted or stale cookie is replaced)."""
     token = request.cookies.get(CSRF_COOKIE)
     guard: Guard = request.app.state.dashboard.guard
-    if not guard.csrf_valid(token):
-        token = getattr(request.state, "new_csrf", None) or guard.new_csrf()
-        request.state.new_csrf = token
-    return token
+    if token is not None and guard.csrf_valid(token):
+        return token
+    fresh: str = getattr(request.state, "new_csrf", None) or guard.new_csrf()
+    request.state.new_csrf = fresh
+    return fresh
 
 
 def wants_json(request: Request) -> bool:
