@@ -205,6 +205,18 @@ def test_guessing_the_token_is_throttled_per_client(redis_url):
         assert right.status_code == 429 and "emq_auth" not in c.cookies
 
 
+def test_the_throttle_counts_each_client_apart():
+    throttle = security.Throttle(limit=3, window_s=60)
+    for _ in range(3):
+        assert not throttle.blocked("10.0.0.1")
+        throttle.failed("10.0.0.1")
+    assert 0 < throttle.blocked("10.0.0.1") <= 60
+    assert throttle.blocked("10.0.0.2") == 0
+    passed = security.Throttle(limit=1, window_s=0.0)
+    passed.failed("10.0.0.1")
+    assert passed.blocked("10.0.0.1") == 0  # its window is over: it may try again
+
+
 # --- 7. sessions -----------------------------------------------------------------------------
 
 def _login(c: TestClient) -> str:
