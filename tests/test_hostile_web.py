@@ -88,6 +88,17 @@ def test_host_names_are_parsed_strictly():
     assert hosts.allows("dash.example") and not hosts.allows("d")
 
 
+def test_a_server_bound_to_every_interface_answers_this_machines_names():
+    import socket
+
+    from emqfast.tools.hosts import bound_names
+
+    assert bound_names("10.1.2.3") == {"10.1.2.3"} and bound_names("[::1]") == {"::1"}
+    everywhere = bound_names("0.0.0.0")
+    assert socket.gethostname().lower() in everywhere and bound_names("::") == everywhere
+    assert "evil.example" not in everywhere
+
+
 # --- 1. CSRF bound to the server's secret, and cross-site checks ----------------------------
 
 def test_a_planted_csrf_cookie_is_worth_nothing(redis_url, conn, qname):

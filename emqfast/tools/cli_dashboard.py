@@ -19,7 +19,7 @@ import click
 
 from emqfast.core.errors import InvalidInput
 from emqfast.tools.cli_state import current_state, url_option
-from emqfast.tools.hosts import bound_names, is_loopback  # noqa: F401 - is_loopback: API
+from emqfast.tools.hosts import bound_names, is_loopback
 
 TOKEN_ENV = "EMQ_DASHBOARD_TOKEN"
 
@@ -101,12 +101,15 @@ def dashboard(host: str, port: int, read_only: bool, auth_token: Optional[str],
         raise click.ClickException(
             f"the dashboard needs the web extra: pip install 'emqfast[web]' ({exc})") from None
     state = current_state()
-    app = create_app(state.conn(), read_only=read_only, auth=auth_token,
-                     allowed_hosts=[*bound_names(host), *allowed_hosts])
+    names = sorted(bound_names(host) | set(allowed_hosts))
+    app = create_app(state.conn(), read_only=read_only, auth=auth_token, allowed_hosts=names)
     sock = bind(host, port)
     click.echo(f"emqfast dashboard on {address(host, sock.getsockname()[1])} "
                f"(Redis: {state.where()}{', read-only' if read_only else ''}); Ctrl-C stops it",
                err=False)
+    if not is_loopback(host):  # reached by other names: say which it answers
+        click.echo(f"answering Host names: loopback, {', '.join(names)} (more: --allowed-host "
+                   "NAME)", err=True)
     # proxy_headers off: X-Forwarded-For from a local client must not pick the address
     # the login throttle counts against
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,

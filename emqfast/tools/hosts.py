@@ -60,6 +60,13 @@ def _own_addresses() -> Set[str]:
         found |= {str(info[4][0]).lower() for info in socket.getaddrinfo(socket.gethostname(), None)}
     except OSError:
         pass
+    for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:  # the address outbound traffic leaves from (a UDP connect sends nothing)
+            with socket.socket(family, socket.SOCK_DGRAM) as udp:
+                udp.connect((probe, 9))
+                found.add(str(udp.getsockname()[0]).lower())
+        except OSError:
+            pass
     return found
 
 
