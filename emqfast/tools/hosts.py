@@ -57,7 +57,8 @@ def _own_addresses() -> Set[str]:
     reached by them)."""
     found = {socket.gethostname().lower()}
     try:
-        found |= {str(info[4][0]).lower() for info in socket.getaddrinfo(socket.gethostname(), None)}
+        found |= {str(info[4][0]).lower()
+                  for info in socket.getaddrinfo(socket.gethostname(), None)}
     except OSError:
         pass
     for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):

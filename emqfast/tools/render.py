@@ -154,8 +154,8 @@ def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queu
 
 
 def _narrow_table(title: Optional[str]) -> Table:
-    table = Table(title=None if title is None else plain(title), title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0),
-                  pad_edge=False, show_edge=False)
+    table = Table(title=None if title is None else plain(title), title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False)
     table.add_column("queue", style="bold", overflow="fold", min_width=5)
     return table
 
