@@ -21,7 +21,7 @@ from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
-from emqfast.web.reads import BOARD_GLOB, Discovery, Queues, board_names
+from emqfast.web.reads import BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names
 from emqfast.web.security import CSRF_COOKIE, Guard, cross_site
 from emqfast.web.throughput import Throughput
 
@@ -46,7 +46,8 @@ class Dashboard:
         self.client = resolve(conn)
         self.discovery = Discovery(self.client, queues)
         # the leaderboards page: one SCAN per TTL however many clients poll it
-        self.boards = Discovery(self.client, None, match=BOARD_GLOB, parse=board_names)
+        self.boards = Discovery(self.client, None, match=BOARD_GLOB, parse=board_names,
+                                ttl_s=BOARD_TTL_S)
         self.queues = Queues(self.client)
         self.throughput = Throughput()
         self.guard = Guard(auth)

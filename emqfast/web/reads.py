@@ -72,10 +72,11 @@ class Discovery:
 
     def __init__(self, client: Any, fixed: Optional[Sequence[str]] = None,
                  match: Optional[str] = None,
-                 parse: Callable[[Any], List[str]] = queue_names_of):
+                 parse: Callable[[Any], List[str]] = queue_names_of,
+                 ttl_s: float = DISCOVERY_TTL_S):
         self.client = client
         self.fixed = None if fixed is None else sorted({QueueKeys(q).name for q in fixed})
-        self.match, self.parse = match or queue_meta_glob(), parse
+        self.match, self.parse, self.ttl_s = match or queue_meta_glob(), parse, ttl_s
         self._names: Optional[List[str]] = None
         self._at = -1e9
         self._lock = threading.Lock()
@@ -86,7 +87,7 @@ class Discovery:
             return self.fixed
         if fresh or self._names is None:
             self._scan()
-        elif time.monotonic() - self._at > DISCOVERY_TTL_S:
+        elif time.monotonic() - self._at > self.ttl_s:
             with self._lock:
                 start, self._scanning = not self._scanning, True
             if start:
@@ -315,6 +316,9 @@ def schedules(client: Any, names: Sequence[str]) -> List[Tuple[str, List[Schedul
 
 
 BOARD_GLOB = "emq:{lb:*}:board"
+# boards come and go rarely; a SCAN of a big keyspace costs Redis real time, so the
+# leaderboards page rescans at most this often, whoever polls it
+BOARD_TTL_S = 30.0
 MAX_BOARDS = 200  # boards listed on the page (the first by name)
 
 
@@ -327,7 +331,7 @@ def board_names(keys: Any) -> List[str]:
 def leaderboards(client: Any, names: Sequence[str],
                  top: int = LEADERBOARD_TOP) -> List[Tuple[str, List[Any]]]:
     """The boards ``names`` (found by a :class:`Discovery` over :data:`BOARD_GLOB`, whose
-    SCAN is shared by every request for :data:`DISCOVERY_TTL_S`) and their top entries."""
+    SCAN is shared by every request for :data:`BOARD_TTL_S`) and their top entries."""
     names = list(names)[:MAX_BOARDS]
     boards = [Leaderboard(client, n) for n in names]
     tops = run_many(client, [Leaderboard.top.op(b, top) for b in boards])
