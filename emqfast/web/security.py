@@ -96,6 +96,7 @@ class Throttle:
             return self.window_s - (now - times[0]) if len(times) >= self.limit else 0.0
 
     def failed(self, client: str) -> None:
+        """Count one failed attempt of ``client``."""
         now = time.monotonic()
         with self._lock:
             times = self._recent(client, now)
@@ -118,6 +119,7 @@ class Guard:
 
     @property
     def enabled(self) -> bool:
+        """Whether an auth token is required."""
         return self.token is not None
 
     # --- the token and the sessions ---------------------------------------------------
@@ -154,6 +156,7 @@ class Guard:
                 self._sessions.pop(self._key(sid), None)
 
     def session_ok(self, sid: Optional[str]) -> bool:
+        """Whether ``sid`` is a live session (made by a login, not revoked, not expired)."""
         if not sid:
             return False
         key = self._key(sid)
