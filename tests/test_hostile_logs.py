@@ -34,3 +34,27 @@ def test_a_hostile_id_and_error_forge_no_log_line(r, qname, caplog):
     failure = next(rec for rec in records if getattr(rec, "error", None))
     assert failure.error == "RuntimeError: boom" + HOSTILE  # exact, for structured logs
     assert "\\n12:00:00 WARNING" in failure.getMessage()
+
+
+def test_emqfast_worker_prints_any_record_on_its_own_lines_only():
+    """``emqfast worker``'s formatter: a message (any logger's) stays one line with its
+    controls as escapes; a traceback keeps its lines but not its ESC/BEL."""
+    import sys
+
+    from emqfast.tools.cli_worker import FailureLines
+
+    fmt = FailureLines()
+    record = logging.LogRecord("some.lib", logging.INFO, __file__, 1, "saw %s", (HOSTILE,), None)
+    line = fmt.format(record)
+    assert "\n" not in line and "\x1b" not in line and "\\x0a12:00:00 WARNING" in line
+    try:
+        raise RuntimeError(HOSTILE)
+    except RuntimeError:
+        info = sys.exc_info()
+    text = fmt.format(logging.LogRecord("x", logging.ERROR, __file__, 1, "oops", (), info))
+    assert "Traceback (most recent call last):\n" in text
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+    failure = logging.LogRecord("emqfast.worker", logging.WARNING, __file__, 1, "m", (), None)
+    failure.error, failure.job_id, failure.final = "E: " + HOSTILE, "JOBx" + HOSTILE, True
+    line = fmt.format(failure)
+    assert "\n" not in line and "\x1b" not in line and "FAILED JOBx\\x1b[2J" in line

@@ -203,10 +203,19 @@ class FailureLines(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
         self.width = width
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's
+        """The message on one line, its control characters (a newline too) as escapes."""
+        record.message = visible(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        """A traceback keeps its lines; other control characters show as escapes."""
+        return visible(super().formatException(ei), lines=True)
+
     def format(self, record: logging.LogRecord) -> str:
         error = getattr(record, "error", None)
         if error is None:
-            return visible(super().format(record), lines=True)
+            return super().format(record)
         line = (f"{self.formatTime(record, self.datefmt)} "
                 f"{'FAILED' if getattr(record, 'final', False) else 'retry '} "
                 f"{getattr(record, 'job_id', '?')} attempt {getattr(record, 'attempt', '?')}/"
