@@ -17,7 +17,6 @@ import redis
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 
-import emqfast  # noqa: E402
 from emqfast import Leaderboard, Queue  # noqa: E402
 from emqfast.core.errors import InvalidInput  # noqa: E402
 from emqfast.tools.hosts import AllowedHosts, host_name  # noqa: E402
@@ -336,5 +335,35 @@ def test_the_cli_answers_the_allowed_host_it_is_given(redis_url, conn, qname):
         proc.wait(20)
 
 
-def test_emqfast_public_names_still_hold():
-    assert emqfast.InvalidInput is InvalidInput
+def test_the_cli_reads_its_token_from_a_file_and_keeps_it_off_the_command_line(
+        redis_url, tmp_path):
+    import httpx
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "emqfast", "dashboard", "--url", redis_url,
+                             "--port", "0", "--auth-token-file", str(token_file)],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        url = re.search(r"on (http://127\.0\.0\.1:\d+/)", proc.stdout.readline()).group(1)
+
+        def overview(**headers):
+            try:
+                return httpx.get(url + "api/overview", headers=headers, timeout=5)
+            except httpx.HTTPError:
+                return None
+        assert wait_until(overview, what="the dashboard").status_code == 401
+        assert overview(Authorization=f"Bearer {TOKEN}").status_code == 200
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as cmdline:
+            assert TOKEN.encode() not in cmdline.read()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    weak = tmp_path / "weak"
+    weak.write_text("password")
+    refused = subprocess.run([sys.executable, "-m", "emqfast", "dashboard", "--url", redis_url,
+                              "--port", "0", "--auth-token-file", str(weak)], env=cli_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "at least 16" in refused.stderr
