@@ -266,7 +266,7 @@ class StopKeeping(_Host):
         out = []
         for o, reply in zip(ended, replies):
             if isinstance(reply, Exception):
-                log.warning("%s: could not end cancelled job %r (%s)", self._who, o.job.id,
+                log.warning("%s: could not end cancelled job %r (%r)", self._who, o.job.id,
                             reply, extra=log_context(o.job))
             else:
                 self.stats.cancelled += 1

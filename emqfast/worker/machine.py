@@ -537,7 +537,7 @@ class WorkerMachine:
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):
-                    log.warning("could not release %r (%s); the reaper will", job_id,
+                    log.warning("could not release %r (%r); the reaper will", job_id,
                                 reply)
                 running = self._running.get(job_id)
                 if running is not None and running.token == token:
