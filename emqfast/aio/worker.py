@@ -482,7 +482,7 @@ class Worker(WorkerMachine):
         if seconds < self.stall_warn_s:
             return
         self._last_stall = time.monotonic()
-        log.warning("aio worker %s: job %s blocked the event loop for %.2fs (over 40%% "
+        log.warning("aio worker %s: job %r blocked the event loop for %.2fs (over 40%% "
                     "of lease_ms=%d): lease renewals of the other running jobs were late and "
                     "may lapse (the job then runs twice). Run CPU-bound or blocking work in a "
                     "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
@@ -504,7 +504,7 @@ class Worker(WorkerMachine):
                     raise  # never began: nothing can finish
                 if not warned and not future.done():
                     warned = True
-                    log.warning("aio worker %s: job %s runs in a thread that cannot "
+                    log.warning("aio worker %s: job %r runs in a thread that cannot "
                                 "be cancelled; keeping its lease until it returns", self.name,
                                 job.id)
         if ok:
@@ -558,7 +558,7 @@ class Worker(WorkerMachine):
         log.warning("aio worker %s: lease renewal ran %.2fs late: something blocked "
                     "the event loop (running jobs: %s); leases may lapse and jobs run twice. "
                     "Run CPU-bound or blocking work in a thread or a process.", self.name,
-                    late_s, ", ".join(sorted(self._running)[:10]) or "none")
+                    late_s, ", ".join(map(repr, sorted(self._running)[:10])) or "none")
 
     async def _finish(self, acker: "asyncio.Task[None]", leases: "asyncio.Task[None]") -> None:
         """Run the shutdown to its end, however :meth:`run` is left: a cancellation of the

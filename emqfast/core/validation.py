@@ -13,9 +13,10 @@ from emqfast.core.errors import InvalidInput, KindError, RangeError
 
 JOB_BRAND = "JOB"
 MAX_NAME_BYTES = 200
-# ASCII control characters (\x00..\x1f and DEL): in a name they break line-based output
-# (`emqfast stats`, logs) and are never meant.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Control characters: C0 (\x00..\x1f), DEL and C1 (\x80..\x9f, e.g. the 8-bit CSI \x9b a
+# terminal may obey like ESC [). In a name or an id they break line-based output
+# (`emqfast stats`, logs) or steer the terminal that shows them, and are never meant.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -34,7 +35,7 @@ def check_printable_name(name: str, what: str) -> str:
         raise InvalidInput(f"{what} name must not be whitespace only, got {name[:40]!r}")
     if _CONTROL.search(name):
         raise InvalidInput(f"{what} name must not contain control characters "
-                           f"(newline, tab, NUL, ...), got {name[:40]!r}")
+                           f"(newline, tab, NUL, ESC, C1 such as \\x9b ...), got {name[:40]!r}")
     return name
 
 
@@ -81,7 +82,8 @@ def check_job_id(job_id: str) -> str:
 
 
 def check_new_job_id(job_id: str) -> str:
-    """Validate the id of a job about to be created: :func:`check_job_id`, and no ``:``.
+    """Validate the id of a job about to be created: :func:`check_job_id`, no ``:`` and
+    no control character (C0, DEL or C1: an id is printed by the CLI and logged).
 
     A job's own sets extend its hash key ``emq:{q}:job:<id>`` with ``:deps`` and
     ``:dependents``; an id holding a ``:`` could name another job's set (``JOBb:deps`` is
@@ -91,6 +93,9 @@ def check_new_job_id(job_id: str) -> str:
     if ":" in job_id:
         raise InvalidInput(f"job id must not contain ':' (got {job_id[:40]!r}): it separates "
                            "the parts of a job's keys (emq:{q}:job:<id>:deps)")
+    if _CONTROL.search(job_id):
+        raise InvalidInput(f"job id must not contain control characters (newline, tab, NUL, "
+                           f"ESC, C1 such as \\x9b ...), got {job_id[:40]!r}")
     return job_id
 
 

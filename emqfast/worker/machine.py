@@ -281,7 +281,7 @@ class WorkerMachine:
             return True
         head = yield Cmd.of("ZRANGE", self._keys.active, 0, 0, "WITHSCORES", withscores=True)
         ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
-        log.info("%s: queue %s is idle here; leaving %d job(s) active under other workers' "
+        log.info("%s: queue %r is idle here; leaving %d job(s) active under other workers' "
                  "leases (the earliest lease ends in %.1f s; a job whose worker died is "
                  "reaped and re-run then: wait_active=True / --wait-active waits for it)",
                  self._who, self.queue.name, active, ends_in)
@@ -352,7 +352,7 @@ class WorkerMachine:
         finish."""
         if not self._held and not self._take_held(peek=True):
             return
-        log.info("%s: queue %s paused; handing back %d held jobs", self._who,
+        log.info("%s: queue %r paused; handing back %d held jobs", self._who,
                  self.queue.name, len(self._held))
         until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
         yield from self._settle(until)
@@ -506,7 +506,7 @@ class WorkerMachine:
                     log.warning("lease on held job %r was lost", r.job_id)
         elif self._running.get(r.job.id) is r and not r.acking:
             r.lost = True
-            log.warning("lease on running job %s was lost", r.job.id)
+            log.warning("lease on running job %r was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""
@@ -555,7 +555,7 @@ class WorkerMachine:
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):
-                    log.warning("could not release %s (%s); the reaper will", job_id,
+                    log.warning("could not release %r (%r); the reaper will", job_id,
                                 reply)
                 running = self._running.get(job_id)
                 if running is not None and running.token == token:
@@ -660,7 +660,7 @@ class WorkerMachine:
                 return None
             run.job._stop_reason = reason
             self._stops[run.token] = Stop(run.token, reason)
-        log.info("%s: job %s %s; stopping its handler", self._who, job_id,
+        log.info("%s: job %r %s; stopping its handler", self._who, job_id,
                  "was cancelled" if reason == CANCELLED else "timed out",
                  extra=log_context(run.job))
         return run
@@ -692,7 +692,7 @@ class WorkerMachine:
                 del self._stops[token]  # ended meanwhile: nothing to abandon
                 return None
             stop.settled = True
-        log.warning("%s: job %s's handler did not end within cancel_grace_ms=%d of its %s; "
+        log.warning("%s: job %r's handler did not end within cancel_grace_ms=%d of its %s; "
                     "abandoning the run (its thread keeps its slot until it returns)",
                     self._who, job_id, self.cancel_grace_ms,
                     "cancel" if stop.reason == CANCELLED else "timeout",
@@ -758,11 +758,11 @@ class WorkerMachine:
         out = []
         for o, reply in zip(ended, replies):
             if isinstance(reply, Exception):
-                log.warning("%s: could not end cancelled job %s (%s)", self._who, o.job.id,
+                log.warning("%s: could not end cancelled job %r (%r)", self._who, o.job.id,
                             reply, extra=log_context(o.job))
             else:
                 self.stats.cancelled += 1
-                log.info("%s: job %s cancelled", self._who, o.job.id,
+                log.info("%s: job %r cancelled", self._who, o.job.id,
                          extra=log_context(o.job))
             out.append(reply)
         self._forget(ended)

@@ -387,7 +387,7 @@ class Worker(WorkerMachine):
                                 "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
                                 "still finish): keeping their leases until they return",
                                 self.name, len(self._running), self.shutdown_timeout_s,
-                                ", ".join(sorted(self._running)[:10]))
+                                ", ".join(map(repr, sorted(self._running)[:10])))
                 self._lock.wait(0.05)
             if time.monotonic() >= next_beat and (renewing is None or not renewing.is_alive()):
                 # in a thread of its own: a silent server must not hold this wait
@@ -803,7 +803,7 @@ class TimeoutTimer:
                 try:
                     self._on_due(job_id, token, kind)
                 except Exception:  # noqa: BLE001 - one job's stop must not end the timer
-                    log.exception("stopping timed-out job %s failed", job_id)
+                    log.exception("stopping timed-out job %r failed", job_id)
 
 
 Worker._listener_class, Worker._timer_class = CancelListener, TimeoutTimer
