@@ -13,7 +13,7 @@ from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
 from emqfast.facade.control import CancelResult
 from emqfast.facade.flow import Flow, FlowJob
-from emqfast.facade.waiting import wait_all
+from emqfast.facade.job_wait import wait_all
 from emqfast.facade.promote import promote_many
 from emqfast.facade.leaderboard import Entry, Leaderboard
 # running jobs

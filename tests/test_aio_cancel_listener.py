@@ -30,7 +30,7 @@ def tight_poll(monkeypatch):
 def _listener(client: aredis.Redis, heard: list) -> cancel_listener.AioCancelListener:
     async def subscribed() -> None:
         pass
-    return cancel_listener.AioCancelListener(client, ["emq-test-cancels"], heard.append,
+    return cancel_listener.AioCancelListener(client, {"emq-test-cancels": heard.append},
                                              subscribed, "test")
 
 

@@ -371,6 +371,35 @@ def test_a_cancel_published_while_the_listener_reconnects_is_not_lost(redis_url,
         t.join(30)
 
 
+def test_the_listener_re_subscribes_at_its_first_step_after_each_recovery(redis_url, qname,
+                                                                          r, caplog):
+    """Every loss of the cancel listener's connection that follows a successful subscribe
+    waits the backoff's first step again: a burst of cuts long ago does not leave cancels
+    waiting seconds for the re-subscribe."""
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    w = emqfast.Worker(q, lambda job: None)
+    t = _serve(w)
+    try:
+        with caplog.at_level("WARNING", logger="emqfast.worker"):
+            for cut in range(8):
+                wait_until(lambda: w._listener.subscribed.is_set()
+                           and r.pubsub_numsub(q.keys.cancel_channel)[0][1] == 1, 30,
+                           "listener subscribed")
+                r.client_kill_filter(_type="pubsub")
+                wait_until(lambda: len(_resubscribes(caplog)) > cut, 30, "the loss logged")
+        waits = _resubscribes(caplog)
+    finally:
+        w.stop()
+        t.join(30)
+    assert waits == ["0.05"] * 8, waits
+
+
+def _resubscribes(caplog) -> list:
+    """The waits the listener announced before each re-subscribe, as logged."""
+    return [m.rsplit("re-subscribing in ", 1)[1].rstrip("s") for m in caplog.messages
+            if "cancel listener lost its connection" in m]
+
+
 def _gated_first():
     """(gate, seen, handler): the job "first" holds the Worker's one slot until the gate
     opens; every run records (payload, job.cancelled as its handler began)."""
@@ -387,34 +416,43 @@ def _gated_first():
 
 
 @pytest.mark.parametrize("heard", [True, False], ids=["message-heard", "message-not-heard"])
-def test_a_job_cancelled_while_held_unstarted_is_stopped_as_it_starts(redis_url, qname, r,
-                                                                      heard):
-    """A held (claimed, unstarted) job cancelled before a slot frees never runs unknowing:
-    the Worker heard the cancel on pub/sub, or (``heard`` False: the message in flight or
-    lost) start.lua reads the job's cancel mark in the step that starts it. Either way its
-    handler sees job.cancelled from its first line and the job ends cancelled."""
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "grouped"])
+def test_a_job_cancelled_while_held_unstarted_never_reaches_its_handler(redis_url, qname, r,
+                                                                       heard, grouped):
+    """A held job (claimed, waiting for a free handler slot) cancelled before a slot frees
+    is never handed to its handler, whether or not its Worker hears the cancel message
+    (``heard`` False: the message in flight or lost). A plain one is cancelled at once
+    (``True``): cancel.lua takes its lease, so its Worker cannot start it. A grouped one is
+    marked (``"requested"``): its Worker ends it as it starts, without its handler. While
+    held it reads ``active`` everywhere, as ``counts()`` counts it."""
     q = emqfast.Queue(qname, emqfast.connect(redis_url))
     gate, seen, handler = _gated_first()
     w = emqfast.Worker(q, handler, concurrency=1, prefetch=2)
     if not heard:
         w._cancel_held = lambda job_id: None  # deaf to held cancels: only the mark is left
     t = _serve(w)
+    group = {"group": "g"} if grouped else {}
     try:
         first = q.enqueue("first")
         wait_until(lambda: seen, 30, "first running")
-        held, after = q.enqueue("held"), q.enqueue("after")
+        held, after = q.enqueue("held", **group), q.enqueue("after")
         wait_until(lambda: w.stats.claimed == 3, 30, "both claimed and held")
-        assert q.cancel(held.id) == "requested"  # leased (active), no handler yet
+        assert q.get(held.id).state == "active" and q.counts()["active"] == 3
+        assert q.cancel(held.id) == ("requested" if grouped else True)
+        if not grouped:  # ended here and now, its Worker still busy with "first"
+            assert q.get(held.id).state == "cancelled"
         gate.set()
         wait_until(lambda: q.get(after.id).state == "completed", 30, "after completed")
         wait_until(lambda: q.get(held.id).state == "cancelled", 30, "held one cancelled")
+        wait_until(w._idle, 30, "the worker let go of every job")
     finally:
         gate.set()
         w.stop()
         t.join(30)
     assert q.get(first.id).state == "completed"
-    assert seen[1:] == [("held", True), ("after", False)]  # it never ran without knowing
+    assert seen[1:] == [("after", False)]  # the cancelled one never reached its handler
     _ended_cancelled(q, r, held.id)
+    assert q.counts()["active"] == 0 and r.hlen(q.keys.leases) == 0
 
 
 def test_a_mixed_ack_batch_ends_each_job_by_its_own_outcome_and_a_resend_is_harmless(

@@ -127,11 +127,11 @@ def test_a_wait_outlives_a_half_open_pubsub_connection(facade, proxy, redis_url,
     import threading
 
     import emqfast.aio as emq
-    from emqfast.facade import waiters
+    from emqfast.facade import wait_reader
     from test_wait_result import registered
     from waiting import wait_until
 
-    monkeypatch.setattr(waiters, "QUIET_S", 0.3)
+    monkeypatch.setattr(wait_reader, "QUIET_S", 0.3)
     q = emqfast.Queue(qname, redis_url)
     ref = q.enqueue({"blip": 1})
     got: list = []

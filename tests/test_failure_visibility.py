@@ -78,7 +78,7 @@ def _check_levels(caplog, retried: str, final: str, unrecoverable: str) -> None:
     assert "RuntimeError: broke" in last[1] and not last[1].startswith("emqfast:")
     for job_id in (final, unrecoverable):
         [(level, message)] = _failure_records(caplog, job_id)
-        assert level == logging.WARNING and f"job {job_id} failed" in message, message
+        assert level == logging.WARNING and f"job {job_id!r} failed" in message, message
 
 
 def _enqueue_three(q):

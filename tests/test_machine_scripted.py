@@ -15,15 +15,14 @@ from emqfast import Queue
 from emqfast.core.errors import LeaseLost, PermissionDenied, ReplyLost, ServerBusy
 from emqfast.core.ops import (Batch, Call, Cmd, Hook, PopMarker, Sleep, WaitDrained,
                               WaitForRoom)
-from emqfast.worker.cancels import StopKeeping
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.outcomes import Done, Failed
+from emqfast.worker.outcomes import CancelledRun, Done, Failed
 from emqfast.worker.leases import RunningJob
 
 NOW = 1_800_000_000_000  # server ms the scripted claim replies carry
 
 
-class Machine(StopKeeping, WorkerMachine):
+class Machine(WorkerMachine):
     """The machine with the smallest driver: handed-out jobs are recorded, never run."""
 
     def __init__(self, queue: Queue, **options: Any):
@@ -43,6 +42,7 @@ class Machine(StopKeeping, WorkerMachine):
         for job, token in started:
             self._running[job.id] = RunningJob(job, token, time.monotonic())
             self._in_hand += 1
+        self._stop_early(started)  # as every driver does, before a handler could begin
 
     def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
         return []
@@ -289,3 +289,75 @@ def test_a_stopping_worker_settles_a_cut_short_claim_by_re_sending_it(machine):
     drive(machine._settle(time.monotonic() + 5), answer, log)
     assert [name_of(r) for r in log] == ["claim", "start", "batch:release"]
     assert machine.stats.released == 1 and machine._claiming is None
+
+
+# --- stops: cancels, timeouts, abandonment -----------------------------------------------
+
+def test_a_heard_cancel_stops_the_run_and_its_outcome_becomes_cancel_active(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    job, token = machine.handed[0]
+    machine._on_cancel("JOBa")
+    assert job.cancelled and job.cancel_reason == "cancelled"
+    # the handler returned normally anyway: the run ends by its stop
+    settled = machine._settle_run(Done(job, token, b"1"))
+    assert isinstance(settled, CancelledRun) and not settled.may_retry
+    log: List[Any] = []
+    drive(machine._write_batch([settled]), lambda r: [1] * len(r.items), log)
+    assert [c.script.name for c in log[0].items] == ["cancel_active"]
+    assert machine.stats.cancelled == 1 and not machine._running
+
+
+def test_a_timed_out_run_fails_with_job_timeout_and_may_retry(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    job, token = machine.handed[0]
+    assert machine._stop_run("JOBa", "timeout", token) is not None
+    assert job.cancel_reason == "timeout"
+    settled = machine._settle_run(Failed(job, token, RuntimeError("ignored"), "tb", True))
+    assert isinstance(settled, Failed) and not isinstance(settled, CancelledRun)
+    assert type(settled.exc).__name__ == "JobTimeout" and settled.may_retry
+
+
+def test_an_abandoned_run_is_written_once_and_its_late_return_ignored(machine):
+    _running(machine, ("JOBa", "w1:1"))
+    job, token = machine.handed[0]
+    machine._stop_run("JOBa", "timeout", token)
+    abandoned = machine._abandon_run("JOBa", token)
+    assert abandoned is not None and machine._abandon_run("JOBa", token) is None
+    assert machine._settle_run(Done(job, token, b"late")) is None  # written already
+
+
+def test_a_stop_belongs_to_its_run_not_to_the_job_id(machine):
+    """A retry on the same Worker beside its abandoned first run is stopped by its own
+    timeout: the first run's stop (kept until its handler returns) is not the retry's."""
+    _running(machine, ("JOBa", "w1:1"))
+    first, first_token = machine.handed[0]
+    machine._stop_run("JOBa", "timeout", first_token)
+    machine._abandon_run("JOBa", first_token)
+    machine._forget([Failed(first, first_token, RuntimeError("t"), "", True)])
+    _running(machine, ("JOBa", "w1:2"))  # the retry, claimed by the same Worker
+    retry, retry_token = machine.handed[-1]
+    assert machine._stop_run("JOBa", "timeout", retry_token) is not None
+    assert retry.cancel_reason == "timeout"
+    assert machine._settle_run(Done(first, first_token, b"late")) is None
+    settled = machine._settle_run(Done(retry, retry_token, b"x"))
+    assert settled is not None and type(settled.exc).__name__ == "JobTimeout"
+
+
+def test_the_beat_reads_cancel_marks_of_unstopped_runs_and_stops_the_marked(machine):
+    _running(machine, ("JOBa", "w1:1"), ("JOBb", "w1:2"))
+    log: List[Any] = []
+    drive(machine._recheck_cancels(), lambda r: [None, b"1"], log)
+    [marks] = log
+    assert [c.args[0] for c in marks.items] == ["HGET", "HGET"]
+    a, b = (job for job, _ in machine.handed)
+    assert not a.cancelled and b.cancelled
+
+
+def test_a_held_job_cancelled_before_it_starts_is_stopped_as_it_starts(machine):
+    machine.prefetch = 5
+    machine._hold([("JOBa", "w1:1")], [])
+    machine._on_cancel("JOBa")  # heard while held: no run to stop yet
+    answers = {"start": [start_row()]}
+    drive(machine._start_held(1), lambda r: answers[name_of(r)], [])
+    [(job, _)] = machine.handed
+    assert job.cancelled and job.cancel_reason == "cancelled"

@@ -341,7 +341,7 @@ def test_a_cancelled_aio_wait_takes_its_registration_back(redis_url, qname, r):
 def test_finished_waits_leave_nothing_behind(redis_url, qname, r):
     """A long-lived process: after many waits, its reader holds no channel and no count,
     its connection is subscribed to its own wake channel only, Redis holds no waiter."""
-    from emqfast.facade.waiters import registry_for
+    from emqfast.facade.wait_reader import registry_for
     q = emqfast.Queue(qname, redis_url)
     before = {c["id"] for c in r.client_list(_type="pubsub")}
     worker = emqfast.Worker(q, lambda job: job.payload)
@@ -363,7 +363,7 @@ def test_finished_waits_leave_nothing_behind(redis_url, qname, r):
 
 
 def test_an_outcome_this_client_does_not_know_is_not_mistaken_for_another():
-    from emqfast.facade.waiting import settle
+    from emqfast.facade.job_wait import settle
     job_id = "JOB" + "2" * 23
     assert settle("q", job_id, [b"completed", b'{"a": 1}', None, None]) == {"a": 1}
     assert isinstance(settle("q", job_id, [b"expired", None, None, None]), emqfast.JobExpired)

@@ -12,7 +12,7 @@ import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
-from starlette.testclient import TestClient  # noqa: E402
+from web_client import TestClient  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast.web import create_app  # noqa: E402

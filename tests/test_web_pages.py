@@ -17,7 +17,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("httpx")
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
+from web_client import TestClient  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast.core.keys import QueueKeys  # noqa: E402

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional
 
 from emqfast.aio import tasks
 from emqfast.facade.job import Job
-from emqfast.worker.cancels import ABANDON, TIMEOUT, StopKeeping, timeout_ms_of
 from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
 from emqfast.worker.leases import RunningJob
@@ -31,7 +30,8 @@ _CANCEL_GRACE_S = 0.2  # how long close() trusts the cancel alone before cutting
 
 
 class AioCancelListener:
-    """Hands every id published on ``channels`` to ``on_cancel`` until :meth:`close`.
+    """Hands every id published on a channel of ``routes`` to that channel's route until
+    :meth:`close` (one connection for every queue of a Worker).
 
     Stopping it takes more than a cancel: when the cancel lands just as a pub/sub read's own
     timeout fires, redis.asyncio can swallow it and read on with no timeout at all (seen
@@ -41,11 +41,11 @@ class AioCancelListener:
     read the cancel did not end.
     """
 
-    def __init__(self, client: Any, channels: Sequence[str],
-                 on_cancel: Callable[[str], None],
+    def __init__(self, client: Any, routes: Dict[str, Callable[[str], None]],
                  on_subscribed: Callable[[], Awaitable[None]], who: str):
-        self._client, self._channels = client, list(channels)
-        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._client, self._routes = client, dict(routes)  # channel -> who hears its ids
+        self._channels = list(self._routes)
+        self._on_subscribed, self._who = on_subscribed, who
         self._closed = False
         self._pubsub: Any = None  # the live pub/sub, for close() to cut
         self._task: Optional["asyncio.Task[None]"] = None
@@ -107,8 +107,13 @@ class AioCancelListener:
         while not self._stopping():
             message = await pubsub.get_message(timeout=_POLL_S)
             if message and message.get("type") == "message":
-                data = message["data"]
-                self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+                route = self._routes.get(_text(message["channel"]))
+                if route is not None:
+                    route(_text(message["data"]))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _cut(pubsub: Any) -> None:

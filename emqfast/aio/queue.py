@@ -18,7 +18,7 @@ from emqfast.backends.drive import run_async
 from emqfast.facade.queue import Queue as _SyncQueue
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
-from emqfast.aio.waiting import AioQueueWaiting
+from emqfast.aio.job_wait import AioQueueWaiting
 
 
 class Queue(AioQueueWaiting, _SyncQueue):

@@ -27,18 +27,23 @@ class MarkerWaiter:
         self._conn: Any = None
         self._client_id: Optional[int] = None
         self._precise = isinstance(client, aredis.Redis)
+        self._reading: "Optional[asyncio.Future[Any]]" = None  # the wait's read, if any
+        self._interrupted = False  # interrupt() asked: the wait in progress ends quietly
 
     async def wait(self, key: str, timeout_s: float) -> Optional[Tuple[bytes, float]]:
         """Pop from the marker zset ``key``, waiting at most ``timeout_s`` (to the ms)."""
         timeout_s = max(timeout_s, 0.001)
+        if self._interrupted:  # asked before this wait began: it ends at once
+            self._interrupted = False
+            return None
         conn = await self._connection() if self._precise else None
         if conn is None:
             return self._pair(await self._client.bzpopmin(key, timeout=timeout_s))
-        read: "Optional[asyncio.Task[Any]]" = None
+        read: "Optional[asyncio.Future[Any]]" = None
         try:
             # the server's own timeout stays as a fallback (late, never early)
             await conn.send_command("BZPOPMIN", key, timeout_s)
-            read = asyncio.ensure_future(conn.read_response())
+            read = self._reading = asyncio.ensure_future(conn.read_response())
             done, _ = await asyncio.wait({read}, timeout=timeout_s)
             if not done:
                 await self._unblock()
@@ -47,8 +52,15 @@ class MarkerWaiter:
             # a half-read blocking call must not be reused (this covers cancellation too)
             if read is not None and not read.done():
                 read.cancel()
+            elif read is not None and not read.cancelled():
+                read.exception()  # retrieved: a read that failed is not logged as lost
             await self._drop()
+            if self._interrupted and read is not None and read.cancelled():
+                self._interrupted = False  # interrupt(): a stop, not a fault
+                return None
             raise
+        finally:
+            self._reading = None
         if not self._precise:  # UNBLOCK was refused: go coarse from now on
             await self._drop()
         return self._pair(reply)
@@ -56,6 +68,13 @@ class MarkerWaiter:
     async def close(self) -> None:
         """Release the dedicated connection."""
         await self._drop()
+
+    def interrupt(self) -> None:
+        """End the wait in progress now (or the next one, before it blocks), without I/O:
+        a stop is instant even when the server does not answer. Call on the loop."""
+        self._interrupted = True
+        if self._reading is not None and not self._reading.done():
+            self._reading.cancel()
 
     @staticmethod
     def _pair(reply: Any) -> Optional[Tuple[bytes, float]]:

@@ -54,6 +54,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
+from emqfast.aio.many_shared import AioShared
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
@@ -62,7 +63,7 @@ from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, W
 from emqfast.facade.job import Job
 from emqfast.server import eviction
 from emqfast.worker.async_slots import AsyncSlots
-from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, StopKeeping,
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT,
                                     timeout_ms_of)
 from emqfast.worker.leases import RunningJob
 from emqfast.worker.machine import ACK_BATCH, WorkerMachine
@@ -74,10 +75,12 @@ from emqfast.worker.threads import DEFAULT_BATCH
 
 log = logging.getLogger("emqfast.worker")
 
+FLUSH_MIN_S = 1.0  # a shutdown step's least time, when the stop's bound has passed already
+
 Held = Tuple[str, str, Optional[str]]  # a job to release: (id, lease token, group or None)
 
 
-class Worker(StopKeeping, WorkerMachine):
+class Worker(WorkerMachine):
     """Runs ``await handler(job)`` for jobs of an :class:`emqfast.aio.Queue`.
 
     Arguments mean what they mean for :class:`emqfast.Worker`. Inside a
@@ -96,6 +99,7 @@ class Worker(StopKeeping, WorkerMachine):
 
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
+    many_shared_parts = AioShared  # what its members share in a many-queue Worker
 
     _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
     _listener: Optional[AioCancelListener]
@@ -141,7 +145,6 @@ class Worker(StopKeeping, WorkerMachine):
         self._changed: Optional[asyncio.Event] = None   # a job finished / an outcome written
         self._ack_ready: Optional[asyncio.Event] = None
         self._hurry: Optional[asyncio.Event] = None  # set: cancel handlers now, no grace
-        self._wakers: "set[asyncio.Future[Any]]" = set()
         # a handler step holding the loop longer than this delays every lease renewal
         # enough for leases to lapse (renewed a third used, checked every quarter)
         self.stall_warn_s = self.lease_ms * 0.4 / 1000.0
@@ -193,20 +196,18 @@ class Worker(StopKeeping, WorkerMachine):
             if running is not loop:  # another thread: act on the worker's own loop
                 loop.call_soon_threadsafe(self.stop)
                 return
-        self._stopping = True
-        self._stopped_at = time.monotonic()
+        if not self._stopping:
+            self._stopping = True
+            self._stopped_at = time.monotonic()
         self._notify()
-        if loop is not None and loop.is_running() and self._serving:
-            # wake the claim loop if it is blocked on the marker
-            waker = loop.create_task(self._wake(), name="emq-wake")
-            self._wakers.add(waker)
-            waker.add_done_callback(self._wakers.discard)
+        if self._waiter is not None:  # wake a claim loop blocked on the marker, without
+            self._waiter.interrupt()  # I/O: a silent server would hold a wake-up call
 
-    async def _wake(self) -> None:
-        try:
-            await self._redis.zadd(self._keys.marker, {"0": 0})
-        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
-            pass
+    def _stop_bound(self) -> float:
+        """When a stopping Worker's shutdown must be over (monotonic s): the stop plus
+        ``shutdown_timeout_s`` (a run that ends without stop(): from now)."""
+        start = self._stopped_at if self._stopping else time.monotonic()
+        return start + self.shutdown_timeout_s
 
     def _on_signal(self, signum: int) -> None:
         log.info("aio worker %s: signal %d, shutting down gracefully", self.name, signum)
@@ -216,8 +217,7 @@ class Worker(StopKeeping, WorkerMachine):
                      wait_scheduled: bool) -> None:
         # this loop's client (an aio Queue keeps one per event loop)
         self._redis = self.queue.redis
-        if not self.allow_eviction:
-            self._refuse_eviction(await eviction.check_async(self._redis))
+        await self._check_server()
         self._begin()
         acker = tasks.spawn(self._ack_loop(), name="emq-acker")
         leases = tasks.spawn(self._lease_loop(), name="emq-leases")
@@ -230,6 +230,11 @@ class Worker(StopKeeping, WorkerMachine):
         finally:  # after the shutdown: a cancel still stops a handler it waits for
             await self._stop_listening()
         self._raise_fatal()
+
+    async def _check_server(self) -> None:
+        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        if not self.allow_eviction:
+            self._refuse_eviction(await eviction.check_async(self._redis))
 
     def _begin(self) -> None:
         """This run's loop, events and flags (_stopping is NOT reset: a stop() requested
@@ -477,7 +482,7 @@ class Worker(StopKeeping, WorkerMachine):
         if seconds < self.stall_warn_s:
             return
         self._last_stall = time.monotonic()
-        log.warning("aio worker %s: job %s blocked the event loop for %.2fs (over 40%% "
+        log.warning("aio worker %s: job %r blocked the event loop for %.2fs (over 40%% "
                     "of lease_ms=%d): lease renewals of the other running jobs were late and "
                     "may lapse (the job then runs twice). Run CPU-bound or blocking work in a "
                     "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
@@ -499,7 +504,7 @@ class Worker(StopKeeping, WorkerMachine):
                     raise  # never began: nothing can finish
                 if not warned and not future.done():
                     warned = True
-                    log.warning("aio worker %s: job %s runs in a thread that cannot "
+                    log.warning("aio worker %s: job %r runs in a thread that cannot "
                                 "be cancelled; keeping its lease until it returns", self.name,
                                 job.id)
         if ok:
@@ -553,7 +558,7 @@ class Worker(StopKeeping, WorkerMachine):
         log.warning("aio worker %s: lease renewal ran %.2fs late: something blocked "
                     "the event loop (running jobs: %s); leases may lapse and jobs run twice. "
                     "Run CPU-bound or blocking work in a thread or a process.", self.name,
-                    late_s, ", ".join(sorted(self._running)[:10]) or "none")
+                    late_s, ", ".join(map(repr, sorted(self._running)[:10])) or "none")
 
     async def _finish(self, acker: "asyncio.Task[None]", leases: "asyncio.Task[None]") -> None:
         """Run the shutdown to its end, however :meth:`run` is left: a cancellation of the
@@ -580,13 +585,21 @@ class Worker(StopKeeping, WorkerMachine):
         """Stop; see the module docstring for which late jobs are released (only those whose
         handler has ended by cancellation) and which are waited for (lease kept)."""
         assert self._hurry is not None
-        self._stopping = True
+        if not self._stopping:  # ended without stop() (idle, or cancelled): bound from now
+            self._stopping = True
+            self._stopped_at = time.monotonic()
         # the loop's teardown cancels every task at once: the acker and the lease loop too,
         # but outcomes must still be written and a slow handler's lease kept
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
         leases = await self._alive(leases, self._lease_loop, "emq-leases")
         # a claim or start that the cancellation of run() cut short: its jobs go back
-        await self._drive(self._settle(time.monotonic() + min(self.shutdown_timeout_s, 5.0)))
+        settle = tasks.spawn(self._drive(self._settle(self._stop_bound())), name="emq-settle")
+        await asyncio.wait([settle], timeout=max(self._stop_bound() - time.monotonic(), 0.0))
+        if not settle.done():  # a silent server: their leases lapse, the reaper re-runs them
+            settle.cancel()
+            log.warning("%s: could not hand back claimed jobs within shutdown_timeout_s=%s "
+                        "(Redis unreachable?); the reaper will", self._who,
+                        self.shutdown_timeout_s)
         await self._grace_period()
         late = self._job_tasks()
         for task in late:
@@ -600,8 +613,13 @@ class Worker(StopKeeping, WorkerMachine):
             late = self._job_tasks()
         await self._flush(acker)
         leases.cancel()  # and _closing: see _lease_loop
-        await asyncio.wait([leases], timeout=self.beat_s + 1.0)
-        await self._heartbeat.sign_off()  # gone from the Workers page now
+        await asyncio.wait([leases], timeout=FLUSH_MIN_S)
+        try:  # gone from the Workers page now, not when it expires (bounded: see _flush)
+            await asyncio.wait_for(self._heartbeat.sign_off(),
+                                   max(self._stop_bound() - time.monotonic(), FLUSH_MIN_S))
+        except asyncio.TimeoutError:
+            log.warning("%s: could not sign off within shutdown_timeout_s=%s (Redis "
+                        "unreachable?); its record expires", self._who, self.shutdown_timeout_s)
         await self._close_connections()
 
     def _job_tasks(self) -> List["asyncio.Task[None]"]:
@@ -623,7 +641,7 @@ class Worker(StopKeeping, WorkerMachine):
         """Wait up to ``shutdown_timeout_s`` for running handlers to finish (less when a
         further cancellation hurries the shutdown)."""
         assert self._hurry is not None
-        end = time.monotonic() + self.shutdown_timeout_s
+        end = self._stop_bound()
         while not self._hurry.is_set():
             tasks = self._job_tasks()
             left = end - time.monotonic()
@@ -635,11 +653,13 @@ class Worker(StopKeeping, WorkerMachine):
         """Let the acker write the outcomes and releases still queued, re-sending for a
         bounded time only (after that the reaper re-runs what could not be written)."""
         assert self._ack_ready is not None
-        self._ack_until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
+        # within the stop's bound (at least a moment: outcomes of handlers that ended late
+        # get one try at least); a silent server cannot hold the exit past it
+        self._ack_until = max(self._stop_bound(), time.monotonic() + FLUSH_MIN_S)
         acker = await self._alive(acker, self._ack_loop, "emq-acker")
         self._closing = True  # the acker returns once it has written what is queued
         self._ack_ready.set()
-        await asyncio.wait([acker], timeout=self._ack_until + 5.0 - time.monotonic())
+        await asyncio.wait([acker], timeout=self._ack_until - time.monotonic())
         if not acker.done():
             acker.cancel()
             await asyncio.wait([acker], timeout=1.0)
@@ -656,11 +676,7 @@ class Worker(StopKeeping, WorkerMachine):
         self._running.clear()  # every handler has ended: nothing of ours is running
 
     async def _close_connections(self) -> None:
-        """End the wake-up calls stop() started and close the marker connection."""
-        if self._wakers:
-            await asyncio.wait(list(self._wakers), timeout=1.0)
-            for waker in list(self._wakers):
-                waker.cancel()
+        """Close the marker connection."""
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             try:
@@ -678,8 +694,8 @@ class Worker(StopKeeping, WorkerMachine):
 
     def _start_listening(self) -> None:
         # (made on the running loop: its Event needs one on Python 3.9)
-        self._listener = AioCancelListener(self._redis, self._cancel_channels(),
-                                           self._on_cancel, self._recheck_after_subscribe,
+        self._listener = AioCancelListener(self._redis,
+                                           {c: self._on_cancel for c in self._cancel_channels()}, self._recheck_after_subscribe,
                                            self._who)
         self.cancel_listening = self._listener.subscribed
         self._listener.start()

@@ -148,9 +148,11 @@ def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 
 # --- the asyncio driver -------------------------------------------------------------------
 
-async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None) -> _R:
+async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None,
+                    gate: Any = None) -> _R:
     """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk);
-    ``waits`` performs a Worker's waits (its ``perform`` returns coroutines). A
+    ``waits`` performs a Worker's waits (its ``perform`` returns coroutines); ``gate`` (an
+    ``asyncio.Semaphore``) bounds how many requests of its users are in flight at once. A
     cancellation is not thrown into the operation: it closes it and propagates."""
     try:
         request = op.send(None)
@@ -158,8 +160,11 @@ async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None)
             try:
                 if isinstance(request, WAITS):
                     reply = await waits.perform(request)  # type: ignore[union-attr]
-                else:
+                elif gate is None:
                     reply = await _perform_async(client, request)
+                else:
+                    async with gate:
+                        reply = await _perform_async(client, request)
             except Exception as exc:
                 request = op.throw(typed_failure(exc))
             else:

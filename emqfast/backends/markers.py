@@ -20,6 +20,7 @@ node carries every slot's channel on that node; the scripts that set a marker wo
 """
 from __future__ import annotations
 
+import socket
 from typing import Any, Optional, Sequence, Tuple
 
 import redis
@@ -75,6 +76,16 @@ class ManyMarkers:
     def close(self) -> None:
         """Release the dedicated connection."""
         self._drop()
+
+    def interrupt(self) -> None:
+        """Cut the wait in progress short, from another thread (no I/O): its socket is
+        shut, so the wait raises at once and drops the connection."""
+        sock = getattr(self._conn, "_sock", None) if self._conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
 
     def _connection(self) -> Any:
         if self._conn is None:

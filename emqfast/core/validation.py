@@ -13,9 +13,10 @@ from emqfast.core.errors import InvalidInput, KindError, RangeError
 
 JOB_BRAND = "JOB"
 MAX_NAME_BYTES = 200
-# ASCII control characters (\x00..\x1f and DEL): in a name they break line-based output
-# (`emqfast stats`, logs) and are never meant.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Control characters: C0 (\x00..\x1f), DEL and C1 (\x80..\x9f, e.g. the 8-bit CSI \x9b a
+# terminal may obey like ESC [). In a name or an id they break line-based output
+# (`emqfast stats`, logs) or steer the terminal that shows them, and are never meant.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -36,11 +37,11 @@ def check_printable_name(name: str, what: str) -> str:
 
 
 def check_no_control(text: str, label: str) -> str:
-    """Refuse ``text`` holding a control character (newline, tab, NUL, ...): the one rule
-    for every name and every new job id (``label`` says which, e.g. ``"job id"``)."""
+    """Refuse ``text`` holding a control character (C0, DEL or C1): the one rule for
+    every name and every new job id (``label`` says which, e.g. ``"job id"``)."""
     if _CONTROL.search(text):
         raise InvalidInput(f"{label} must not contain control characters "
-                           f"(newline, tab, NUL, ...), got {text[:40]!r}")
+                           f"(newline, tab, NUL, ESC, C1 such as \\x9b ...), got {text[:40]!r}")
     return text
 
 
@@ -88,7 +89,8 @@ def check_job_id(job_id: str) -> str:
 
 def check_new_job_id(job_id: str) -> str:
     """Validate the id of a job about to be created: :func:`check_job_id`, no control
-    character (the rule names obey: :func:`check_no_control`) and no ``:``.
+    character (C0, DEL or C1: the rule names obey, :func:`check_no_control`; an id is
+    printed by the CLI and logged) and no ``:``.
 
     A job's own sets extend its hash key ``emq:{q}:job:<id>`` with ``:deps`` and
     ``:dependents``; an id holding a ``:`` could name another job's set (``JOBb:deps`` is

@@ -77,6 +77,9 @@ class QueueControl:
         - a scheduled, pending or ``waiting_deps`` job: cancelled at once, ``True``; it
           keeps a record (state ``cancelled``, listed by ``job_ids("cancelled")``, trimmed like finished
           jobs), and its waiters and dependents are told (outcome ``cancelled``);
+        - a job a Worker claimed but whose handler has not started (held for a free
+          handler slot): cancelled at once, ``True``; its handler never runs (a grouped
+          one answers ``"requested"``: its Worker ends it as it starts, unrun);
         - an active job: ``CancelResult.REQUESTED`` (the string ``"requested"``, truthy):
           the job is marked and the Worker running it is told at once (pub/sub, any
           process). An async handler's task is cancelled; a sync handler sees
@@ -98,7 +101,8 @@ class QueueControl:
             return int((yield deps.cancel_waiting_call(k, job_id))) == 1
         pending = k.pending if group is None else k.group_pending(group.decode())
         reply = yield Call(_CANCEL, [k.job(job_id), pending, k.delayed, k.meta, k.events,
-                                     k.cancelled, k.active, k.waiters, k.dependents, k.outbox],
+                                     k.cancelled, k.active, k.waiters, k.dependents, k.outbox,
+                                     k.leases, k.metrics],
                            [job_id, KEYSPACE_VERSION, k.cancel_channel])
         return CancelResult.REQUESTED if int(reply) == 2 else int(reply) == 1
 

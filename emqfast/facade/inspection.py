@@ -31,9 +31,10 @@ class QueueInspection:
         a missing id (cancel, retry) raises :class:`~emqfast.errors.JobNotFound`, and an
         id without the ``JOB`` brand is a :class:`~emqfast.errors.KindError` for all."""
         check_job_id(job_id)
-        h, delayed = yield Batch([Cmd.of("HGETALL", self.keys.job(job_id)),
-                                  Cmd.of("ZSCORE", self.keys.delayed, job_id)])
-        return Job.from_hash(self.name, job_id, h, delayed) if h else None
+        h, delayed, active = yield Batch([Cmd.of("HGETALL", self.keys.job(job_id)),
+                                          Cmd.of("ZSCORE", self.keys.delayed, job_id),
+                                          Cmd.of("ZSCORE", self.keys.active, job_id)])
+        return Job.from_hash(self.name, job_id, h, delayed, active) if h else None
 
     @operation
     def counts(self) -> Returns[Dict[str, int]]:

@@ -59,7 +59,7 @@ class JobRef:
         for refs from :mod:`emqfast.aio`); raises :class:`~emqfast.errors.JobFailed`,
         :class:`~emqfast.errors.Cancelled`, :class:`~emqfast.errors.JobExpired`, or
         :class:`~emqfast.errors.WaitTimeout` after ``timeout_s`` (None: no limit). Woken
-        by the job's own end (pub/sub), across processes; see :mod:`emqfast.facade.waiting`."""
+        by the job's own end (pub/sub), across processes; see :mod:`emqfast.facade.job_wait`."""
         if self._queue is None:
             raise InvalidInput(f"JobRef {self.id} knows no queue to wait on: use "
                                "q.ref(job_id).wait() or q.wait_many([...])")
@@ -149,19 +149,24 @@ class Job:
 
     @classmethod
     def from_hash(cls, queue: str, job_id: str, h: Dict[bytes, bytes],
-                  delayed_score: Any = None) -> "Job":
+                  delayed_score: Any = None, active_score: Any = None) -> "Job":
         """Build from an HGETALL reply (missing ``opts``/``enc``/``attempts``: their defaults)
-        and the job's score on the delayed set (ZSCORE; None when it is not parked there).
+        and the job's scores on the delayed and active sets (ZSCORE; None when it is not
+        there).
 
         A waiting job's hash holds no ``state``: the set holding it says it, so a job
-        parked on the delayed set is ``scheduled`` (its run-at unpacked from the score)
-        and any other job without a state is ``pending``."""
+        parked on the delayed set is ``scheduled`` (its run-at unpacked from the score), one
+        on the active set is ``active`` (a Worker claimed it and holds it for a free handler
+        slot: ``counts()`` counts it there too) and any other job without a state is
+        ``pending``."""
         opts = options.decode(h.get(b"opts"))
         progress = h.get(b"progress")
         state = _text(h.get(b"state"))
         run_at = _int(h.get(b"run_at"))
         if state in (None, "pending", "scheduled"):  # (older hashes still name them)
             state = "pending" if delayed_score is None else "scheduled"
+            if active_score is not None:
+                state = "active"
             if delayed_score is not None:
                 run_at = backend.impl().unpack_delayed(int(float(delayed_score)))[0]
         return cls(

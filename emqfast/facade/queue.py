@@ -23,7 +23,7 @@ from emqfast.core.scores import MAX_RUN_AT_MS
 from emqfast.core.times import Delay, RunAt, delay_ms
 from emqfast.core.validation import check_int, check_new_job_id
 from emqfast.core.version import KEYSPACE_VERSION
-from emqfast.facade import admission, deps, lanes, options, tracing, waiting
+from emqfast.facade import admission, deps, job_wait, lanes, options, tracing
 from emqfast.facade.admission import ADMITTED, MAX_ATTEMPTS, Job, Shared
 from emqfast.facade.control import QueueControl
 from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
@@ -36,7 +36,7 @@ from emqfast.facade.keyed import admit_one
 from emqfast.facade.options import DEFAULT_BACKOFF, Backoff
 from emqfast.facade.promote import expired_leases, parse_due, promote_op
 from emqfast.facade.schedules import Schedules
-from emqfast.facade.waiting import QueueWaiting, binds_refs
+from emqfast.facade.job_wait import QueueWaiting, binds_refs
 from emqfast.server.connection import resolve
 
 __all__ = ["Queue"]
@@ -137,7 +137,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         return admission.fixed_keys(self.keys)
 
     @operation
-    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
+    @binds_refs  # the refs know this queue: ref.wait() (facade/job_wait.py)
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
@@ -205,7 +205,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         return self.enqueue(payload, delay_ms=delay_ms, **opts)
 
     @operation
-    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
+    @binds_refs  # the refs know this queue: ref.wait() (facade/job_wait.py)
     def enqueue_many(self, payloads: Iterable[Any], *, job_ids: Optional[Sequence[str]] = None,
                      priority: int = 0, attempts: Optional[int] = None,
                      backoff: Optional[Backoff] = None, delay_ms: Optional[Delay] = None,
@@ -256,7 +256,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                                       EnqueueBatch(jobs, shared, self._wait, dedupe_keys=keys)))
 
     @operation
-    @binds_refs  # the refs know this queue: ref.wait() (facade/waiting.py)
+    @binds_refs  # the refs know this queue: ref.wait() (facade/job_wait.py)
     def retry_partial(self, partial: PartialBatch) -> Returns[List[JobRef]]:
         """Re-send what a :class:`~emqfast.errors.PartialBatch` raised by this queue's
         ``enqueue_many`` left undone, with the same ids, payloads and options.
@@ -394,7 +394,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         for batch in chunks([key for key in found if key not in late], 500):
             n += int((yield Cmd.of("UNLINK", *batch)))
         yield from deps.orphan_dependents_op(k)  # it deletes each job's dependents set
-        yield from waiting.tell_deleted_op(k)
+        yield from job_wait.tell_deleted_op(k)
         for batch in chunks(notes, 500):
             yield Cmd.of("UNLINK", *batch)
         return n + len(late.intersection(found))

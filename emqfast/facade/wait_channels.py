@@ -1,6 +1,6 @@
 """Which waits listen on which done channel: the bookkeeping both wait registries share
-(the sync reader thread, :mod:`emqfast.facade.waiters`, and the asyncio reader task,
-:mod:`emqfast.aio.waiting`). No I/O here: the registries send the SUBSCRIBE/UNSUBSCRIBE
+(the sync reader thread, :mod:`emqfast.facade.wait_reader`, and the asyncio reader task,
+:mod:`emqfast.aio.job_wait`). No I/O here: the registries send the SUBSCRIBE/UNSUBSCRIBE
 this book asks for and feed it the replies and messages their connection reads.
 
 A channel is subscribed once however many waits want it. A wait joining a channel whose

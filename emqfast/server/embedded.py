@@ -155,7 +155,7 @@ def ensure_running(timeout_s: float = 15.0) -> str:
     if is_running():
         return url()
     try:
-        lock = open(directory / "start.lock", "w")
+        lock = os.fdopen(os.open(directory / "start.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w")
     except OSError as exc:
         raise state_dir_error(directory, f"cannot write start.lock ({exc.strerror})") from None
     with lock:

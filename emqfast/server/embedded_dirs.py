@@ -1,6 +1,7 @@
 """Directories only we can write, for the embedded Redis.
 
-The state dir (created 0700, or checked: ours, not writable by others) holds the data;
+The state dir (created 0700, or checked: ours, not writable by others, and made 0700 when
+others could read it) holds the data, payloads included;
 the per-user socket dir for long state-dir paths must be exactly ours and 0700, and is
 never followed through a symlink: another user could have planted it to stand in for
 our server. :mod:`emqfast.server.embedded` says which directories these are.
@@ -39,7 +40,9 @@ def owner_only_problem(st: os.stat_result, exact_0700: bool) -> Optional[str]:
 
 
 def prepare_state_dir(directory: Path) -> None:
-    """Create the state dir (0700) or check the existing one is usable and only ours."""
+    """Create the state dir (0700) or check the existing one is usable and only ours: one
+    owned by someone else or writable by others is refused (they could have planted
+    files in it); one of ours that others can merely read or enter is made 0700."""
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = directory.stat()
@@ -56,6 +59,12 @@ def prepare_state_dir(directory: Path) -> None:
         raise state_dir_error(directory, problem)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise state_dir_error(directory, "it is not writable by you")
+    if stat.S_IMODE(st.st_mode) & 0o077:  # ours, but others may read it: the data is private
+        try:
+            os.chmod(directory, 0o700)
+        except OSError as exc:
+            raise state_dir_error(directory, f"its mode is {stat.S_IMODE(st.st_mode):04o} "
+                                  f"and it cannot be made 0700 ({exc.strerror})") from None
 
 
 def prepare_runtime_dir(directory: Path) -> None:

@@ -101,7 +101,8 @@ def wait_exit(process: int, timeout_s: float) -> bool:
 
 def spawn(directory: Path, sock: Path, timeout_s: float) -> None:
     """Run a daemonized redis-server on the unix socket ``sock`` (no TCP port) with its
-    data, pidfile and log in ``directory``; raise ConnectionFailed if it cannot start."""
+    data, pidfile and log in ``directory``, under umask 077 (every file it writes is
+    private); raise ConnectionFailed if it cannot start."""
     try:
         done = subprocess.run(
             [find_server(), "--port", "0", "--unixsocket", str(sock),
@@ -109,7 +110,8 @@ def spawn(directory: Path, sock: Path, timeout_s: float) -> None:
              "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
              "--daemonize", "yes", "--pidfile", str(directory / "redis.pid"),
              "--logfile", str(directory / "redis.log")],
-            capture_output=True, text=True, timeout=timeout_s)
+            capture_output=True, text=True, timeout=timeout_s,
+            umask=0o077)  # its AOF, log and pidfile: readable by us only, whatever our umask
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConnectionFailed(f"the embedded redis-server could not be run: {exc}") from None
     if done.returncode != 0:

@@ -29,7 +29,6 @@ import traceback
 from typing import List, Optional
 
 import click
-from rich.markup import escape
 
 from emqfast.core.version import __version__
 from emqfast.tools.cli_dashboard import dashboard
@@ -43,6 +42,7 @@ from emqfast.tools.cli_state import (URL_ENV, State, console, err_console,  # no
 from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_start,  # noqa: F401
                                       server_status, server_stop, server_wipe)
 from emqfast.tools.cli_worker import import_handler, worker  # noqa: F401
+from emqfast.tools.render import styled, visible
 
 __all__ = ["State", "URL_ENV", "bench", "cancel", "cli", "console", "demo",
            "discover_queues", "enqueue", "err_console", "error_line", "import_handler",
@@ -91,10 +91,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         cli.main(args=args, prog_name="emqfast", standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the CLI's last word on anything
-        message = escape(error_line(exc))
         if _wants_verbose(args):
-            err_console.print(scrub(traceback.format_exc()), markup=False, highlight=False)
-        err_console.print(f"[red]error[/red]: {message}", highlight=False)
+            err_console.print(visible(scrub(traceback.format_exc()), lines=True),
+                              markup=False, highlight=False)
+        err_console.print(styled(("error", "red"), ": " + error_line(exc)), highlight=False)
         sys.exit(1)
 
 

@@ -6,6 +6,7 @@ import sys
 from typing import Any, List, NoReturn, Optional, Tuple, cast
 
 import click
+from rich.text import Text
 
 from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.validation import check_job_id
@@ -13,7 +14,7 @@ from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import console, current_state, err_console, url_option
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
-                                  job_dict, jobs_table)
+                                  job_dict, jobs_table, json_text, styled, visible)
 
 
 def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
@@ -22,9 +23,10 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
     for job_id in ids:
         pipe.hgetall(q.keys.job(job_id))
         pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
+        pipe.zscore(q.keys.active, job_id)
     got = pipe.execute()
-    return [Job.from_hash(q.name, job_id, h, delayed)
-            for job_id, h, delayed in zip(ids, got[::2], got[1::2]) if h]
+    return [Job.from_hash(q.name, job_id, h, delayed, active)
+            for job_id, h, delayed, active in zip(ids, got[::3], got[1::3], got[2::3]) if h]
 
 
 @click.command()
@@ -43,14 +45,12 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int, as_json: bool,
          full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
-    import json
-
     q = current_state().queue(queue)
     now = q.server_time_ms()
     if job_id:
         job, size = _job_or_exit(q, job_id)
         if as_json:
-            click.echo(json.dumps(job_dict(job), ensure_ascii=False))
+            click.echo(json_text(job_dict(job)))
             return
         console.print(job_detail_table(job, now, size))
         if full:
@@ -60,12 +60,12 @@ def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int,
     for st in states or STATES:
         found += load_jobs(q, q.job_ids(st, 0, limit - 1))
     if as_json:
-        click.echo(json.dumps([job_dict(j) for j in found], ensure_ascii=False))
+        click.echo(json_text([job_dict(j) for j in found]))
         return
     which = ", ".join(states) if states else "all states"
     console.print(jobs_table(found, now, title=f"{queue}: {which} (server clock {fmt_ms(now)})"))
     if not found:
-        console.print("[dim]no jobs[/dim]")
+        console.print(styled(("no jobs", "dim")))
 
 
 def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
@@ -75,10 +75,11 @@ def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
     pipe = q.redis.pipeline(transaction=False)
     pipe.hgetall(q.keys.job(job_id))
     pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it
-    h, delayed = pipe.execute()
+    pipe.zscore(q.keys.active, job_id)
+    h, delayed, active = pipe.execute()
     if not h:
-        _fail(f"[red]no job {job_id} in {q.name}[/red] (never enqueued, or trimmed)")
-    return Job.from_hash(q.name, job_id, h, delayed), len(h.get(b"payload", b""))
+        _fail(styled((f"no job {job_id} in {q.name}", "red"), " (never enqueued, or trimmed)"))
+    return Job.from_hash(q.name, job_id, h, delayed, active), len(h.get(b"payload", b""))
 
 
 def _dump_long_fields(job: Job) -> None:
@@ -90,13 +91,13 @@ def _dump_long_fields(job: Job) -> None:
             continue
         text = field_text(data[name])
         click.echo(f"--- {name} ({len(text):,} characters) ---")
-        click.echo(text)
+        click.echo(visible(text, lines=True))
 
 
 RETRY_BATCH = 500  # ids read per round trip by ``retry --all``
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
+def _fail(message: Text, code: int = 1) -> NoReturn:
     """One red line on stderr (never wrapped by us: one line in logs), then exit."""
     err_console.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
@@ -120,13 +121,12 @@ def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
     try:
         data: Any = json.loads(payload)
     except ValueError as exc:
-        _fail(f"[red]invalid JSON payload[/red]: {exc}")
+        _fail(styled(("invalid JSON payload", "red"), f": {exc}"))
     ref = current_state().queue(queue).enqueue(data, job_id=job_id, priority=priority,
                                                delay_ms=delay_ms)
-    click.echo(ref.id)
+    click.echo(visible(ref.id))
     if ref.status == "duplicate":
-        err_console.print(f"{ref.id} already exists in {queue}: nothing written",
-                          highlight=False)
+        err_console.print(styled(f"{ref.id} already exists in {queue}: nothing written"))
 
 
 @click.command()
@@ -140,18 +140,17 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
     """Send failed JOB_ID (or, with --all, every failed job) back to pending with a
     fresh set of attempts."""
     if bool(job_id) == every:
-        _fail("[red]retry needs a JOB_ID or --all[/red] (not both)", code=2)
+        _fail(styled(("retry needs a JOB_ID or --all", "red"), " (not both)"), code=2)
     q = current_state().queue(queue)
     if every:
         retried, skipped = retry_every(q, state)
         note = f"; {skipped} skipped (changed meanwhile)" if skipped else ""
-        console.print(f"[green]retried {retried}[/green] {state} jobs in {queue}{note}",
-                      highlight=False)
+        console.print(styled((f"retried {retried}", "green"), f" {state} jobs in {queue}{note}"))
         return
     # job_id is given (checked above); a refusal names the job's state (JobStateError)
     # or JobNotFound
     q.retry(cast(str, job_id))
-    console.print(f"[green]retrying[/green] {job_id} (pending again in {queue})")
+    console.print(styled(("retrying", "green"), f" {job_id} (pending again in {queue})"))
 
 
 def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tuple[int, int]:
@@ -190,18 +189,19 @@ def cancel(queue: str, job_id: str) -> None:
     try:
         answer = q.cancel(job_id)
         if answer == "requested":  # active; its worker ends it
-            console.print(f"[green]cancel requested[/green] {job_id}: it is running; its "
-                          f"worker was asked to stop it (it ends cancelled: 'emqfast jobs "
-                          f"{queue} --state cancelled')", highlight=False)
+            console.print(styled(("cancel requested", "green"),
+                                 f" {job_id}: it is running; its worker was asked to stop it "
+                                 f"(it ends cancelled: 'emqfast jobs {queue} --state "
+                                 "cancelled')"))
             return
         if answer:
-            console.print(f"[green]cancelled[/green] {job_id} (its record stays: "
-                          f"'emqfast jobs {queue} --state cancelled')", highlight=False)
+            console.print(styled(("cancelled", "green"), f" {job_id} (its record stays: "
+                                 f"'emqfast jobs {queue} --state cancelled')"))
             return
     except JobNotFound:
-        _fail(f"[red]cannot cancel {job_id}[/red]: no such job in {q.name} "
-              "(never enqueued there, or trimmed)")
-    _fail(f"[red]cannot cancel {job_id}[/red]: {_why_not_cancelled(q, job_id)}")
+        _fail(styled((f"cannot cancel {job_id}", "red"),
+                     f": no such job in {q.name} (never enqueued there, or trimmed)"))
+    _fail(styled((f"cannot cancel {job_id}", "red"), f": {_why_not_cancelled(q, job_id)}"))
 
 
 def _why_not_cancelled(q: Queue, job_id: str) -> str:

@@ -16,7 +16,8 @@ from rich.table import Table
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import State, console, current_state, url_option
-from emqfast.tools.render import counts_table, fmt_delta, fmt_ms, fmt_relative, stats_line
+from emqfast.tools.render import (counts_table, fmt_delta, fmt_ms, fmt_relative, plain,
+                                  stats_line, styled)
 
 
 def discover_queues(conn: redis.Redis) -> List[str]:
@@ -43,7 +44,7 @@ def _stats_view(state: State, queue: Optional[str]) -> Any:
     title = f"Queues on {state.where()} — server clock {fmt_ms(now)}"
     parts: List[Any] = [counts_table(rows, now, title=title, width=console.width)]
     if not rows:
-        parts.append("[dim]no queues yet[/dim]")
+        parts.append(styled(("no queues yet", "dim")))
     if queue and rows[0]["schedules"]:
         parts.append(schedules_table(Queue(queue, state.conn()), now))
     return Group(*parts)
@@ -119,12 +120,12 @@ def _schedule_row(sched: Any) -> Dict[str, Any]:
 
 def schedules_table(q: Queue, now_ms: int) -> Table:
     """The registry of repeatable schedules of ``q``, next runs in each schedule's zone."""
-    table = Table(title=f"Schedules of {q.name}", title_justify="left")
+    table = Table(title=plain(f"Schedules of {q.name}"), title_justify="left")
     for name in ("name", "cadence", "time zone", "next run (schedule's zone)", "in"):
         table.add_column(name)
     for row in schedule_rows(q):
-        table.add_row(row["name"], row["cadence"], row["tz"], row["next_local"],
-                      fmt_relative(row["next_ms"], now_ms))
+        table.add_row(plain(row["name"]), plain(row["cadence"]), plain(row["tz"]),
+                      plain(row["next_local"]), fmt_relative(row["next_ms"], now_ms))
     return table
 
 
@@ -141,7 +142,7 @@ def schedules(ctx: click.Context, queue: str) -> None:
     table = schedules_table(q, q.server_time_ms())
     console.print(table)
     if not table.row_count:
-        console.print("[dim]no schedules[/dim]")
+        console.print(styled(("no schedules", "dim")))
 
 
 @schedules.command("remove")
@@ -152,9 +153,9 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
     """Delete schedule NAME (jobs it already made stay)."""
     queue = ctx.parent.params["queue"] if ctx.parent else ""
     if current_state().queue(queue).schedules.remove(name):
-        console.print(f"[green]removed[/green] schedule {name} of {queue}", highlight=False)
+        console.print(styled(("removed", "green"), f" schedule {name} of {queue}"))
     else:
-        console.print(f"no schedule {name} in {queue}: nothing removed", highlight=False)
+        console.print(styled(f"no schedule {name} in {queue}: nothing removed"))
 
 
 @click.command()
@@ -162,7 +163,10 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
 @click.argument("queues", nargs=-1)
 @click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
               help="Serve the metrics over HTTP on 127.0.0.1:PORT (/metrics) until Ctrl-C.")
-def metrics(queues: Tuple[str, ...], port: Optional[int]) -> None:
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="With --serve: also answer this Host name (repeatable; loopback names "
+                   "always).")
+def metrics(queues: Tuple[str, ...], port: Optional[int], allowed_hosts: Tuple[str, ...]) -> None:
     """Prometheus text metrics of QUEUES (every queue when none is named)."""
     from emqfast.facade import metrics as metrics_mod
 
@@ -170,10 +174,11 @@ def metrics(queues: Tuple[str, ...], port: Optional[int]) -> None:
     if port is None:
         click.echo(metrics_mod.exposition(current_state().conn(), names), nl=False)
         return
-    from prometheus_client import start_http_server
+    from emqfast.tools.hosts import AllowedHosts
+    from emqfast.tools.metrics_serve import serve
 
-    server, _thread = start_http_server(port, addr="127.0.0.1",
-                                        registry=metrics_mod.registry_for(current_state().conn(), names))
+    registry = metrics_mod.registry_for(current_state().conn(), names)
+    server, _thread = serve(registry, port, AllowedHosts(allowed_hosts))
     click.echo(f"serving metrics on http://127.0.0.1:{server.server_port}/metrics", err=True)
     stop = threading.Event()
     try:

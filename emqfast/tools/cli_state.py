@@ -21,15 +21,19 @@ from emqfast.server.connection import connect
 _F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, returned as given
 
 
-def _console(stderr: bool = False) -> Console:
+def _console(stderr: bool = False, markup: bool = False) -> Console:
     # piped output (scripts, tests) gets room for the tables instead of rich's 80 columns
     probe = Console(stderr=stderr)
     wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 200
-    return Console(stderr=stderr, width=wide)
+    return Console(stderr=stderr, width=wide, markup=markup)
 
 
+# Markup off: a plain str printed or put in a table is text, whatever brackets a stored
+# name, id or payload holds; styles come from rich Text (render.plain, Text.assemble).
 console = _console()
 err_console = _console(stderr=True)
+# the demo's own fixed strings carry markup (it prints nothing stored by others)
+demo_console = _console(markup=True)
 
 URL_ENV = "EMQ_REDIS_URL"
 

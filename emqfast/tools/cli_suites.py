@@ -12,7 +12,9 @@ import click
 from rich.table import Table
 
 from emqfast.server import embedded
-from emqfast.tools.cli_state import URL_ENV, console, current_state, err_console, url_option
+from emqfast.tools.cli_state import (URL_ENV, console, current_state, demo_console, err_console,
+                                     url_option)
+from emqfast.tools.render import plain, styled
 
 
 @click.command()
@@ -23,7 +25,7 @@ def demo(quiet: bool) -> None:
     from emqfast.tools.demo import run_demo
 
     state = current_state()
-    ok = run_demo(state.conn(), console=console, quiet=quiet, where=state.where())
+    ok = run_demo(state.conn(), console=demo_console, quiet=quiet, where=state.where())
     sys.exit(0 if ok else 1)
 
 
@@ -53,9 +55,10 @@ def bench(args: Tuple[str, ...]) -> None:
     """Run the benchmark suite (extra ARGS are passed to it)."""
     main_fn = load_bench()
     if main_fn is None:
-        err_console.print("[red]The benchmark suite is not installed[/red]: "
-                          "expected emqfast.bench.run:main (bench/run.py in the source tree). "
-                          "Install emqfast from a checkout that has bench/.")
+        err_console.print(styled(("The benchmark suite is not installed", "red"),
+                                 ": expected emqfast.bench.run:main (bench/run.py in the "
+                                 "source tree). Install emqfast from a checkout that has "
+                                 "bench/."))
         sys.exit(2)
     state = current_state()
     if state.url:  # the suite connects on its own: hand it the same server
@@ -77,7 +80,7 @@ def server_status() -> None:
     table.add_column("field", style="bold")
     table.add_column("value")
     for key in ("running", "state_dir", "socket", "url"):
-        table.add_row(key, str(info[key]))
+        table.add_row(key, plain(info[key]))
     table.add_row("pid", str(embedded.pid() or "-") if info["running"] else "-")
     console.print(table)
 
@@ -93,8 +96,7 @@ def server_start() -> None:
     """Start the embedded server unless it runs already; print its URL."""
     was_running = embedded.is_running()
     where = embedded.ensure_running()
-    console.print(f"{'already running' if was_running else 'started'}: {where}",
-                  highlight=False)
+    console.print(styled(f"{'already running' if was_running else 'started'}: {where}"))
 
 
 @server.command("wipe")
@@ -105,13 +107,13 @@ def server_wipe(yes: bool) -> None:
     if not yes:
         _confirm_wipe(directory)
     embedded.wipe()
-    console.print(f"wiped {directory}", highlight=False)
+    console.print(styled(f"wiped {directory}"))
 
 
 def _confirm_wipe(directory: Path) -> None:
     """Ask on a terminal; without one, refuse (a script must say --yes)."""
     if not sys.stdin.isatty():
-        err_console.print(f"[red]refusing to wipe {directory}[/red]: no terminal to "
-                          "confirm on; pass --yes", highlight=False, soft_wrap=True)
+        err_console.print(styled((f"refusing to wipe {directory}", "red"),
+                                 ": no terminal to confirm on; pass --yes"), soft_wrap=True)
         sys.exit(1)
     click.confirm(f"Delete every queue and job in {directory}?", abort=True)

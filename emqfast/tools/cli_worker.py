@@ -13,6 +13,7 @@ import click
 
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import current_state, err_console, scrub, url_option, verbose_option
+from emqfast.tools.render import styled, visible
 
 
 def import_handler(spec: str, verbose: bool = False) -> Callable[..., Any]:
@@ -48,7 +49,8 @@ def _import_module(module_name: str, verbose: bool) -> Any:
         return importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - SyntaxError, or whatever the module raised
         if verbose:
-            err_console.print(scrub(traceback.format_exc()), markup=False, highlight=False)
+            err_console.print(visible(scrub(traceback.format_exc()), lines=True), markup=False,
+                              highlight=False)
         where = ""
         if isinstance(exc, SyntaxError) and exc.filename:
             where = f" ({exc.filename}, line {exc.lineno})"
@@ -137,10 +139,11 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
     # the module is callable at run time (select._CallableModule), which checkers cannot see
     backend_name = cast(Callable[[], str], live_backend)
     # soft_wrap: one line in a log file or a narrow terminal, never wrapped by rich
-    err_console.print(f"emqfast worker [bold]{w.name}[/bold] on [bold]{queue_name}[/bold] "
-                      f"({state.where()}), handler {handler}, concurrency {concurrency}, "
-                      f"backend {backend_name()}; SIGTERM/Ctrl-C stops it gracefully, "
-                      "a second one force-quits", soft_wrap=True, highlight=False)
+    err_console.print(styled("emqfast worker ", (w.name, "bold"), " on ", (queue_name, "bold"),
+                             f" ({state.where()}), handler {handler}, concurrency "
+                             f"{concurrency}, backend {backend_name()}; SIGTERM/Ctrl-C stops "
+                             "it gracefully, a second one force-quits"),
+                      soft_wrap=True, highlight=False)
     try:
         stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()
     except KeyboardInterrupt:  # run(): a second signal; the jobs it held are back on pending
@@ -193,11 +196,21 @@ class FailureLines(logging.Formatter):
     """Log lines for a terminal: a job's failure (records carrying ``error``) is one short
     line, ``12:03:04 retry JOB… attempt 1/3: KeyError: 'to'`` (``FAILED`` when no attempt
     is left), cut to the terminal's width when stderr is one; other records keep
-    the time, level, logger and message."""
+    the time, level, logger and message. Control characters in either (a job id, an
+    error message) are shown as escapes (:func:`~emqfast.tools.render.visible`)."""
 
     def __init__(self, width: Optional[int] = None) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
         self.width = width
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's
+        """The message on one line, its control characters (a newline too) as escapes."""
+        record.message = visible(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        """A traceback keeps its lines; other control characters show as escapes."""
+        return visible(super().formatException(ei), lines=True)
 
     def format(self, record: logging.LogRecord) -> str:
         error = getattr(record, "error", None)
@@ -207,7 +220,7 @@ class FailureLines(logging.Formatter):
                 f"{'FAILED' if getattr(record, 'final', False) else 'retry '} "
                 f"{getattr(record, 'job_id', '?')} attempt {getattr(record, 'attempt', '?')}/"
                 f"{getattr(record, 'max_attempts', '?')}: {error}")
-        line = " ".join(line.splitlines())  # a multi-line message stays one line
+        line = visible(" ".join(str(line).splitlines()))  # a multi-line message: one line
         if self.width and len(line) > self.width:
             line = line[:self.width - 1] + "…"
         return line

@@ -2,19 +2,61 @@
 
 Every time shown is a server-clock epoch-ms value (a job timestamp or
 ``Queue.server_time_ms()``), never the local machine's clock.
+
+Stored strings (queue names, job ids, payloads, errors) are written by whoever can
+enqueue: they reach the terminal only through :func:`plain` / :func:`visible`, as text
+(never rich markup) with every control character shown as an escape (``\\x1b``), so
+nothing they hold can steer the terminal, forge a line or become a link.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Match, Optional, Tuple, Union
 
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from emqfast.core.printable import UNSEEN, printable
 from emqfast.facade.job import Job
+
+
+def visible(text: str, lines: bool = False) -> str:
+    """``text`` with every control or invisible formatting character written as an
+    escape (``\\x1b``, ``\\x9b``, ``\\u202e``), so a terminal shows it instead of obeying
+    it (:func:`emqfast.core.printable.printable`). ``lines``: keep newlines and tabs (a
+    traceback, ``--full``); ``\\r`` is always escaped (it would overwrite the line)."""
+    return printable(text, lines)
+
+
+def _json_escape(match: Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def json_text(data: Any) -> str:
+    """``data`` as JSON for ``--json``: exact (it parses back to the same values), UTF-8
+    text kept as is, but every control or invisible formatting character written as a
+    ``\\uXXXX`` escape (json.dumps leaves C1, DEL and bidi overrides raw)."""
+    return UNSEEN.sub(_json_escape, json.dumps(data, ensure_ascii=False))
+
+
+def plain(value: Any, style: str = "", lines: bool = False) -> Text:
+    """``value`` as rich text that is never parsed as markup, controls made
+    :func:`visible`."""
+    return Text(visible(str(value), lines), style=style)
+
+
+def styled(*parts: Union[str, Tuple[str, str]]) -> Text:
+    """One line of CLI output from parts: a plain ``str``, or ``(text, style)`` such as
+    ``("cancelled", "green")``; every part is :func:`visible` text, never markup."""
+    out = Text()
+    for part in parts:
+        text, style = (part, "") if isinstance(part, str) else part
+        out.append(visible(text), style=style)
+    return out
+
 
 STATE_STYLES = {"scheduled": "cyan", "pending": "yellow", "grouped": "yellow",
                 "active": "blue", "completed": "green", "failed": "red"}
@@ -59,7 +101,7 @@ def fmt_relative(epoch_ms: Optional[int], now_ms: int) -> str:
 
 def state_text(state: str) -> Text:
     """A job state, coloured."""
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return plain(state, STATE_STYLES.get(state, ""))
 
 
 def short_error(error: Optional[str], width: int = 60) -> str:
@@ -96,7 +138,7 @@ def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queu
     rows = list(rows)
     if width is not None and width < WIDE_TABLE_COLUMNS:
         return _narrow_tables(rows, now_ms, title)
-    table = Table(title=title, title_justify="left")
+    table = Table(title=plain(title), title_justify="left")
     table.add_column("queue", style="bold", overflow="fold")
     for state in _COLUMNS:
         table.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"))
@@ -105,15 +147,15 @@ def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queu
     table.add_column("schedules", justify="right")
     for row in rows:
         c = row["counts"]
-        table.add_row(row["queue"], *(str(c.get(s, 0)) for s in _COLUMNS),
+        table.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _COLUMNS),
                       "yes" if row.get("paused") else "no", _next_due_text(row, now_ms),
                       str(row.get("schedules", "-")))
     return table
 
 
 def _narrow_table(title: Optional[str]) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0),
-                  pad_edge=False, show_edge=False)
+    table = Table(title=None if title is None else plain(title), title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False)
     table.add_column("queue", style="bold", overflow="fold", min_width=5)
     return table
 
@@ -132,8 +174,8 @@ def _narrow_tables(rows: List[Dict[str, Any]], now_ms: int, title: str) -> Group
         timing.add_column(name, no_wrap=True, justify="right" if name == "schedules" else "left")
     for row in rows:
         c = row["counts"]
-        counts.add_row(row["queue"], *(str(c.get(s, 0)) for s in _NARROW_COUNTS))
-        timing.add_row(row["queue"], *(str(c.get(s, 0)) for s in _NARROW_REST),
+        counts.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _NARROW_COUNTS))
+        timing.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _NARROW_REST),
                        "yes" if row.get("paused") else "no",
                        _next_due_text(row, now_ms), str(row.get("schedules", "-")))
     return Group(counts, timing)
@@ -145,7 +187,7 @@ def stats_line(row: Dict[str, Any], now_ms: int) -> str:
     c = row["counts"]
     nxt = row.get("next_due_ms")
     due = f"{fmt_ms(nxt)} ({fmt_relative(nxt, now_ms)})" if nxt else "-"
-    return " ".join([fmt_ms(now_ms), f"queue={row['queue']}",
+    return " ".join([fmt_ms(now_ms), f"queue={visible(row['queue'])}",
                      *(f"{s}={c.get(s, 0)}" for s in _COLUMNS),
                      f"paused={'yes' if row.get('paused') else 'no'}",
                      f"schedules={row.get('schedules', '-')}", f"next_due={due}"])
@@ -153,14 +195,14 @@ def stats_line(row: Dict[str, Any], now_ms: int) -> str:
 
 def jobs_table(jobs: Iterable[Job], now_ms: int, title: str) -> Table:
     """Jobs as rows: id, state, attempts, priority, times, last error."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=plain(title), title_justify="left")
     for name in ("id", "state", "attempts", "prio", "created", "run at", "finished", "error"):
         table.add_column(name, no_wrap=name != "error")
     for job in jobs:
-        table.add_row(job.id, state_text(job.state), f"{job.attempts}/{job.max_attempts}",
+        table.add_row(plain(job.id), state_text(job.state), f"{job.attempts}/{job.max_attempts}",
                       str(job.priority), fmt_ms(job.created_ms, date=False),
                       fmt_ms(job.run_at_ms, date=False), fmt_ms(job.finished_ms, date=False),
-                      short_error(job.error))
+                      plain(short_error(job.error)))
     return table
 
 
@@ -218,7 +260,7 @@ def job_detail_table(job: Job, now_ms: int, payload_bytes: Optional[int] = None)
     """Every field of one job, one per row; long ones (payload, result, error, traceback)
     as a preview of :data:`PREVIEW_CHARS` characters. ``payload_bytes``: the stored
     payload's size, shown on its own row."""
-    table = Table(title=f"job {job.id}", title_justify="left", show_header=False)
+    table = Table(title=plain(f"job {job.id}"), title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     data = job_dict(job)
@@ -231,7 +273,8 @@ def job_detail_table(job: Job, now_ms: int, payload_bytes: Optional[int] = None)
             value = field_text(value)
             if name in LONG_FIELDS:
                 value = preview(value)
-        table.add_row(name.replace("_ms", ""), value if isinstance(value, Text) else str(value))
+        table.add_row(name.replace("_ms", ""),
+                      value if isinstance(value, Text) else plain(value, lines=True))
         if name == "payload" and payload_bytes is not None:
             table.add_row("payload size", f"{fmt_size(payload_bytes)} ({payload_bytes:,} bytes)")
     return table

@@ -19,10 +19,10 @@ from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.control import CancelResult
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
-from emqfast.web.app import Dashboard, Handler, Problem, cookie_path, flash, link
+from emqfast.web.app import Dashboard, Handler, Problem, client_of, cookie_path, flash, link
 from emqfast.web.pages import known_queue
 from emqfast.web.reads import OPTIONAL_STATES, STATES as BASE_STATES
-from emqfast.web.security import AUTH_COOKIE
+from emqfast.web.security import AUTH_COOKIE, SESSION_TTL_S
 
 STATES = BASE_STATES + OPTIONAL_STATES
 MAX_SELECTED = 500  # ids one bulk action takes
@@ -196,14 +196,18 @@ def login(dash: Dashboard, request: Request, form: Any) -> Response:
     if not dash.guard.enabled:
         return RedirectResponse(link(request, "overview"), 303)
     if not dash.guard.check_token(str(form.get("token", ""))):
+        dash.guard.throttle.failed(client_of(request))
         return dash.render(request, "login.html", status=401, failed=True)
     response = RedirectResponse(link(request, "overview"), 303)
-    response.set_cookie(AUTH_COOKIE, dash.guard.login_cookie(), path=cookie_path(request),
-                        httponly=True, samesite="strict")
+    dash.guard.end_session(request.cookies.get(AUTH_COOKIE))  # a new id per login
+    response.set_cookie(AUTH_COOKIE, dash.guard.new_session(), path=cookie_path(request),
+                        max_age=SESSION_TTL_S, httponly=True, samesite="strict")
     return response
 
 
 def logout(dash: Dashboard, request: Request, form: Any) -> Response:
+    """End the session: its cookie is revoked here, not only deleted in the browser."""
+    dash.guard.end_session(request.cookies.get(AUTH_COOKIE))
     response = RedirectResponse(link(request, "login"), 303)
     response.delete_cookie(AUTH_COOKIE, path=cookie_path(request))
     return response

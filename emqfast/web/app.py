@@ -1,11 +1,12 @@
 """The dashboard's ASGI app: :func:`create_app` and what every request goes through
-(auth, CSRF cookie, error pages, security headers, flash messages, links that work
-under any mount prefix)."""
+(auth, the login throttle, CSRF cookie and cross-site checks, error pages, security
+headers, flash messages, links that work under any mount prefix)."""
 from __future__ import annotations
 
 import base64
 import functools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple
@@ -20,8 +21,8 @@ from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
-from emqfast.web.reads import Discovery, Queues
-from emqfast.web.security import CSRF_COOKIE, HEADERS, Guard, csrf_ok, new_csrf
+from emqfast.web.reads import BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names
+from emqfast.web.security import CSRF_COOKIE, Guard, cross_site
 from emqfast.web.throughput import Throughput
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +45,9 @@ class Dashboard:
                  auth: Optional[str]):
         self.client = resolve(conn)
         self.discovery = Discovery(self.client, queues)
+        # the leaderboards page: one SCAN per TTL however many clients poll it
+        self.boards = Discovery(self.client, None, match=BOARD_GLOB, parse=board_names,
+                                ttl_s=BOARD_TTL_S)
         self.queues = Queues(self.client)
         self.throughput = Throughput()
         self.guard = Guard(auth)
@@ -53,13 +57,15 @@ class Dashboard:
                                trim_blocks=True, lstrip_blocks=True)
         self.env.globals.update(when=fmt.when, duration=fmt.duration,
                                 count_cells=fmt.count_cells)
-        self.where = describe(self.client)
+        self.where = describe(self.client)  # shown to authenticated users only
 
     def render(self, request: Request, template: str, status: int = 200,
                **context: Any) -> HTMLResponse:
         """A page from ``template``; every value is escaped by Jinja2's autoescape."""
-        context.update(request=request, read_only=self.read_only, where=self.where,
-                       csrf=csrf_of(request), auth=self.guard.enabled,
+        known = self.guard.allows(request.headers, request.cookies)
+        context.update(request=request, read_only=self.read_only,
+                       where=self.where if known else "", csrf=csrf_of(request),
+                       auth=self.guard.enabled, signed_in=known,
                        link=functools.partial(link, request), flash=take_flash(request),
                        asset=functools.partial(asset, request))
         html = self.env.get_template(template).render(**context)
@@ -108,11 +114,15 @@ def asset(request: Request, name: str) -> str:
 
 
 def csrf_of(request: Request) -> str:
+    """The CSRF token of the page: the cookie's when this app signed it, else a new one
+    (set as the cookie by the response; a planted or stale cookie is replaced)."""
     token = request.cookies.get(CSRF_COOKIE)
-    if not token:  # the response sets this new one as the cookie
-        token = getattr(request.state, "new_csrf", None) or new_csrf()
-        request.state.new_csrf = token
-    return token
+    guard: Guard = request.app.state.dashboard.guard
+    if token is not None and guard.csrf_valid(token):
+        return token
+    fresh: str = getattr(request.state, "new_csrf", None) or guard.new_csrf()
+    request.state.new_csrf = fresh
+    return fresh
 
 
 def wants_json(request: Request) -> bool:
@@ -140,16 +150,39 @@ def take_flash(request: Request) -> Optional[Dict[str, str]]:
 
 
 def _finish(request: Request, response: Response) -> Response:
-    for name, value in HEADERS.items():
-        response.headers.setdefault(name, value)
     fresh = getattr(request.state, "new_csrf", None)
-    if fresh and not request.cookies.get(CSRF_COOKIE):
+    if fresh and request.cookies.get(CSRF_COOKIE) != fresh:
         response.set_cookie(CSRF_COOKIE, fresh, path=cookie_path(request), httponly=True,
                             samesite="strict")
     return response
 
 
 Handler = Callable[..., Response]
+
+
+def client_of(request: Request) -> str:
+    """Who the request comes from, for the login throttle (its peer address)."""
+    return request.client.host if request.client else "?"
+
+
+def _admit(dash: Dashboard, request: Request, post: bool, public: bool) -> Optional[Response]:
+    """None when the request may go on; else the answer (login redirect, 401, 429)."""
+    guard, who = dash.guard, client_of(request)
+    offered = guard.offered_by_header(request.headers) if guard.enabled else None
+    if offered is not None or (public and post):  # an auth attempt: throttled per client
+        wait = guard.throttle.blocked(who)
+        if wait:
+            response = dash.error_page(request, 429, "too many failed attempts: try again "
+                                                     f"in {math.ceil(wait)} s")
+            response.headers["Retry-After"] = str(math.ceil(wait))
+            return response
+        if offered is not None and not guard.check_token(offered):
+            guard.throttle.failed(who)
+    if public or guard.allows(request.headers, request.cookies):
+        return None
+    if wants_json(request) or post:
+        raise Problem(401, "log in first (auth token needed)")
+    return RedirectResponse(link(request, "login"), 303)
 
 
 def endpoint(fn: Handler, post: bool = False, public: bool = False
@@ -160,18 +193,12 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
         started = time.perf_counter()
         dash: Dashboard = request.app.state.dashboard
         try:
-            if not public and not dash.guard.allows(request.headers, request.cookies):
-                if wants_json(request) or post:
-                    raise Problem(401, "log in first (auth token needed)")
-                return _finish(request, RedirectResponse(link(request, "login"), 303))
+            refused = _admit(dash, request, post, public)
+            if refused is not None:
+                return _finish(request, refused)
             args: Tuple[Any, ...] = ()
             if post:
-                form = await request.form()
-                if not dash.guard.by_header(request.headers) and \
-                        not csrf_ok(request.cookies, form):
-                    raise Problem(403, "the form's CSRF token is missing or stale: reload "
-                                       "the page and try again")
-                args = (form,)
+                args = (await _checked_form(dash, request),)
             response = await run_in_threadpool(fn, dash, request, *args)
         except Problem as p:
             response = dash.error_page(request, p.status, p.message)
@@ -183,3 +210,17 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return _finish(request, response)
     return handle
+
+
+async def _checked_form(dash: Dashboard, request: Request) -> Any:
+    """A POST's form, once it is known to come from this dashboard's own pages (or a
+    script holding the token): same origin, and the signed CSRF token of its cookie."""
+    why = cross_site(request.headers)
+    if why:
+        raise Problem(403, f"refused: {why}")
+    form = await request.form()
+    if not dash.guard.by_header(request.headers) and \
+            not dash.guard.csrf_ok(request.cookies, form):
+        raise Problem(403, "the form's CSRF token is missing or stale: reload the page and "
+                           "try again")
+    return form

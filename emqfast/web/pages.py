@@ -6,6 +6,7 @@ answers an unknown queue or job with a 404 page, and renders a template."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -149,9 +150,17 @@ def payload(dash: Dashboard, request: Request) -> Response:
         raise Problem(404, f"no job {job_id!r} in queue {name!r}")
     body, media = fmt.download(got.payload)
     ext = "bin" if media == "application/octet-stream" else "json"
-    safe = "".join(c if c.isalnum() else "_" for c in job_id)[:80]
-    return Response(body, media_type=media, headers={
-        "Content-Disposition": f'attachment; filename="{safe}.{ext}"'})
+    return Response(body, media_type=media,
+                    headers={"Content-Disposition": attachment(f"{job_id[:80]}.{ext}")})
+
+
+def attachment(filename: str) -> str:
+    """A ``Content-Disposition`` for a download named ``filename``: an ASCII fallback
+    (``filename=``, anything else as ``_``) and the exact UTF-8 name (RFC 5987/6266
+    ``filename*``), so any id's letters download under their own name."""
+    fallback = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "_"
+                       for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 # --- schedules, leaderboards, workers -----------------------------------------------------
@@ -161,7 +170,7 @@ def schedules(dash: Dashboard, request: Request) -> Response:
 
 
 def leaderboards(dash: Dashboard, request: Request) -> Response:
-    boards = reads.leaderboards(dash.client)
+    boards = reads.leaderboards(dash.client, dash.boards.names())
     lookup = None
     board, member = request.query_params.get("board"), request.query_params.get("member")
     if board and member:

@@ -62,16 +62,21 @@ class QueueRow:
 
 class Discovery:
     """The queue names on the server (SCAN over ``emq:{*}:meta``, never KEYS), or the
-    fixed list the app was given.
+    fixed list the app was given; with ``match`` and ``parse``, other names found the
+    same way (the leaderboards: :data:`BOARD_GLOB`, :func:`board_names`).
 
     A SCAN walks the whole keyspace: with 1M jobs in Redis it takes over a second. So
     only the first request (and ``fresh=True``) waits for one; afterwards the names are
     served from the last SCAN and, once older than :data:`DISCOVERY_TTL_S`, a background
     thread scans again (one at a time), so no page pays for it."""
 
-    def __init__(self, client: Any, fixed: Optional[Sequence[str]] = None):
+    def __init__(self, client: Any, fixed: Optional[Sequence[str]] = None,
+                 match: Optional[str] = None,
+                 parse: Callable[[Any], List[str]] = queue_names_of,
+                 ttl_s: float = DISCOVERY_TTL_S):
         self.client = client
         self.fixed = None if fixed is None else sorted({QueueKeys(q).name for q in fixed})
+        self.match, self.parse, self.ttl_s = match or queue_meta_glob(), parse, ttl_s
         self._names: Optional[List[str]] = None
         self._at = -1e9
         self._lock = threading.Lock()
@@ -82,7 +87,7 @@ class Discovery:
             return self.fixed
         if fresh or self._names is None:
             self._scan()
-        elif time.monotonic() - self._at > DISCOVERY_TTL_S:
+        elif time.monotonic() - self._at > self.ttl_s:
             with self._lock:
                 start, self._scanning = not self._scanning, True
             if start:
@@ -91,7 +96,7 @@ class Discovery:
 
     def _scan(self) -> None:
         try:
-            names = queue_names_of(run(self.client, _scan_op(queue_meta_glob())))
+            names = self.parse(run(self.client, _scan_op(self.match)))
             self._names, self._at = names, time.monotonic()
         except Exception:  # noqa: BLE001 - a background scan keeps the last names
             log.warning("emqfast dashboard: queue discovery failed", exc_info=True)
@@ -310,11 +315,24 @@ def schedules(client: Any, names: Sequence[str]) -> List[Tuple[str, List[Schedul
     return [(q.name, found) for q, found in zip(having, lists) if isinstance(found, list)]
 
 
-def leaderboards(client: Any, top: int = LEADERBOARD_TOP) -> List[Tuple[str, List[Any]]]:
-    """Every board (SCAN over ``emq:{lb:*}:board``) and its top entries."""
-    keys = run(client, _scan_op("emq:{lb:*}:board"))
-    names = sorted({k.decode("utf-8", "replace")[len("emq:{lb:"):-len("}:board")]
-                    for k in keys})
+BOARD_GLOB = "emq:{lb:*}:board"
+# boards come and go rarely; a SCAN of a big keyspace costs Redis real time, so the
+# leaderboards page rescans at most this often, whoever polls it
+BOARD_TTL_S = 30.0
+MAX_BOARDS = 200  # boards listed on the page (the first by name)
+
+
+def board_names(keys: Any) -> List[str]:
+    """Leaderboard names from their keys (``emq:{lb:<name>}:board``), sorted."""
+    return sorted({k.decode("utf-8", "replace")[len("emq:{lb:"):-len("}:board")]
+                   for k in keys})
+
+
+def leaderboards(client: Any, names: Sequence[str],
+                 top: int = LEADERBOARD_TOP) -> List[Tuple[str, List[Any]]]:
+    """The boards ``names`` (found by a :class:`Discovery` over :data:`BOARD_GLOB`, whose
+    SCAN is shared by every request for :data:`BOARD_TTL_S`) and their top entries."""
+    names = list(names)[:MAX_BOARDS]
     boards = [Leaderboard(client, n) for n in names]
     tops = run_many(client, [Leaderboard.top.op(b, top) for b in boards])
     return [(n, t if isinstance(t, list) else []) for n, t in zip(names, tops)]

@@ -1,4 +1,5 @@
-"""Cancelling running jobs and timeouts: what both Workers share, without I/O.
+"""Cancelling running jobs and timeouts: the records and rules both Workers share, without
+I/O (the machine applies them: ``WorkerMachine._stop_run``, ``_settle_run``, ``_abandon_run``).
 
 A running job is *stopped* for a reason:
 
@@ -29,22 +30,13 @@ import heapq
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import List, Optional, Tuple
 
 from emqfast.core.errors import Cancelled, JobTimeout
 from emqfast.core.validation import check_int
 from emqfast.facade.job import Job
 from emqfast.facade.options import TIMEOUT_KEY
-from emqfast.core.ops import Batch, Cmd, Logic
-from emqfast.worker.calls import cancel_active_call, free_calls
-from emqfast.worker.outcomes import CancelledRun, Failed, Outcome, log_context
-from emqfast.worker.resend import until_landed
-from emqfast.worker.leases import RunningJob
-
-if TYPE_CHECKING:  # a checker sees the machine it is mixed with; at run time: object
-    from emqfast.worker.machine import WorkerMachine as _Host
-else:
-    _Host = object
+from emqfast.worker.outcomes import CancelledRun, Failed
 
 log = logging.getLogger("emqfast.worker")
 
@@ -112,166 +104,4 @@ class Deadlines:
         while self._heap and self._heap[0][0] <= now:
             _, _, job_id, token, kind = heapq.heappop(self._heap)
             out.append((job_id, token, kind))
-        return out
-
-
-class StopKeeping(_Host):
-    """Stopping running jobs, mixed into both Workers before the machine (its
-    ``_write_batch`` writes cancelled runs, then hands the rest to the machine's)."""
-
-    _stops: Dict[str, Stop]
-    job_timeout_ms: Optional[int]
-    cancel_grace_ms: int
-
-    def _setup_stops(self, job_timeout_ms: Optional[int], cancel_grace_ms: int) -> None:
-        self.job_timeout_ms, self.cancel_grace_ms = check_timeouts(job_timeout_ms,
-                                                                   cancel_grace_ms)
-        self._stops = {}
-        self._early: Set[str] = set()  # held (claimed, not started) jobs asked to cancel
-
-    def _cancel_held(self, job_id: str) -> None:
-        """A cancel of a job this Worker holds but has not started (prefetched): it is
-        stopped as soon as it is handed to a handler (:meth:`_stop_early`)."""
-        with self._guard:
-            if job_id in self._held:
-                self._early.add(job_id)
-
-    def _stop_early(self, started: Sequence[Tuple[Job, str]]) -> None:
-        """Jobs just handed out: stop those cancelled while they were held, whether this
-        Worker heard the cancel (pub/sub) or start.lua found its mark (a cancel whose
-        message had not arrived yet: the mark is read in the same step that starts it)."""
-        for job, token in started:
-            if self._early:
-                with self._guard:
-                    early = job.id in self._early
-                    self._early.discard(job.id)
-            else:
-                early = False
-            if early or "_cancel_at_start" in job.__dict__:
-                self._on_cancel(job.id, token)
-
-    def _stop_run(self, job_id: str, reason: str, token: Optional[str] = None
-                  ) -> Optional[RunningJob]:
-        """Ask a running job to stop (``token``: only that run); the run, or None when it
-        is not ours, ended, is being acked or was stopped already. The driver then
-        cancels a coroutine's task and arms the abandonment after the grace."""
-        with self._guard:
-            run = self._running.get(job_id)
-            if run is None or run.acking or run.lost or job_id in self._stops \
-                    or (token is not None and run.token != token):
-                return None
-            run.job._stop_reason = reason
-            self._stops[job_id] = Stop(run.token, reason)
-        log.info("%s: job %s %s; stopping its handler", self._who, job_id,
-                 "was cancelled" if reason == CANCELLED else "timed out",
-                 extra=log_context(run.job))
-        return run
-
-    def _settle_run(self, outcome: Outcome) -> Optional[Outcome]:
-        """A handler ended with ``outcome``: for a stopped run, the outcome of its stop
-        instead (None: the run was abandoned, its outcome written already)."""
-        if not self._stops:  # the common case: nothing stopped, no lock taken
-            return outcome
-        job_id, token = outcome.job.id, outcome.token
-        with self._guard:
-            stop = self._stops.get(job_id)
-            if stop is None or stop.token != token:
-                return outcome
-            del self._stops[job_id]
-        if stop.settled:
-            return None
-        tb = outcome.traceback if isinstance(outcome, Failed) else ""
-        return stop_outcome(outcome.job, token, stop.reason, tb)
-
-    def _abandon_run(self, job_id: str, token: str) -> Optional[Failed]:
-        """The grace after a stop has passed: the outcome to write now if the handler is
-        still running (its late return is then ignored), else None."""
-        with self._guard:
-            stop = self._stops.get(job_id)
-            if stop is None or stop.token != token or stop.settled:
-                return None
-            run = self._running.get(job_id)
-            if run is None or run.token != token or run.acking:
-                del self._stops[job_id]  # ended meanwhile: nothing to abandon
-                return None
-            stop.settled = True
-        log.warning("%s: job %s's handler did not end within cancel_grace_ms=%d of its %s; "
-                    "abandoning the run (its thread keeps its slot until it returns)",
-                    self._who, job_id, self.cancel_grace_ms,
-                    "cancel" if stop.reason == CANCELLED else "timeout",
-                    extra=log_context(run.job))
-        return stop_outcome(run.job, token, stop.reason)
-
-    def _unstopped(self) -> List[Tuple[str, str]]:
-        """``(id, token)`` of running jobs not stopped yet: whose cancel marks the beat
-        re-reads."""
-        with self._guard:
-            return [(i, r.token) for i, r in self._running.items()
-                    if i not in self._stops and not r.acking and not r.lost]
-
-    def _recheck_cancels(self) -> Logic:
-        """Read the cancel marks of the running jobs not stopped yet (on the beat, and after
-        the listener (re-)subscribed) and stop those marked: a cancel whose message was
-        lost."""
-        runs = self._unstopped()
-        if not runs:
-            return
-        flags = yield Batch([Cmd.of("HGET", self._keys.job(job_id), "cancel")
-                             for job_id, _ in runs])
-        for (job_id, token), flag in zip(runs, flags):
-            if flag:
-                self._on_cancel(job_id, token)
-
-    def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
-        """A cancel of ``job_id`` was heard (the driver's listener) or its mark read (the
-        beat): its run is stopped, or, held and not started yet, it is stopped as it starts."""
-        run = self._stop_run(job_id, CANCELLED, token)
-        if run is None and token is None:
-            self._cancel_held(job_id)
-        self._stopped(run)
-
-    def _stopped(self, run: Optional[RunningJob]) -> None:
-        """The driver's part of stopping ``run`` (None: nothing ran): cancel its task or
-        let its thread see ``job.cancelled``, and arm the grace before it is abandoned."""
-        raise NotImplementedError
-
-    # --- writing outcomes --------------------------------------------------------------
-    def _write_batch(self, batch: List[Outcome]) -> Logic:
-        """Cancelled runs end by cancel_active.lua; the rest as the machine writes them.
-        A mixed batch is written in two parts, each failing on its own (so no part is
-        forgotten twice): the replies come back in the batch's order."""
-        ended = [o for o in batch if isinstance(o, CancelledRun)]
-        if not ended:
-            return (yield from super()._write_batch(batch))
-        rest = [o for o in batch if not isinstance(o, CancelledRun)]
-        mine = iter((yield from self._write_part(self._write_cancelled, ended)))
-        got = iter((yield from self._write_part(super()._write_batch, rest)) if rest else [])
-        return [next(mine) if isinstance(o, CancelledRun) else next(got) for o in batch]
-
-    def _write_part(self, write: Any, part: List[Any]) -> Logic:
-        """``write(part)``'s replies; a failure is handled as the acker handles a batch's
-        (logged, forgotten, a permanent error stops the worker) and is each one's reply."""
-        try:
-            return (yield from write(part))
-        except Exception as exc:  # noqa: BLE001 - the other part must still be written
-            self._ack_failed(part, exc)
-            return [exc] * len(part)
-
-    def _write_cancelled(self, ended: List[CancelledRun]) -> Logic:
-        """End cancelled runs (re-sent until they land: each is fenced by its token),
-        free their groups' slots, count and forget them."""
-        calls = [cancel_active_call(self._keys, o) for o in ended]
-        calls += free_calls(self._keys, ended)
-        replies = yield from until_landed(calls, self._who, self._ack_until)
-        out = []
-        for o, reply in zip(ended, replies):
-            if isinstance(reply, Exception):
-                log.warning("%s: could not end cancelled job %s (%s)", self._who, o.job.id,
-                            reply, extra=log_context(o.job))
-            else:
-                self.stats.cancelled += 1
-                log.info("%s: job %s cancelled", self._who, o.job.id,
-                         extra=log_context(o.job))
-            out.append(reply)
-        self._forget(ended)
         return out

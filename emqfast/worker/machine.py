@@ -28,7 +28,8 @@ import uuid
 from itertools import islice
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.core.errors import (ConnectionFailed, EmqError, EvictionRisk, PermissionDenied,
+                                 VersionMismatch)
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
                               WaitForRoom)
 from emqfast.core.validation import check_int
@@ -39,9 +40,12 @@ from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedules
 from emqfast.worker import calls
-from emqfast.worker.calls import AckPlan, JobRows, metrics_call, run_times
+from emqfast.worker.calls import (AckPlan, JobRows, cancel_active_call, free_calls,
+                                  metrics_call, run_times)
+from emqfast.worker.cancels import CANCELLED, TIMEOUT, Stop, check_timeouts, stop_outcome
 from emqfast.worker.leases import HeldLease, Prefetch, RunningJob
-from emqfast.worker.outcomes import Outcome, WorkerStats, forget_run, job_group, tally
+from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats, forget_run,
+                                     job_group, log_context, tally)
 from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_done,
                                    until_landed, wait_out)
 
@@ -74,7 +78,9 @@ class WorkerMachine:
         raise NotImplementedError
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
-        """Run the handlers of the started ``(job, token)`` pairs."""
+        """Run the handlers of the started ``(job, token)`` pairs: each becomes a running
+        job, and ``_stop_early(started)`` stops those cancelled while held before any of
+        their handlers can begin (a handler never gets a job cancelled before it)."""
         raise NotImplementedError
 
     def _take_held(self, peek: bool = False) -> List[Held]:
@@ -82,11 +88,15 @@ class WorkerMachine:
         (``peek``: left where they are)."""
         raise NotImplementedError
 
-    def _recheck_cancels(self) -> Logic:
-        """On the beat: read the cancel marks of the running jobs (the stop rules of
-        :mod:`emqfast.worker.cancels` supply it; without them, nothing)."""
-        return
-        yield
+    def _connections_suspect(self) -> None:
+        """A connection failed or went silent (a half-open blip silences every connection
+        at once): the driver drops the idle ones it keeps, so the next write dials anew
+        instead of waiting out its own read deadline on a dead one."""
+
+    def _stopped(self, run: Optional[RunningJob]) -> None:
+        """A run was asked to stop (None: nothing ran): cancel its task or let its thread
+        see ``job.cancelled``, and arm the grace before it is abandoned."""
+        raise NotImplementedError
 
     def _setup(self, queue: Any, handler: Callable[..., Any], *, concurrency: int,
                lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,
@@ -138,6 +148,7 @@ class WorkerMachine:
         self._claiming: Any = None
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
+        self._early: Set[str] = set()  # held jobs asked to cancel (their handler never runs)
         self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
         self._deps = DependencyStep(self)  # settles dependencies on the beat and after acks
         # callables run on every beat after the Worker's own steps (an awaitable one is
@@ -184,9 +195,10 @@ class WorkerMachine:
         if self._fatal is not None:
             raise self._fatal
 
-    def _write_batch(self, batch: List[Any]) -> Logic:
-        """Write a batch of outcomes (:meth:`_write_outcomes`), then release the jobs that
-        waited on these; not idle until then, so run_until_idle sees the jobs it releases."""
+    def _write_ended(self, batch: List[Any]) -> Logic:
+        """Write a batch of outcomes but cancelled runs (:meth:`_write_outcomes`), then
+        release the jobs that waited on these; not idle until then, so run_until_idle sees
+        the jobs it releases."""
         with self._guard:
             self._pending_acks += 1
         try:
@@ -212,6 +224,8 @@ class WorkerMachine:
                     return
                 backoff.reset()
             except Exception as exc:  # noqa: BLE001 - sorted by wait_out
+                if isinstance(typed(exc), ConnectionFailed):
+                    self._connections_suspect()
                 yield from wait_out(exc, backoff, self._who)
 
     def _turn(self, until_idle: bool, wait_scheduled: bool) -> Logic:
@@ -267,7 +281,7 @@ class WorkerMachine:
             return True
         head = yield Cmd.of("ZRANGE", self._keys.active, 0, 0, "WITHSCORES", withscores=True)
         ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
-        log.info("%s: queue %s is idle here; leaving %d job(s) active under other workers' "
+        log.info("%s: queue %r is idle here; leaving %d job(s) active under other workers' "
                  "leases (the earliest lease ends in %.1f s; a job whose worker died is "
                  "reaped and re-run then: wait_active=True / --wait-active waits for it)",
                  self._who, self.queue.name, active, ends_in)
@@ -286,15 +300,16 @@ class WorkerMachine:
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """After an empty claim: wait until the beat, a run-at, a rate window's opening or
-        the next schedule run, or until new work wakes the marker."""
+        the next schedule run, or until new work wakes the marker. True when it ended for
+        work (a marker due now, or our own outcomes written), not by its time."""
         wait_ms, hint = calls.wait_plan(self.beat_s, now, status, next_due, self._next_schedule_ms)
         if hint is not None:
             self._due_hint = hint
         # draining: what ends this wait is our own outcomes being written, not the marker,
         # which would hold us a beat
         if until_idle and status == 1 and (yield WaitDrained(wait_ms / 1000)):
-            return
-        yield from self._block_on_marker(wait_ms)
+            return True
+        return (yield from self._block_on_marker(wait_ms))
 
     def _block_on_marker(self, wait_ms: float) -> Logic:
         """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
@@ -308,18 +323,19 @@ class WorkerMachine:
         while not self._stop_requested():
             remaining = end - time.monotonic()
             if remaining <= 0.0005:
-                return
+                return False
             popped = yield PopMarker(self._keys.marker, remaining)
             if popped is None:
-                return
+                return False
             score = popped[1]
             ahead_ms = score - self._server_now_ms()
             if ahead_ms <= 0:
-                return
+                return True
             # it may be a schedule's next run (upserted or minted elsewhere): pump then
             if self._next_schedule_ms is None or score < self._next_schedule_ms:
                 self._next_schedule_ms = score
             end = min(end, time.monotonic() + ahead_ms / 1000)
+        return False
 
     # --- pause --------------------------------------------------------------------------
     def _check_paused(self) -> Logic:
@@ -336,7 +352,7 @@ class WorkerMachine:
         finish."""
         if not self._held and not self._take_held(peek=True):
             return
-        log.info("%s: queue %s paused; handing back %d held jobs", self._who,
+        log.info("%s: queue %r paused; handing back %d held jobs", self._who,
                  self.queue.name, len(self._held))
         until = time.monotonic() + max(self.shutdown_timeout_s, 5.0)
         yield from self._settle(until)
@@ -404,6 +420,7 @@ class WorkerMachine:
             with self._guard:  # handed out (or no longer ours)
                 for h in chunk:
                     self._held.pop(h.job_id, None)
+                    self._early.discard(h.job_id)
                 if not self._held:
                     self._held_groups.clear()
             slots -= len(chunk)
@@ -485,10 +502,11 @@ class WorkerMachine:
         if isinstance(r, HeldLease):
             if self._held.get(r.job_id) is r:  # never started: just forget it
                 r.lost = True
-                log.warning("lease on held job %s was lost", r.job_id)
+                if r.job_id not in self._early:  # (cancelled while held: cancel.lua took it)
+                    log.warning("lease on held job %r was lost", r.job_id)
         elif self._running.get(r.job.id) is r and not r.acking:
             r.lost = True
-            log.warning("lease on running job %s was lost", r.job.id)
+            log.warning("lease on running job %r was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""
@@ -537,7 +555,7 @@ class WorkerMachine:
                 if reply == 1:
                     self.stats.released += 1
                 elif isinstance(reply, Exception):
-                    log.warning("could not release %s (%s); the reaper will", job_id,
+                    log.warning("could not release %r (%r); the reaper will", job_id,
                                 reply)
                 running = self._running.get(job_id)
                 if running is not None and running.token == token:
@@ -599,6 +617,156 @@ class WorkerMachine:
         if isinstance(error, (PermissionDenied, VersionMismatch)) and self._fatal is None:
             self._fatal = error
             self.stop()
+
+
+    # --- stopping running jobs (the rules: emqfast.worker.cancels) ---------------------
+    def _setup_stops(self, job_timeout_ms: Optional[int], cancel_grace_ms: int) -> None:
+        """The Worker's ``job_timeout_ms`` and ``cancel_grace_ms``, checked; no stop yet."""
+        self.job_timeout_ms, self.cancel_grace_ms = check_timeouts(job_timeout_ms,
+                                                                   cancel_grace_ms)
+        # lease token -> its stop: a stop belongs to one run (attempt), never to the job id
+        self._stops: Dict[str, Stop] = {}
+
+    def _cancel_held(self, job_id: str) -> None:
+        """A cancel of a job this Worker holds but has not started (prefetched): it is
+        stopped as soon as it is handed to a handler (:meth:`_stop_early`)."""
+        with self._guard:
+            if job_id in self._held:
+                self._early.add(job_id)
+
+    def _stop_early(self, started: Sequence[Tuple[Job, str]]) -> None:
+        """Jobs just handed out: stop those cancelled while they were held, whether this
+        Worker heard the cancel (pub/sub) or start.lua found its mark (a cancel whose
+        message had not arrived yet: the mark is read in the same step that starts it)."""
+        for job, token in started:
+            if self._early:
+                with self._guard:
+                    early = job.id in self._early
+                    self._early.discard(job.id)
+            else:
+                early = False
+            if early or "_cancel_at_start" in job.__dict__:
+                self._on_cancel(job.id, token)
+
+    def _stop_run(self, job_id: str, reason: str, token: Optional[str] = None
+                  ) -> Optional[RunningJob]:
+        """Ask a running job to stop (``token``: only that run); the run, or None when it
+        is not ours, ended, is being acked or was stopped already. The driver then
+        cancels a coroutine's task and arms the abandonment after the grace."""
+        with self._guard:
+            run = self._running.get(job_id)
+            if run is None or run.acking or run.lost or run.token in self._stops \
+                    or (token is not None and run.token != token):
+                return None
+            run.job._stop_reason = reason
+            self._stops[run.token] = Stop(run.token, reason)
+        log.info("%s: job %r %s; stopping its handler", self._who, job_id,
+                 "was cancelled" if reason == CANCELLED else "timed out",
+                 extra=log_context(run.job))
+        return run
+
+    def _settle_run(self, outcome: Outcome) -> Optional[Outcome]:
+        """A handler ended with ``outcome``: for a stopped run, the outcome of its stop
+        instead (None: the run was abandoned, its outcome written already)."""
+        if not self._stops:  # the common case: nothing stopped, no lock taken
+            return outcome
+        token = outcome.token
+        with self._guard:
+            stop = self._stops.pop(token, None)
+            if stop is None:
+                return outcome
+        if stop.settled:
+            return None
+        tb = outcome.traceback if isinstance(outcome, Failed) else ""
+        return stop_outcome(outcome.job, token, stop.reason, tb)
+
+    def _abandon_run(self, job_id: str, token: str) -> Optional[Failed]:
+        """The grace after a stop has passed: the outcome to write now if the handler is
+        still running (its late return is then ignored), else None."""
+        with self._guard:
+            stop = self._stops.get(token)
+            if stop is None or stop.settled:
+                return None
+            run = self._running.get(job_id)
+            if run is None or run.token != token or run.acking:
+                del self._stops[token]  # ended meanwhile: nothing to abandon
+                return None
+            stop.settled = True
+        log.warning("%s: job %r's handler did not end within cancel_grace_ms=%d of its %s; "
+                    "abandoning the run (its thread keeps its slot until it returns)",
+                    self._who, job_id, self.cancel_grace_ms,
+                    "cancel" if stop.reason == CANCELLED else "timeout",
+                    extra=log_context(run.job))
+        return stop_outcome(run.job, token, stop.reason)
+
+    def _unstopped(self) -> List[Tuple[str, str]]:
+        """``(id, token)`` of running jobs not stopped yet: whose cancel marks the beat
+        re-reads."""
+        with self._guard:
+            return [(i, r.token) for i, r in self._running.items()
+                    if r.token not in self._stops and not r.acking and not r.lost]
+
+    def _recheck_cancels(self) -> Logic:
+        """Read the cancel marks of the running jobs not stopped yet (on the beat, and after
+        the listener (re-)subscribed) and stop those marked: a cancel whose message was
+        lost."""
+        runs = self._unstopped()
+        if not runs:
+            return
+        flags = yield Batch([Cmd.of("HGET", self._keys.job(job_id), "cancel")
+                             for job_id, _ in runs])
+        for (job_id, token), flag in zip(runs, flags):
+            if flag:
+                self._on_cancel(job_id, token)
+
+    def _on_cancel(self, job_id: str, token: Optional[str] = None) -> None:
+        """A cancel of ``job_id`` was heard (the driver's listener) or its mark read (the
+        beat): its run is stopped, or, held and not started yet, it is stopped as it starts."""
+        run = self._stop_run(job_id, CANCELLED, token)
+        if run is None and token is None:
+            self._cancel_held(job_id)
+        self._stopped(run)
+
+    # --- writing outcomes: cancelled runs apart ----------------------------------------
+    def _write_batch(self, batch: List[Outcome]) -> Logic:
+        """Write a batch of outcomes: cancelled runs end by cancel_active.lua, the rest by
+        :meth:`_write_ended`. A mixed batch is written in two parts, each failing on its
+        own (so no part is forgotten twice): the replies come back in the batch's order."""
+        ended = [o for o in batch if isinstance(o, CancelledRun)]
+        if not ended:
+            return (yield from self._write_ended(batch))
+        rest = [o for o in batch if not isinstance(o, CancelledRun)]
+        mine = iter((yield from self._write_part(self._write_cancelled, ended)))
+        got = iter((yield from self._write_part(self._write_ended, rest)) if rest else [])
+        return [next(mine) if isinstance(o, CancelledRun) else next(got) for o in batch]
+
+    def _write_part(self, write: Any, part: List[Any]) -> Logic:
+        """``write(part)``'s replies; a failure is handled as the acker handles a batch's
+        (logged, forgotten, a permanent error stops the worker) and is each one's reply."""
+        try:
+            return (yield from write(part))
+        except Exception as exc:  # noqa: BLE001 - the other part must still be written
+            self._ack_failed(part, exc)
+            return [exc] * len(part)
+
+    def _write_cancelled(self, ended: List[CancelledRun]) -> Logic:
+        """End cancelled runs (re-sent until they land: each is fenced by its token),
+        free their groups' slots, count and forget them."""
+        calls = [cancel_active_call(self._keys, o) for o in ended]
+        calls += free_calls(self._keys, ended)
+        replies = yield from until_landed(calls, self._who, self._ack_until)
+        out = []
+        for o, reply in zip(ended, replies):
+            if isinstance(reply, Exception):
+                log.warning("%s: could not end cancelled job %r (%r)", self._who, o.job.id,
+                            reply, extra=log_context(o.job))
+            else:
+                self.stats.cancelled += 1
+                log.info("%s: job %r cancelled", self._who, o.job.id,
+                         extra=log_context(o.job))
+            out.append(reply)
+        self._forget(ended)
+        return out
 
 
 class DependencyStep:

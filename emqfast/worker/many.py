@@ -14,10 +14,12 @@ What they share is made here:
 - one lock (threads) and wake-ups that reach every member (a job of one queue ending may
   let another queue claim).
 
-Each member blocks on its own queue's marker (``BZPOPMIN``): the thread Worker in a
-thread per queue, the asyncio one in a task per queue, so queues on different Redis
-Cluster slots (or servers) wait at once and an idle worker burns no CPU: it wakes in a
-round trip when any queue gets work. A single queue (``Worker(q, ...)``) never comes here.
+Each member's claim loop runs in a thread (asyncio: a task) of its own. Members on one
+single-server client share one marker wait, one cancel listener and a gate on their
+requests (:mod:`emqfast.worker.many_shared`, :mod:`emqfast.aio.many_shared`); on a
+Cluster each member blocks on its own queue's marker (``BZPOPMIN``). Either way an idle
+worker burns no CPU and wakes in a round trip when any queue gets work. A single queue
+(``Worker(q, ...)``) never comes here.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from emqfast.core.errors import InputTypeError, InvalidInput
 from emqfast.core.ops import Logic
+from emqfast.worker import calls
 from emqfast.worker.machine import Heartbeat
 from emqfast.worker.leases import Prefetch
 from emqfast.worker.queue_order import QueueOrder
@@ -39,7 +42,7 @@ if TYPE_CHECKING:  # a checker sees the machine it is mixed into; at run time: o
 else:
     _Base = object
 
-_MEMBER_CLASSES: Dict[type, type] = {}
+_MEMBER_CLASSES: Dict[Tuple[type, Optional[type]], type] = {}
 
 
 class Member(_Base):
@@ -124,12 +127,16 @@ class Member(_Base):
 
     def _claim(self, n: int) -> Logic:
         self._dry = False
+        reply = None
         try:
-            return (yield from super()._claim(n))
+            reply = yield from super()._claim(n)
+            return reply
         finally:
             with self._guard:
                 if self._many.order.claimed(self._index):
                     self._many.notify_all()
+            if reply is not None and calls.parse_claim(reply)[3]:  # it has work: ready
+                self._many.set_ready(self, True)
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """An empty claim: not ready while blocked on the marker (lower queues may claim).
@@ -138,12 +145,19 @@ class Member(_Base):
         would not end a wait on this queue's marker."""
         if self._held:
             self._dry = True
-            return
+            return False
+        # Not ready (lower queues may claim) until work wakes it: a wait that ends by its
+        # time (the beat) leaves it idle, or with many queues one of them would always be
+        # up for its beat and the lowest would never claim; its own next claim that
+        # leases jobs makes it ready again (see _claim).
         self._many.set_ready(self, False)
+        woken = True  # (an error: ready, as before it waited)
         try:
-            yield from super()._wait_for_work(until_idle, now, status, next_due)
+            woken = yield from super()._wait_for_work(until_idle, now, status, next_due)
         finally:
-            self._many.set_ready(self, True)
+            if woken:
+                self._many.set_ready(self, True)
+        return woken
 
 
 class SharedPool:
@@ -160,13 +174,15 @@ class SharedPool:
         """A member's: nothing (see the class docstring)."""
 
 
-def member_class(driver: type) -> type:
-    """``driver`` (a Worker class) with :class:`Member` mixed in, made once per driver."""
-    cls = _MEMBER_CLASSES.get(driver)
+def member_class(driver: type, shared: Optional[type] = None) -> type:
+    """``driver`` (a Worker class) with :class:`Member` mixed in (and ``shared``, what the
+    members of its kind share, before it), made once per pair."""
+    cls = _MEMBER_CLASSES.get((driver, shared))
     if cls is None:
-        cls = type(driver.__name__, (Member, driver), {"__module__": driver.__module__,
-                                                       "__qualname__": driver.__qualname__})
-        _MEMBER_CLASSES[driver] = cls
+        bases = (Member, driver) if shared is None else (shared, Member, driver)
+        cls = type(driver.__name__, bases, {"__module__": driver.__module__,
+                                            "__qualname__": driver.__qualname__})
+        _MEMBER_CLASSES[(driver, shared)] = cls
     return cls
 
 
@@ -201,6 +217,8 @@ class Many:
     """What the members of a many-queue worker share; :mod:`emqfast.worker.many_runs`
     adds running them (threads or asyncio)."""
 
+    shared_parts: Optional[type] = None  # mixed into the members before Member (threads)
+
     def __init__(self, driver: type, queues: Sequence[Any], handler: Callable[..., Any], *,
                  order: str = "strict", weights: Optional[Sequence[int]] = None,
                  concurrency: int = 8, prefetch: Optional[int] = None,
@@ -213,7 +231,9 @@ class Many:
         self.pool: Any = None  # threads: the handler pool of a run (many_runs makes it)
         self.sem: Any = None   # asyncio: the handler semaphore of a run (likewise)
         self.lock = threading.Condition()  # the thread members' one lock
-        cls = member_class(driver)
+        # what the members share: the driver's own kind (asyncio names it), else this one's
+        cls = member_class(driver, getattr(driver, "many_shared_parts", None)
+                           or self.shared_parts)
         self._wake: Callable[[Any], None] = getattr(driver, "_notify")  # the driver's own
         self.members: List[Any] = [cls(q, handler, concurrency=concurrency, prefetch=prefetch,
                                        name=self.name, **options) for q in queues]

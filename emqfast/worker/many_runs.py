@@ -17,9 +17,12 @@ import inspect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from emqfast.server import eviction
 from emqfast.worker import signals
+from emqfast.worker.many_shared import (MemberMarkers, SharedMarkers, gate_size, gated,
+                                        shared_client)
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.many import Many
 from emqfast.worker.outcomes import WorkerStats
@@ -38,10 +41,108 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(deadline - time.monotonic(), 0.001)
 
 
+class ThreadShared:
+    """Mixed into a thread many-queue Worker's members: where the Worker shares one
+    marker wait, one cancel listener and a gate on Redis requests
+    (:mod:`emqfast.worker.many_shared`), a member uses them instead of its own."""
+
+    _many: "ThreadMany"
+
+    def _check_server(self) -> None:
+        """The eviction check, once for the whole Worker (not once per queue at once)."""
+        many = self._many
+        if many.gate is None or self.allow_eviction:  # type: ignore[attr-defined]
+            super()._check_server()  # type: ignore[misc]
+            return
+        with many.gate:
+            if many.eviction is None:
+                many.eviction = (eviction.check(self._redis),)  # type: ignore[attr-defined]
+        self._refuse_eviction(many.eviction[0])  # type: ignore[attr-defined]
+
+    def _drive(self, logic: Any) -> Any:
+        gate = self._many.gate
+        return super()._drive(logic if gate is None else gated(logic, gate))  # type: ignore[misc]
+
+    def _serve(self, *args: Any, **kwargs: Any) -> None:
+        markers = self._many.markers
+        if markers is None:
+            super()._serve(*args, **kwargs)  # type: ignore[misc]
+            return
+        markers.open()
+        self._waiter = MemberMarkers(markers, self._keys.marker)  # type: ignore[attr-defined]
+        try:
+            super()._serve(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            markers.close()
+
+    def _start_listening(self) -> None:
+        if not self._many.shares_listener:
+            super()._start_listening()  # type: ignore[misc]
+            return
+        self._timer = self._timer_class(self._on_due)  # type: ignore[attr-defined]
+        self._listener = self._many.listener_open()
+
+    def _stop_listening(self) -> None:
+        if not self._many.shares_listener:
+            super()._stop_listening()  # type: ignore[misc]
+            return
+        self._listener = None
+        self._many.listener_close()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.close()
+
+
 class ThreadMany(Many):
     """``emqfast.Worker([q1, q2, ...], handler, order=..., weights=...)``."""
 
     _stopping = False
+    shared_parts = ThreadShared
+
+    def __init__(self, driver: type, queues: Sequence[Any], handler: Callable[..., Any],
+                 **options: Any):
+        super().__init__(driver, queues, handler, **options)
+        client = shared_client(self.queues)
+        self.markers: Optional[SharedMarkers] = None
+        self.gate: Any = None
+        self.shares_listener = client is not None
+        if client is not None:
+            self.markers = SharedMarkers(client, [m._keys.marker for m in self.members],
+                                         f"worker {self.name}")
+            self.gate = threading.BoundedSemaphore(gate_size(client))
+            self._listener_client = client
+        self._listener: Any = None
+        self._listening = 0
+        self.eviction: Optional[Tuple[Optional[str]]] = None  # the check's warning, once
+
+    def listener_open(self) -> Any:
+        """A member begins serving: the one cancel listener of every queue (started by the
+        first member)."""
+        with self.lock:
+            self._listening += 1
+            if self._listener is None:
+                routes = {m._keys.cancel_channel: m._on_cancel for m in self.members}
+                listener_class = self.members[0]._listener_class  # the driver's
+                self._listener = listener_class(self._listener_client, routes,
+                                                self._recheck_cancels, f"worker {self.name}")
+                self._listener.start()
+            return self._listener
+
+    def listener_close(self) -> None:
+        """A member stopped serving; the last one closes the listener."""
+        with self.lock:
+            self._listening = max(self._listening - 1, 0)
+            listener = self._listener if not self._listening else None
+            if listener is not None:
+                self._listener = None
+        if listener is not None:
+            listener.close()
+
+    def _recheck_cancels(self) -> None:
+        """The listener (re-)subscribed: each queue's running jobs' cancel marks are read
+        (a cancel published while nobody listened is caught)."""
+        for m in self.members:
+            m._drive(m._recheck_cancels())
 
     # signals.install's force quit: a second signal reaches every member
     @property

@@ -149,14 +149,14 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
         ctx = log_context(job)
         if isinstance(reply, LeaseLost):
             stats.lease_lost += 1
-            log.warning("job %s (queue %s, attempt %d) finished after its lease was "
+            log.warning("job %r (queue %r, attempt %d) finished after its lease was "
                         "lost; outcome discarded", job.id, job.queue, job.attempts, extra=ctx)
         elif isinstance(reply, Exception):
-            log.error("writing outcome of %s (queue %s) failed: %s", job.id, job.queue,
+            log.error("writing outcome of %r (queue %r) failed: %r", job.id, job.queue,
                       reply, extra=ctx)
         elif retry is None:
             stats.completed += 1
-            log.debug("job %s completed (queue %s, attempt %d)", job.id, job.queue,
+            log.debug("job %r completed (queue %r, attempt %d)", job.id, job.queue,
                       job.attempts, extra=ctx)
         else:
             _count_failure(stats, outcome, retry, ctx)
@@ -181,7 +181,7 @@ def log_failure(job: Job, exc: BaseException, retry: bool,
     extra = dict(log_context(job) if ctx is None else ctx, error=error, final=not retry,
                  max_attempts=job.max_attempts)  # what `emqfast worker` prints per failure
     log.log(logging.INFO if retry else logging.WARNING,
-            "job %s %s (queue %s, attempt %d of %d): %s", job.id,
+            "job %r %s (queue %r, attempt %d of %d): %r", job.id,
             "will retry" if retry else "failed", job.queue, job.attempts, job.max_attempts,
             error, extra=extra)
 

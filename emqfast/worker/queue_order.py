@@ -96,7 +96,9 @@ class QueueOrder:
             return not any(r or h for r, h in zip(self.ready[:i], holding[:i]))
         if self.turn is None or not self.ready[self.turn]:
             self.draw()
-        return self.turn == i
+        # no queue ready (all idle, waiting on their markers between beats): any may
+        # claim, which is how an idle one meets its marker again and becomes ready
+        return self.turn is None or self.turn == i
 
     def draw(self) -> Optional[int]:
         """Grant the next claim round to a ready queue, drawn in proportion to weight."""

@@ -68,6 +68,6 @@ def abandon_if_forced(worker: Any) -> bool:
     if running:
         log.warning("worker %s: force quit: releasing %d running job(s) (%s); their "
                     "handlers' outcomes will be refused", worker.name, len(running),
-                    ", ".join(sorted(job_id for job_id, _, _ in running)[:10]))
+                    ", ".join(map(repr, sorted(job_id for job_id, _, _ in running)[:10])))
         worker._drive(worker._releasing(running, time.monotonic() + FORCE_RELEASE_S))
     return True

@@ -45,7 +45,7 @@ from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.worker import signals
 from emqfast.worker.machine import ACK_BATCH
-from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines, StopKeeping,
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines,
                                     timeout_ms_of)
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.many_runs import serve_many
@@ -69,9 +69,10 @@ GATHER_S = 0.001  # ...else gather for this long while more are coming
 # How long one cancel-channel read waits. close() does not wait for it to run out: it shuts
 # the listener's socket, which ends the read at once (a Worker's stop stays instant).
 _POLL_S = 5.0
+SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed already
 
 
-class Worker(StopKeeping, WorkerMachine):
+class Worker(WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
@@ -101,6 +102,10 @@ class Worker(StopKeeping, WorkerMachine):
     until the handler returns, its outcome is written, then :meth:`run` returns (a warning
     names such jobs when the timeout passes). Handler threads cannot be interrupted; a
     process killed meanwhile leaves the lease to expire and the reaper to re-run the job.
+    A server that stops answering cannot hold the exit: outcomes and hand-backs are
+    tried until ``shutdown_timeout_s`` after the stop (plus at most one read deadline in
+    flight), then :meth:`run` says what it could not write and returns; those jobs' leases
+    lapse and the reaper re-runs them.
 
     Cancels and timeouts: ``q.cancel(id)`` on a job this Worker runs reaches it
     at once (a pub/sub listener thread; the beat re-reads the cancel marks in case a
@@ -114,6 +119,8 @@ class Worker(StopKeeping, WorkerMachine):
     returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
     """
 
+    _listener_class: Any = None  # CancelListener, TimeoutTimer (set below: defined later)
+    _timer_class: Any = None
     _ready: "deque[Tuple[Job, str]]"  # started, waiting for a handler thread
     _listener: Optional["CancelListener"]
     _timer: Optional["TimeoutTimer"]
@@ -161,6 +168,7 @@ class Worker(StopKeeping, WorkerMachine):
         self._guard = self._lock
         self._acks: "queue_mod.SimpleQueue[Optional[Outcome]]" = queue_mod.SimpleQueue()
         self._ack_batcher: Any = None  # the acker thread's Batcher (hiredis under C)
+        self._ack_reconnect = False  # a lost connection was met: make the Batcher anew
         self._stop = threading.Event()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._acker: Optional[threading.Thread] = None
@@ -202,17 +210,22 @@ class Worker(StopKeeping, WorkerMachine):
         (a running handler is never released: it may still finish). A stop requested
         before :meth:`run` starts is honoured by it (run returns at once)."""
         self._stopped_at = time.monotonic()
+        # outcomes of a stopping worker are re-sent within its bound, then left to the
+        # reaper: a partition cannot hold the exit (see _shutdown)
+        self._ack_until = self._stopped_at + self.shutdown_timeout_s
         self._stop.set()
-        try:  # wake the claim loop if it is blocked on the marker
-            self._redis.zadd(self._keys.marker, {"0": 0})
-        except Exception:  # noqa: BLE001 - best effort: the loop wakes on its beat anyway
-            pass
+        waiter = self._waiter
+        if waiter is not None:  # wake a claim loop blocked on the marker: no I/O here,
+            waiter.interrupt()  # which a silent server would hold (a signal handler runs it)
+        with self._lock:  # ...or one waiting for a handler slot
+            self._lock.notify_all()
 
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
-        if not self.allow_eviction:
-            self._refuse_eviction(eviction.check(self._redis))
+        self._check_server()
         # _stop is NOT cleared here: a stop() requested before run() is honoured
         self._fatal = None
+        if not self._stop.is_set():
+            self._ack_until = None
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
         self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
         self._acker.start()
@@ -222,6 +235,24 @@ class Worker(StopKeeping, WorkerMachine):
         finally:
             self._shutdown()
         self._raise_fatal()
+
+    def _connections_suspect(self) -> None:
+        """The claim loop met a lost connection: the acker makes its Batcher anew before
+        its next write, and the client's idle pooled connections are dropped (both went
+        silent with it in a half-open blip; each would wait out its own read deadline)."""
+        self._ack_reconnect = True
+        backend.close_shared()  # the claim loop's own C connections (this thread's)
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None:
+            try:
+                pool.disconnect(inuse_connections=False)
+            except Exception:  # noqa: BLE001 - best effort: a dead one still has a deadline
+                pass
+
+    def _check_server(self) -> None:
+        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        if not self.allow_eviction:
+            self._refuse_eviction(eviction.check(self._redis))
 
     # --- performing the machine's requests -------------------------------------------
     def _drive(self, logic: Logic) -> Any:
@@ -288,10 +319,12 @@ class Worker(StopKeeping, WorkerMachine):
         docstring for why a handler still running after ``shutdown_timeout_s`` is waited
         for (its lease kept) rather than released."""
         pool, self._pool = self._pool, None
-        end = time.monotonic() + self.shutdown_timeout_s
+        stopped = self._stop.is_set()
+        end = (self._stopped_at if stopped else time.monotonic()) + self.shutdown_timeout_s
         # claimed but not started yet: hand back now instead of running
-        self._drive(self._settle(end))
-        self._drive(self._releasing(self._take_held(), end))
+        self._within(end, "handing back claimed jobs", lambda: (
+            self._drive(self._settle(end)),
+            self._drive(self._releasing(self._take_held(), end))))
         if self._waiter is not None:
             self._waiter.close()
             self._waiter = None
@@ -300,36 +333,80 @@ class Worker(StopKeeping, WorkerMachine):
         self._acks.put(None)
         if self._acker is not None:
             self._acker.join(timeout=max(end - time.monotonic(), 1.0))
+            if self._acker.is_alive():
+                log.warning("%s: outcomes still unwritten at shutdown_timeout_s=%s (Redis "
+                            "unreachable?): their leases will lapse and the reaper will "
+                            "re-run those jobs", self._who, self.shutdown_timeout_s)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._heartbeat.sign_off()  # gone from the Workers page now, not when it expires
+        # gone from the Workers page now, not when it expires
+        self._within(max(end, time.monotonic() + SIGN_OFF_S), "signing off",
+                     self._heartbeat.sign_off)
+
+    def _within(self, end: float, what: str, step: Callable[[], Any]) -> None:
+        """Run a shutdown ``step`` that does I/O, returning by ``end`` (monotonic s): a step
+        a silent server holds past it is left to end (its reads have deadlines) in a
+        daemon thread of its own, and its jobs' leases lapse (the reaper re-runs them).
+        An error it raised in time is raised here."""
+        raised: List[BaseException] = []
+
+        def run_step() -> None:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+                raised.append(exc)
+
+        thread = threading.Thread(target=run_step, name="emq-shutdown", daemon=True)
+        thread.start()
+        thread.join(max(end - time.monotonic(), 0.0))
+        if thread.is_alive():
+            log.warning("%s: %s did not finish within shutdown_timeout_s=%s (Redis "
+                        "unreachable?); exiting without it", self._who, what,
+                        self.shutdown_timeout_s)
+        elif raised:
+            raise raised[0]
 
     def _wait_for_handlers(self, end: float) -> None:
         """Until every running handler has returned and its outcome is written, renewing
         their leases (the claim loop's beat has stopped); warn once ``end`` has passed."""
         warned = False
         next_beat = time.monotonic() + self.beat_s
-        while not signals.abandon_if_forced(self):  # a 2nd signal: hand back, stop waiting
+        renewing: Optional[threading.Thread] = None
+        # a 2nd signal: hand back, stop waiting
+        while not (getattr(self, "_force_quit", False) and signals.abandon_if_forced(self)):
             with self._lock:
                 if not self._running and self._pending_acks == 0:
                     break
                 if self._pending_acks == 0 and all(r.lost for r in self._running.values()):
                     break  # only jobs whose lease is gone: nothing of ours to write
+                if time.monotonic() >= end and self._handlers_running() == 0:
+                    break  # only outcome writes are left: the acker's own bound ends them
                 if not warned and time.monotonic() >= end and self._running:
                     warned = True
                     log.warning("worker %s: %d handler(s) still running after "
                                 "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
                                 "still finish): keeping their leases until they return",
                                 self.name, len(self._running), self.shutdown_timeout_s,
-                                ", ".join(sorted(self._running)[:10]))
+                                ", ".join(map(repr, sorted(self._running)[:10])))
                 self._lock.wait(0.05)
-            if time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat and (renewing is None or not renewing.is_alive()):
+                # in a thread of its own: a silent server must not hold this wait
                 next_beat = time.monotonic() + self.beat_s
-                try:  # transient faults: logged, the next beat tries again
-                    self._drive(self._renew_on_beat(time.monotonic()))
-                except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
-                    log.error("worker %s: cannot extend leases while stopping (%s)",
-                              self.name, exc)
+                renewing = threading.Thread(target=self._renew_while_stopping, daemon=True,
+                                            name="emq-renew")
+                renewing.start()
+
+    def _handlers_running(self) -> int:
+        """Handlers that have not returned, less the abandoned ones (their outcome is
+        written; their threads may never return). Under the lock."""
+        return self._in_hand - sum(1 for stop in self._stops.values() if stop.settled)
+
+    def _renew_while_stopping(self) -> None:
+        """Renew the leases of handlers still running while the Worker stops."""
+        try:  # transient faults: logged, the next beat tries again
+            self._drive(self._renew_on_beat(time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - permanent: the lease will lapse
+            log.error("worker %s: cannot extend leases while stopping (%s)", self.name, exc)
 
     # --- handler slots ------------------------------------------------------------------
 
@@ -420,6 +497,8 @@ class Worker(StopKeeping, WorkerMachine):
     def _run_one(self, job: Job, token: str) -> Outcome:
         """Run the handler; the outcome the acker writes."""
         try:
+            if job._stop_reason is not None:  # stopped before it began: never handed to it
+                job.raise_if_cancelled()
             if job._undecodable is not None:  # fails for good, its handler never runs
                 check_decodable(job)
             result = self.handler(job)
@@ -458,6 +537,12 @@ class Worker(StopKeeping, WorkerMachine):
                 if batch is None:
                     return
                 try:
+                    if self._ack_reconnect:
+                        self._ack_reconnect = False
+                        stale, self._ack_batcher = self._ack_batcher, None
+                        if stale is not None:
+                            stale.close()
+                        backend.close_shared()  # this thread's C connections: dial anew
                     if self._ack_batcher is None:  # the live backend's pipeline
                         self._ack_batcher = backend.batcher_for(self._redis)
                     self._ack_outcomes(batch)
@@ -520,7 +605,8 @@ class Worker(StopKeeping, WorkerMachine):
     def _start_listening(self) -> None:
         """At the start of a run: the timer, and the listener thread subscribing."""
         self._timer = TimeoutTimer(self._on_due)
-        self._listener = CancelListener(self._redis, self._cancel_channels(), self._on_cancel,
+        self._listener = CancelListener(self._redis,
+                                        {c: self._on_cancel for c in self._cancel_channels()},
                                         lambda: self._drive(self._recheck_cancels()),
                                         self._who)
         self._listener.start()
@@ -589,15 +675,18 @@ class ThreadRunHooks:
 
 
 class CancelListener:
-    """Hears the cancel channels ``channels`` on ``client`` (sync redis-py, or Cluster)."""
+    """Hears the cancel channels on ``client`` (sync redis-py, or Cluster): ``routes`` maps
+    each channel to what hears its job ids (one connection for every queue of a Worker)."""
 
-    def __init__(self, client: Any, channels: Sequence[str], on_cancel: Callable[[str], None],
+    def __init__(self, client: Any, routes: Dict[str, Callable[[str], None]],
                  on_subscribed: Callable[[], None], who: str):
-        self._client, self._channels = client, list(channels)
-        self._on_cancel, self._on_subscribed, self._who = on_cancel, on_subscribed, who
+        self._client, self._routes = client, dict(routes)
+        self._channels = list(self._routes)
+        self._on_subscribed, self._who = on_subscribed, who
         self._closed = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
+        self._backoff = Backoff(0.05, 2.0)  # between re-subscribes after losses
         self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
 
     def start(self) -> None:
@@ -614,7 +703,7 @@ class CancelListener:
             thread.join(timeout=2.0)
 
     def _run(self) -> None:
-        backoff = Backoff(0.05, 2.0)
+        backoff = self._backoff
         while not self._closed.is_set():
             try:
                 self._listen()
@@ -634,13 +723,15 @@ class CancelListener:
             if self._closed.is_set():  # closed while this connection was being made
                 return
             pubsub.subscribe(*self._channels)
+            self._backoff.reset()  # a loss after this one waits the first step again
             self.subscribed.set()
             self._on_subscribed()
             while not self._closed.is_set():
                 message = pubsub.get_message(timeout=_POLL_S)
                 if message and message.get("type") == "message":
-                    data = message["data"]
-                    self._on_cancel(data.decode() if isinstance(data, bytes) else str(data))
+                    route = self._routes.get(_text(message["channel"]))
+                    if route is not None:
+                        route(_text(message["data"]))
         finally:
             self.subscribed.clear()
             self._pubsub = None
@@ -648,6 +739,10 @@ class CancelListener:
                 pubsub.close()
             except Exception:  # noqa: BLE001 - closing a dead connection
                 pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _cut(pubsub: Any) -> None:
@@ -708,4 +803,7 @@ class TimeoutTimer:
                 try:
                     self._on_due(job_id, token, kind)
                 except Exception:  # noqa: BLE001 - one job's stop must not end the timer
-                    log.exception("stopping timed-out job %s failed", job_id)
+                    log.exception("stopping timed-out job %r failed", job_id)
+
+
+Worker._listener_class, Worker._timer_class = CancelListener, TimeoutTimer

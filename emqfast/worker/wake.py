@@ -15,6 +15,7 @@ server's timeout.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, Optional, Tuple
 
 import redis
@@ -31,6 +32,7 @@ class MarkerWaiter:
         self._client = client
         self._conn: Any = None
         self._client_id: Optional[int] = None
+        self._interrupted = False  # interrupt() asked: the wait in progress ends quietly
         pool = getattr(client, "connection_pool", None)
         # Redis Cluster (no single pool) keeps the coarse server-side timeout.
         self._precise = isinstance(client, redis.Redis) and pool is not None
@@ -38,6 +40,9 @@ class MarkerWaiter:
     def wait(self, key: str, timeout_s: float) -> Optional[Tuple[bytes, float]]:
         """Pop ``(member, score)`` from the marker zset ``key``, or None after ``timeout_s``."""
         timeout_s = max(timeout_s, 0.001)
+        if self._interrupted:  # asked before this wait began: it ends at once
+            self._interrupted = False
+            return None
         conn = self._connection() if self._precise else None
         if conn is None:
             return self._coarse(key, timeout_s)
@@ -55,6 +60,9 @@ class MarkerWaiter:
         except BaseException:
             # A half-read blocking call must not be reused: drop the connection.
             self._drop()
+            if self._interrupted:  # interrupt() shut its socket: a stop, not a fault
+                self._interrupted = False
+                return None
             raise
         if not self._precise:
             self._drop()
@@ -65,6 +73,19 @@ class MarkerWaiter:
     def close(self) -> None:
         """Release the dedicated connection."""
         self._drop()
+
+    def interrupt(self) -> None:
+        """End the wait in progress now (or the next one, before it blocks), from any
+        thread or a signal handler: no I/O, so a stop is instant even when the server
+        does not answer. The dedicated connection's socket is shut; the wait drops it."""
+        self._interrupted = True
+        conn = self._conn
+        sock = getattr(conn, "_sock", None) if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
 
     # --- internals -------------------------------------------------------------
     def _coarse(self, key: str, timeout_s: float) -> Optional[Tuple[bytes, float]]:

@@ -15,8 +15,8 @@ How one wait works, across processes, woken by the job's own end (no polling):
 5. at the timeout ``lua/wait_unregister.lua`` takes the count back:
    :class:`~emqfast.errors.WaitTimeout` (a ``TimeoutError`` too).
 
-Many waits share one pub/sub connection per client and process (:mod:`.waiters`: a
-reader thread; :mod:`emqfast.aio.waiting`: a reader task), their commands go a few at a
+Many waits share one pub/sub connection per client and process (:mod:`.wait_reader`: a
+reader thread; :mod:`emqfast.aio.job_wait`: a reader task), their commands go a few at a
 time through the registry's lanes (pool connections stay O(1) in waits), and a wait over
 many refs
 (``wait_all``) subscribes, registers (500 ids per script call) and reads in batches.
@@ -48,7 +48,7 @@ from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
 from emqfast.core.validation import check_job_id
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade.job import JobRef
-from emqfast.facade.waiters import RETRY_S, Waiter, registry_for
+from emqfast.facade.wait_reader import RETRY_S, Waiter, registry_for
 
 ENDED = ("completed", "failed", "cancelled", "expired")
 CHUNK = 500  # job ids per wait_register / wait_unregister call and per read

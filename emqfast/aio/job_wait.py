@@ -1,5 +1,5 @@
 """``await ref.wait()`` and ``await emqfast.aio.wait_all(refs)``: the asyncio twin of
-:mod:`emqfast.facade.waiting` (the same :class:`~emqfast.facade.waiting.WaitPlan`, the
+:mod:`emqfast.facade.job_wait` (the same :class:`~emqfast.facade.job_wait.WaitPlan`, the
 same scripts).
 
 Per event loop and client, one :class:`AioRegistry` holds one ``redis.asyncio`` pub/sub
@@ -11,7 +11,7 @@ its last wait left. A dropped connection is re-opened by the reader, every chann
 re-subscribed, and each waiter told to re-read its jobs once Redis confirms them again.
 A Cluster client's pub/sub connection goes to one node (PUBLISH reaches every node).
 A wait's own commands (register, read, unregister) go through :attr:`AioRegistry.lanes`,
-at most :data:`~emqfast.facade.waiters.IO_LANES` at a time: 1,000 tasks waiting on one
+at most :data:`~emqfast.facade.wait_reader.IO_LANES` at a time: 1,000 tasks waiting on one
 client hold a handful of pool connections, not one each.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ import redis.asyncio as aredis
 
 from emqfast.core.errors import ConnectionFailed
 from emqfast.core import deadlines
-from emqfast.facade import waiters
+from emqfast.facade import wait_reader
 from emqfast.facade.wait_channels import ChannelBook, Liveness
-from emqfast.facade.waiters import IO_LANES, LINGER_S, RETRY_S, connection_error
-from emqfast.facade.waiting import QueueWaiting, WaitPlan, retry_reads
+from emqfast.facade.wait_reader import IO_LANES, LINGER_S, RETRY_S, connection_error
+from emqfast.facade.job_wait import QueueWaiting, WaitPlan, retry_reads
 
 
 class AioWaiter:
@@ -117,7 +117,7 @@ class AioRegistry:
         self._sending = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
         # the waits' own commands: a few at a time, never one pool connection per wait
         self.lanes = asyncio.Semaphore(IO_LANES)
-        self._live = Liveness(waiters.QUIET_S, deadlines.READ_TIMEOUT_S)
+        self._live = Liveness(wait_reader.QUIET_S, deadlines.READ_TIMEOUT_S)
         # a private channel the connection stays subscribed to while open, so redis-py's
         # PubSub never falls back to its unsubscribed state between waits
         self._idle = ("emq:wake:" + uuid.uuid4().hex).encode()
@@ -204,12 +204,12 @@ class AioRegistry:
                                         f"a PING within {self._live.deadline_s} s")
         if verdict == "ping" and self._pubsub is not None:
             async with self._sending:
-                await self._pubsub.ping(waiters.PING)
+                await self._pubsub.ping(wait_reader.PING)
             self._live.sent_ping()
 
     def _new_liveness(self) -> None:
         conn = getattr(self._pubsub, "connection", None)
-        self._live = Liveness(waiters.QUIET_S,
+        self._live = Liveness(wait_reader.QUIET_S,
                               deadlines.read_timeout(getattr(conn, "socket_timeout", None)))
 
     async def _reopen(self) -> None:
