@@ -19,7 +19,7 @@ from emqfast.core.errors import InvalidInput, LeaseLost, QueueKeysGone
 from conftest import start_redis_server
 from engine_util import claim, complete, fail, make_queue
 
-CONTROL = ["JOB\0x", "JOBa\nb", "JOBa\rb", "JOBa\tb", "JOB\x1b[31m", "JOBx\x7f"]
+CONTROL = ["JOB\0x", "JOBa\nb", "JOBa\rb", "JOBa\tb", "JOB\x1b[31m", "JOBx\x7f", "JOBx\x9b"]
 
 
 @pytest.mark.parametrize("job_id", CONTROL, ids=repr)
