@@ -7,8 +7,9 @@ error. Workers refuse such a server unless told otherwise (``allow_eviction=True
 writes with OOM, which emqfast reports as :class:`~emqfast.errors.ServerFull` and
 Workers wait out).
 
-The policy is read with ``CONFIG GET maxmemory-policy``, or from ``INFO memory``
-(``maxmemory_policy``) where CONFIG is denied (managed services, least-privilege ACLs).
+The policy is read from ``INFO memory`` (``maxmemory_policy``), which managed services and
+the least-privilege ACL user allow (``CONFIG`` is often denied or renamed); ``CONFIG GET
+maxmemory-policy`` only where INFO does not say (a server that omits the field).
 """
 from __future__ import annotations
 
@@ -61,15 +62,15 @@ def verdict(policy: Optional[str]) -> Optional[str]:
 
 
 def read_policy(client: Any) -> Optional[str]:
-    """The server's ``maxmemory-policy`` (CONFIG GET, else INFO memory), None if unreadable."""
+    """The server's ``maxmemory-policy`` (INFO memory, else CONFIG GET), None if unreadable."""
     try:
-        policy = _from_config(client.config_get("maxmemory-policy"))
+        policy = _from_info(client.info("memory"))
         if policy is not None:
             return policy
-    except Exception:  # noqa: BLE001 - CONFIG denied or renamed: INFO still says it
+    except Exception:  # noqa: BLE001 - INFO denied: CONFIG may still say it
         pass
     try:
-        return _from_info(client.info("memory"))
+        return _from_config(client.config_get("maxmemory-policy"))
     except Exception:  # noqa: BLE001 - not readable at all: nothing to say
         return None
 
@@ -83,13 +84,13 @@ def check(client: Any) -> Optional[str]:
 async def read_policy_async(client: Any) -> Optional[str]:
     """:func:`read_policy` over a ``redis.asyncio`` client."""
     try:
-        policy = _from_config(await _awaited(client.config_get("maxmemory-policy")))
+        policy = _from_info(await _awaited(client.info("memory")))
         if policy is not None:
             return policy
     except Exception:  # noqa: BLE001 - see read_policy
         pass
     try:
-        return _from_info(await _awaited(client.info("memory")))
+        return _from_config(await _awaited(client.config_get("maxmemory-policy")))
     except Exception:  # noqa: BLE001
         return None
 
