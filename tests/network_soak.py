@@ -76,7 +76,7 @@ class FaultRow:
     start: float = 0.0                  # unix time the fault began
     end: float = 0.0                    # unix time it ended (healed, killed, stopped)
     jobs: int = 0                       # jobs enqueued from its start to the next fault's
-    lost: int = 0
+    lost: int = 0                       # of those, enqueued and never completed
     run_twice: int = 0
     rerun_lapsed: int = 0               # re-runs after a lapsed lease (excused, counted)
     recovery_s: Optional[float] = None  # slowest Worker; None: one never recovered
@@ -113,6 +113,9 @@ class NetworkSoakResult(SoakResult):
         not_clean = {n: rc for n, rc in self.exits.items() if rc != 0}
         if not_clean:
             bad["worker_exits"] = not_clean
+        tracebacks = [n for n, log in self.worker_logs.items() if "Traceback" in log]
+        if tracebacks:
+            bad["worker_tracebacks"] = tracebacks
         return bad
 
 
@@ -457,7 +460,7 @@ def network_soak(upstream_port: int, qname: str, kind: str, *,
     while the faults of :func:`plan` happen in turn; reconciled from the ledger. Each
     fault waits at most twice its length plus ``margin_s`` for every Worker to recover."""
     faults = plan(blackhole_s, busy_s, kill_s)
-    planned_s = 5.0 + sum(2 * length + 4.0 for _, length in faults)
+    planned_s = 3.0 + sum(length + 5.0 for _, length in faults)  # the pace; hurried after
     workdir = Path(workdir or tempfile.mkdtemp(prefix="emq-network-soak-"))
     ledger = workdir / "ledger"
     ledger.touch()
@@ -477,13 +480,21 @@ def network_soak(upstream_port: int, qname: str, kind: str, *,
                 result.rows = _drive(soak, producer, faults, label, margin_s, result)
             finally:
                 result.exits = workers.stop()
-            result.worker_logs = {n: workers.output(n, "err")[-2000:] for n in workers.procs}
+            result.worker_logs = {n: _log_digest(workers.output(n, "err"))
+                                  for n in workers.procs}
             reconcile(result, soak, producer)
     finally:
         direct.call(lambda: direct.client.config_set(setting, previous))
         direct.close()
     result.seconds = round(time.monotonic() - t0, 1)
     return result
+
+
+def _log_digest(log: str) -> str:
+    """A Worker's log, short: its tracebacks whole, else its last lines."""
+    if "Traceback" in log:
+        return log[max(0, log.index("Traceback") - 200):][:4000]
+    return log[-1500:]
 
 
 # --- the reconciliation ---------------------------------------------------------------------
