@@ -74,7 +74,7 @@ def table(rows: Dict[str, List]) -> str:  # type: ignore[type-arg]
 
 def network(args: argparse.Namespace) -> int:
     """The network soak (``--network``): one run per Worker kind, its table printed."""
-    _load_soak()
+    soak, _ = _load_soak()
     import network_soak  # noqa: E402 - tests/ is on the path now
     from conftest import start_redis_server  # noqa: E402
 
@@ -87,6 +87,7 @@ def network(args: argparse.Namespace) -> int:
                 backends=tuple(args.backends.split(",")), n_jobs=args.jobs or 20_000,
                 blackhole_s=args.blackhole, busy_s=args.busy, kill_s=args.kill,
                 seed=args.seed)
+            soak.report(result)
             print(f"\n{kind}: {result.jobs} jobs in {result.seconds}s, problems: "
                   f"{result.problems() or 'none'}", flush=True)
             rows += result.rows

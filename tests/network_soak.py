@@ -211,10 +211,13 @@ def blackhole(proxy: FaultProxy, direct: Direct, hold_s: float) -> Tuple[float, 
 def busy_script(proxy: FaultProxy, direct: Direct, hold_s: float) -> Tuple[float, float]:
     """A script that never ends holds the server for ``hold_s``, then ``SCRIPT KILL``."""
     def run_forever() -> None:
+        spinning = redis.Redis(port=direct.port, socket_timeout=None)
         try:
-            redis.Redis(port=direct.port, socket_timeout=None).eval("while true do end", 0)
+            spinning.eval("while true do end", 0)
         except redis.ResponseError:
             pass  # "Script killed by user"
+        finally:
+            spinning.close()
 
     spinner = threading.Thread(target=run_forever, daemon=True, name="soak-busy-script")
     spinner.start()
@@ -399,32 +402,47 @@ class Soak:
         """Wait (at most ``within_s``) until every Worker process completed a job it
         started at or after ``since``, feeding probes each second so none waits on the
         producer. False when one did not, or a Worker process died."""
-        waiting = set(self.workers.pids().values())
+        check = _RecoveryCheck(self, since)
         deadline = time.monotonic() + within_s
         next_feed = 0.0
-        while waiting and time.monotonic() < deadline and not self.workers.dead():
+        while check.waiting and time.monotonic() < deadline and not self.workers.dead():
             if time.monotonic() >= next_feed:
                 self.feed(tag)
                 next_feed = time.monotonic() + 1.0
-            waiting -= self._recovered(waiting, since)
-            if waiting:
+            check.poll()
+            if check.waiting:
                 threading.Event().wait(0.05)  # the poll of a bounded condition wait
-        return not waiting
+        return not check.waiting
 
-    def _recovered(self, pids: set, since: float) -> set:
-        """Those of ``pids`` whose first few runs since ``since`` include a job Redis
-        shows started after ``since`` and completed."""
-        firsts: Dict[int, List[str]] = defaultdict(list)
-        for run in self.ledger.poll():
-            if run.pid in pids and run.at >= since and len(firsts[run.pid]) < 20:
-                firsts[run.pid].append(run.job_id)
-        done = set()
-        for pid, ids in firsts.items():
-            records = self.direct.call(lambda: _records(self.direct, ids))
-            if any(rec.completed and (rec.started or 0) >= since - 0.001
-                   for rec in records.values()):
-                done.add(pid)
-        return done
+
+class _RecoveryCheck:
+    """Which Worker processes have not yet completed a job started after ``since``: their
+    runs since then are looked up in Redis as they come, each until it tells (started
+    before ``since``: never; completed: recovered; else: looked at again)."""
+
+    def __init__(self, soak: Soak, since: float):
+        self.soak, self.since = soak, since
+        self.waiting = set(soak.workers.pids().values())
+        self.seen = 0  # runs of the ledger looked at
+        self.open: List[Run] = []  # runs since then still to tell
+
+    def poll(self) -> None:
+        runs = self.soak.ledger.poll()
+        self.open += [r for r in runs[self.seen:] if r.at >= self.since]
+        self.seen = len(runs)
+        batch, self.open = self.open[:500], self.open[500:]
+        if not batch:
+            return
+        records = self.soak.direct.call(
+            lambda: _records(self.soak.direct, [r.job_id for r in batch]))
+        for run in batch:
+            rec = records[run.job_id]
+            if (rec.started or 0) < self.since - 0.001:
+                continue  # started before the fault ended: tells nothing
+            if rec.completed:
+                self.waiting.discard(run.pid)
+            elif run.pid in self.waiting:
+                self.open.append(run)
 
 
 def _drive(soak: Soak, producer: Producer, faults: Sequence[Tuple[str, float]],
