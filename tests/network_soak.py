@@ -20,9 +20,9 @@ re-made with the same ids: a duplicate, never a copy) at a steady pace, and then
 Right after each fault ends a few probe jobs are enqueued on a direct connection (and
 more each second), so every Worker has work waiting whatever the producer's own recovery,
 and the run waits (bounded) until every Worker process completed a job it started after
-the fault; the next fault comes then. Then the rest is drained, the
-Workers get SIGTERM and must exit cleanly, and the run is reconciled: every id enqueued
-is completed (lost = 0), and the ledger shows no job run twice. A re-run is excused only
+the fault; the next fault comes then. After the last one the rest is drained, the Workers
+get SIGTERM and must exit cleanly, and the run is reconciled: every id enqueued is
+completed (lost = 0), and the ledger shows no job run twice. A re-run is excused only
 where the job's lease lapsed (its stall counter says so: its holder could not write the
 outcome in time); those are counted apart.
 
@@ -456,8 +456,9 @@ def _drive(soak: Soak, producer: Producer, faults: Sequence[Tuple[str, float]],
         for i, (name, length) in enumerate(faults):
             row = FaultRow(name, label, length)
             row.start, row.end = FAULTS[name](soak.proxy, soak.direct, length)
-            if not soak.every_worker_recovered(str(i), row.end, row.bound_s + margin_s):
-                row.detail = f"not every Worker completed a new job within {row.bound_s + margin_s:g}s"
+            within_s = row.bound_s + margin_s
+            if not soak.every_worker_recovered(str(i), row.end, within_s):
+                row.detail = f"not every Worker completed a new job within {within_s:g}s"
             rows.append(row)
     producer.hurry()
     producer.thread.join(producer.budget_s)
@@ -487,7 +488,6 @@ def network_soak(upstream_port: int, qname: str, kind: str, *,
     t0 = time.monotonic()
     direct = Direct(upstream_port, qname)
     setting, previous = _set_busy_threshold(direct.client, BUSY_THRESHOLD_MS)
-    producer = None
     try:
         with FaultProxy(upstream_port, seed=seed) as proxy:
             workers = WorkerProcs(kind, backends, proxy.url(), qname, ledger, workdir)
