@@ -55,7 +55,7 @@ from test_fault_soak import SoakResult, job_ids_for, retrying, verdict, wait_dra
 from waiting import wait_until
 
 PROCS = str(Path(__file__).with_name("soak_procs.py"))
-PROBES = 8                  # probe jobs enqueued directly right after each fault
+PROBE_EVERY_S = 0.1         # after a fault, a probe job enqueued directly this often
 KILL_EVERY_S = 0.1          # CLIENT KILL loop cadence
 BUSY_THRESHOLD_MS = 100     # the server answers BUSY once a script ran this long
 BLOCK = 25                  # ids per producer enqueue_many call
@@ -391,28 +391,28 @@ class Soak:
     probes: Dict[str, float] = field(default_factory=dict)  # probe id -> enqueued, unix
 
     def feed(self, tag: str) -> None:
-        """Enqueue :data:`PROBES` probe jobs on the direct connection."""
-        ids = [f"JOB-probe-{self.qname}-{tag}-{len(self.probes) + i}" for i in range(PROBES)]
+        """Enqueue one probe job on the direct connection. One at a time: each wakes one
+        Worker (the one blocked longest), so a fast Worker cannot take every probe in one
+        claim and leave a healthy one with nothing to show."""
+        job_id = f"JOB-probe-{self.qname}-{tag}-{len(self.probes)}"
         now = time.time()
-        self.direct.call(lambda: self.direct.queue.enqueue_many([{"probe": tag}] * PROBES,
-                                                                job_ids=ids))
-        self.probes.update((job_id, now) for job_id in ids)
+        self.direct.call(lambda: self.direct.queue.enqueue({"probe": tag}, job_id=job_id))
+        self.probes[job_id] = now
 
-    def every_worker_recovered(self, tag: str, since: float, within_s: float) -> bool:
+    def every_worker_recovered(self, tag: str, since: float, within_s: float) -> str:
         """Wait (at most ``within_s``) until every Worker process completed a job it
-        started at or after ``since``, feeding probes each second so none waits on the
-        producer. False when one did not, or a Worker process died."""
+        started at or after ``since``, feeding probes meanwhile so none waits on the
+        producer. Empty when all did; else which did not, and when each last ran a job."""
         check = _RecoveryCheck(self, since)
         deadline = time.monotonic() + within_s
-        next_feed = 0.0
         while check.waiting and time.monotonic() < deadline and not self.workers.dead():
-            if time.monotonic() >= next_feed:
-                self.feed(tag)
-                next_feed = time.monotonic() + 1.0
+            self.feed(tag)
             check.poll()
             if check.waiting:
-                threading.Event().wait(0.05)  # the poll of a bounded condition wait
-        return not check.waiting
+                threading.Event().wait(PROBE_EVERY_S)  # the poll of a bounded wait
+        if self.workers.dead():
+            return f"Worker processes died: {self.workers.dead()}"
+        return check.describe()
 
 
 class _RecoveryCheck:
@@ -444,21 +444,33 @@ class _RecoveryCheck:
             elif run.pid in self.waiting:
                 self.open.append(run)
 
+    def describe(self) -> str:
+        """Empty when every Worker recovered; else which did not, and their last runs."""
+        if not self.waiting:
+            return ""
+        names = {pid: name for name, pid in self.soak.workers.pids().items()}
+        last = {run.pid: run.at for run in self.soak.ledger.poll()}
+        return "no job started and completed since the fault by " + ", ".join(
+            f"{names[pid]} (its last run: "
+            + (f"{last[pid] - self.since:+.1f}s from the fault's end)" if pid in last
+               else "none)") for pid in sorted(self.waiting))
+
 
 def _drive(soak: Soak, producer: Producer, faults: Sequence[Tuple[str, float]],
            label: str, margin_s: float, result: NetworkSoakResult) -> List[FaultRow]:
     """Warm up, apply each fault and wait for every Worker to recover, then drain."""
     rows: List[FaultRow] = []
     producer.thread.start()
-    if not soak.every_worker_recovered("start", 0.0, START_S):
-        result.worker_error += "not every Worker ran a job before the faults; "
+    late = soak.every_worker_recovered("start", 0.0, START_S)
+    if late:
+        result.worker_error += f"before the faults: {late}; "
     else:
         for i, (name, length) in enumerate(faults):
             row = FaultRow(name, label, length)
             row.start, row.end = FAULTS[name](soak.proxy, soak.direct, length)
-            within_s = row.bound_s + margin_s
-            if not soak.every_worker_recovered(str(i), row.end, within_s):
-                row.detail = f"not every Worker completed a new job within {within_s:g}s"
+            late = soak.every_worker_recovered(str(i), row.end, row.bound_s + margin_s)
+            if late:
+                row.detail = f"within {row.bound_s + margin_s:g}s: {late}"
             rows.append(row)
     producer.hurry()
     producer.thread.join(producer.budget_s)
