@@ -29,17 +29,9 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 # for a loaded machine; two deadlines in a row take 10 s or more
 WITHIN_S = READ_TIMEOUT_S + BLOCK_MARGIN_S + 2.0
 
-C_THREAD_TWO_DEADLINES = pytest.mark.xfail(strict=True, reason=(
-    "the thread Worker on the C backend waits out a second read deadline after a "
-    "half-open blip (~11 s; the Python backend and the asyncio Worker ~5.6 s): its "
-    "marker wait notices the blip (~6 s) and the claim runs at once, but the outcome goes "
-    "out on the acker's own C batcher connection, silenced in the same blip and not "
-    "dropped with the others: it waits its full 5 s deadline too (logged as 'cannot "
-    "write 1 outcome calls (BatchCut)')"))
-
 
 @pytest.mark.parametrize("kind,backend", [
-    pytest.param("thread", "c", marks=C_THREAD_TWO_DEADLINES, id="thread-c"),
+    pytest.param("thread", "c", id="thread-c"),
     pytest.param("thread", "python", id="thread-python"),
     pytest.param("aio", "c", id="aio-c"),
 ])
