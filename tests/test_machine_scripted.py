@@ -225,11 +225,15 @@ def test_the_beat_renews_leases_a_third_used_and_marks_lost_ones(machine):
     for run in machine._running.values():
         run.extended_at -= machine.lease_ms / 1000  # all due
     log: List[Any] = []
-    drive(machine._renew_due(), lambda r: [1, 0], log)
-    [extend] = log
+    # JOBb's lease is gone but its hash is there: a lost lease (a queue's keys gone would
+    # have taken the hash too)
+    drive(machine._renew_due(), lambda r: [1] if name_of(r) == "batch:EXISTS" else [1, 0], log)
+    extend, exists = log
     assert extend.script.name == "extend"
     assert list(extend.args[2:]) == ["JOBa", "w1:1", "JOBb", "w1:2"]
+    assert [c.args for c in exists.items] == [("EXISTS", machine._keys.job("JOBb"))]
     assert not machine._running["JOBa"].lost and machine._running["JOBb"].lost
+    assert not machine._keys_gone_said
 
 
 def test_the_beat_runs_its_steps_as_requests_and_then_the_hooks(machine):

@@ -83,3 +83,40 @@ def test_a_lease_lost_on_a_job_still_there_stays_lease_lost(redis_url, qname):
     with pytest.raises(LeaseLost) as lost:
         complete(q, job_id, "not-the-token")
     assert not isinstance(lost.value, QueueKeysGone)
+
+
+def test_a_worker_says_once_that_its_queues_keys_are_gone(redis_url, qname, r, caplog):
+    """A server emptied under a Worker's running jobs (a restart without persistence,
+    FLUSHDB): one line says the queue's keys are gone, not one lost lease per job."""
+    import threading
+
+    from waiting import wait_until
+
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    gate, began = threading.Event(), []
+
+    def handler(job):
+        began.append(job.id)
+        gate.wait(30)
+        return "late"
+
+    refs = [q.enqueue(i) for i in range(3)]
+    w = emqfast.Worker(q, handler, concurrency=3, lease_ms=600)  # a beat every 0.15 s
+    t = threading.Thread(target=w.run, daemon=True)
+    with caplog.at_level("INFO", logger="emqfast"):
+        t.start()
+        try:
+            wait_until(lambda: len(began) == 3, 30, "three jobs running")
+            r.flushdb()
+            wait_until(lambda: any("are gone" in m for m in caplog.messages), 30,
+                       "the queue's keys said gone")
+            gate.set()
+            wait_until(lambda: w.stats.lease_lost == 3, 30, "their outcomes discarded")
+        finally:
+            gate.set()
+            w.stop()
+            t.join(30)
+    gone = [m for m in caplog.messages if "are gone" in m]
+    assert len(gone) == 1 and repr(q.name) in gone[0], gone
+    assert not [m for m in caplog.messages if "lease was lost" in m or "was lost" in m]
+    assert all(q.get(ref.id) is None for ref in refs)

@@ -149,6 +149,7 @@ class WorkerMachine:
         self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
         self._early: Set[str] = set()  # held jobs asked to cancel (their handler never runs)
+        self._keys_gone_said = False  # the queue's keys vanished: said once (see _renew)
         self._heartbeat = Heartbeat(self)  # the Workers page; signed off at the shutdown
         self._deps = DependencyStep(self)  # settles dependencies on the beat and after acks
         # callables run on every beat after the Worker's own steps (an awaitable one is
@@ -491,22 +492,34 @@ class WorkerMachine:
             call = calls.extend_call(self._keys, self.lease_ms,
                                     [(r.job_id, r.token) for r in chunk])
             replies = yield call
+            lost = [r for r, ok in zip(chunk, replies) if not ok]
             for r, ok in zip(chunk, replies):
                 if ok:
                     r.extended_at = now
-                else:
-                    self._lease_gone(r)
+            if not lost:
+                continue
+            # a lease lost with its job's hash is a job gone with its queue's keys (a
+            # server emptied, obliterate): said once, not once per job
+            there = yield Batch([Cmd.of("EXISTS", self._keys.job(_lease_id(r))) for r in lost])
+            vanished = sum(1 for e in there if not e)
+            if vanished:
+                self._say_keys_gone(f"{vanished} leased job(s) vanished with their hashes",
+                                    vanished)
+            for r, e in zip(lost, there):
+                self._lease_gone(r, quiet=not e)
 
-    def _lease_gone(self, r: Lease) -> None:
-        """A renewal found the lease gone (reaped after a stall, deleted by hand)."""
+    def _lease_gone(self, r: Lease, quiet: bool = False) -> None:
+        """A renewal found the lease gone (reaped after a stall, deleted by hand; ``quiet``:
+        with the whole queue, said once already)."""
         if isinstance(r, HeldLease):
             if self._held.get(r.job_id) is r:  # never started: just forget it
                 r.lost = True
-                if r.job_id not in self._early:  # (cancelled while held: cancel.lua took it)
-                    log.warning("lease on held job %r was lost", r.job_id)
+                if r.job_id not in self._early and not quiet:  # (cancelled while held:
+                    log.warning("lease on held job %r was lost", r.job_id)  # cancel.lua took it)
         elif self._running.get(r.job.id) is r and not r.acking:
             r.lost = True
-            log.warning("lease on running job %r was lost", r.job.id)
+            if not quiet:
+                log.warning("lease on running job %r was lost", r.job.id)
 
     def _renew_due(self) -> Logic:
         """Renew every lease that is due now (errors raised)."""
@@ -578,9 +591,25 @@ class WorkerMachine:
         times). A stopping worker re-sends until ``_ack_until`` only."""
         plan = AckPlan(self._keys, batch)
         replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until)))
-        tally(self.stats, batch, replies, plan.retrying)
+        gone = tally(self.stats, batch, replies, plan.retrying)
+        if gone:
+            self._say_keys_gone(str(gone[0]), len(gone))
         self._forget(batch)
         return replies
+
+    def _say_keys_gone(self, why: str, jobs: int) -> None:
+        """The queue's keys vanished under jobs in hand (a server restart without
+        persistence, FLUSHDB, obliterate): said once per Worker, clearly, not as one
+        lost lease per job."""
+        if self._keys_gone_said:
+            log.debug("%s: %d more job(s) of queue %r gone with its keys", self._who, jobs,
+                      self.queue.name)
+            return
+        self._keys_gone_said = True
+        log.error("%s: the keys of queue %r are gone (%s): %d job(s) in hand were "
+                  "discarded with them. A server restarted without persistence, FLUSHDB "
+                  "or obliterate() empties a queue; what is enqueued again runs as usual",
+                  self._who, self.queue.name, why, jobs)
 
     def _write_run_times(self, batch: List[Outcome], replies: List[Any]) -> Logic:
         """Add the batch's wait/run times to the histograms in one call. Best effort: the
@@ -767,6 +796,10 @@ class WorkerMachine:
             out.append(reply)
         self._forget(ended)
         return out
+
+
+def _lease_id(lease: Lease) -> str:
+    return lease.job_id if isinstance(lease, HeldLease) else lease.job.id
 
 
 class DependencyStep:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 import logging
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Type, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Type, Union
 
 from emqfast.core import codec
-from emqfast.core.errors import InputTypeError, LeaseLost, PayloadError, Unrecoverable
+from emqfast.core.errors import (InputTypeError, LeaseLost, PayloadError, QueueKeysGone,
+                                 Unrecoverable)
 from emqfast.facade.job import Job
 
 log = logging.getLogger("emqfast.worker")
@@ -137,17 +138,23 @@ def log_context(job: Job) -> Dict[str, Any]:
 
 
 def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
-          retrying: Sequence[Optional[bool]]) -> None:
-    """Count written outcomes into ``stats``; a lost lease discards the outcome (logged)."""
+          retrying: Sequence[Optional[bool]]) -> List[QueueKeysGone]:
+    """Count written outcomes into ``stats``; a lost lease discards the outcome (logged).
+    The replies saying the queue's keys are gone are returned, not logged per job (the
+    Worker says it once)."""
     debug = log.isEnabledFor(logging.DEBUG)
     completed = 0
+    gone: List[QueueKeysGone] = []
     for outcome, reply, retry in zip(batch, replies, retrying):
         job = outcome.job
         if retry is None and type(reply) is list and not debug:  # the common case, no log
             completed += 1
             continue
         ctx = log_context(job)
-        if isinstance(reply, LeaseLost):
+        if isinstance(reply, QueueKeysGone):
+            stats.lease_lost += 1
+            gone.append(reply)
+        elif isinstance(reply, LeaseLost):
             stats.lease_lost += 1
             log.warning("job %r (queue %r, attempt %d) finished after its lease was "
                         "lost; outcome discarded", job.id, job.queue, job.attempts, extra=ctx)
@@ -161,6 +168,7 @@ def tally(stats: Any, batch: Sequence[Outcome], replies: Sequence[Any],
         else:
             _count_failure(stats, outcome, retry, ctx)
     stats.completed += completed
+    return gone
 
 
 def _count_failure(stats: Any, outcome: Any, retry: bool, ctx: Dict[str, Any]) -> None:
