@@ -599,11 +599,8 @@ class WorkerMachine:
 
     def _say_keys_gone(self, why: str, jobs: int) -> None:
         """The queue's keys vanished under jobs in hand (a server restart without
-        persistence, FLUSHDB, obliterate): said once per Worker, clearly, not as one
-        lost lease per job."""
+        persistence, FLUSHDB, obliterate): said once per Worker, not once per job."""
         if self._keys_gone_said:
-            log.debug("%s: %d more job(s) of queue %r gone with its keys", self._who, jobs,
-                      self.queue.name)
             return
         self._keys_gone_said = True
         log.error("%s: the keys of queue %r are gone (%s): %d job(s) in hand were "
