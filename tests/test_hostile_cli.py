@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Tuple
 
 import pytest
+import redis
 
 from emqfast import Queue, Worker
 from emqfast.core.errors import InvalidInput
@@ -80,9 +81,26 @@ def test_json_output_stays_exact_but_escapes_what_json_leaves_raw():
     assert "你好" in text and "\x9b" not in text and "\u202e" not in text and "\x1b" not in text
 
 
-def test_a_markup_queue_name_works_in_stats_jobs_cancel_enqueue(redis_url, r):
+@pytest.fixture
+def private_server():
+    """A redis-server of this test's own: ``stats`` lists every queue of its server, and
+    the session's holds the deliberately broken keys of other tests."""
+    import shutil
+
+    from conftest import start_redis_server
+
+    proc, port, workdir = start_redis_server()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", redis.Redis(port=port)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_markup_queue_name_works_in_stats_jobs_cancel_enqueue(private_server):
+    redis_url, r = private_server
     q = Queue(MARKUP_QUEUE, r)
-    q.obliterate()
     ref = q.enqueue({"email": "a[/]b"}, job_id="JOB[/]one")
     try:
         code, out = on_a_terminal("--url", redis_url, "stats")
