@@ -86,7 +86,7 @@ def test_an_aio_worker_over_more_queues_than_a_pool_holds_serves_them_all(redis_
 
     import emqfast.aio
 
-    n = 200
+    n = 130  # past the 100 connections of a default pool
     names = [f"{qname}-{i}" for i in range(n)]
     seed = emqfast.connect(redis_url)
     refs = [(name, Queue(name, seed).enqueue(i).id) for i, name in enumerate(names)]
