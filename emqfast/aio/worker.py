@@ -203,6 +203,30 @@ class Worker(WorkerMachine):
         if self._waiter is not None:  # wake a claim loop blocked on the marker, without
             self._waiter.interrupt()  # I/O: a silent server would hold a wake-up call
 
+    async def _serve_within_bound(self, serve_loop: Awaitable[None]) -> None:
+        """Run the serve loop; once stopping, leave it at the stop's bound. A step stuck on
+        a silent server (a read waiting out its deadline) would otherwise hold the whole
+        shutdown past ``shutdown_timeout_s``. The loop is cancelled there like a cancelled
+        run(): a claim or start it cuts short is handed back by the shutdown's settle."""
+        serving = tasks.spawn(serve_loop, name="emq-serve")
+        try:
+            while not serving.done():
+                # polled: stop() may come from a signal handler, another thread, or a step
+                left = self._stop_bound() - time.monotonic() if self._stopping else 0.25
+                if left <= 0:
+                    serving.cancel()
+                    await asyncio.wait([serving], timeout=0.1)
+                    return
+                await asyncio.wait([serving], timeout=min(left, 0.25))
+        except asyncio.CancelledError:
+            serving.cancel()  # run() cancelled: cut the loop short, as before
+            await asyncio.wait([serving], timeout=0.1)
+            raise
+        if not serving.cancelled():
+            serving.result()  # a permanent error ends run() with it
+        elif self._run_cancelled():
+            raise asyncio.CancelledError()
+
     def _stop_bound(self) -> float:
         """When a stopping Worker's shutdown must be over (monotonic s): the stop plus
         ``shutdown_timeout_s`` (a run that ends without stop(): from now)."""
@@ -224,7 +248,8 @@ class Worker(WorkerMachine):
         self._start_listening()
         try:
             try:
-                await self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
+                await self._serve_within_bound(
+                    self._drive(self._serve_loop(until_idle, deadline, wait_scheduled)))
             finally:
                 await self._finish(acker, leases)
         finally:  # after the shutdown: a cancel still stops a handler it waits for
