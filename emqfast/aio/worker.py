@@ -49,7 +49,8 @@ import inspect
 import logging
 import time
 import traceback
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple,
+                    Union)
 
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
@@ -203,12 +204,12 @@ class Worker(WorkerMachine):
         if self._waiter is not None:  # wake a claim loop blocked on the marker, without
             self._waiter.interrupt()  # I/O: a silent server would hold a wake-up call
 
-    async def _serve_within_bound(self, serve_loop: Awaitable[None]) -> None:
+    async def _serve_within_bound(self, serve_loop: Coroutine[Any, Any, None]) -> None:
         """Run the serve loop; once stopping, leave it at the stop's bound. A step stuck on
         a silent server (a read waiting out its deadline) would otherwise hold the whole
         shutdown past ``shutdown_timeout_s``. The loop is cancelled there like a cancelled
         run(): a claim or start it cuts short is handed back by the shutdown's settle."""
-        serving = tasks.spawn(serve_loop, name="emq-serve")
+        serving: "asyncio.Task[None]" = tasks.spawn(serve_loop, name="emq-serve")
         try:
             while not serving.done():
                 # polled: stop() may come from a signal handler, another thread, or a step
