@@ -14,13 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, Optional
 
 from emqfast.aio import tasks
-from emqfast.facade.job import Job
-from emqfast.worker.outcomes import Outcome
 from emqfast.worker.resend import Backoff, typed
-from emqfast.worker.leases import RunningJob
 
 
 log = logging.getLogger("emqfast.worker")

@@ -3,18 +3,11 @@ the loop is named in a warning), plain functions in the executor (their exceptio
 as values), the job's lease/progress hooks."""
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
 import logging
 import time
-import traceback
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Optional, Tuple
 
-from emqfast.aio import tasks
 from emqfast.facade.job import Job
-from emqfast.worker.outcomes import Outcome, check_decodable, failure, job_group, success
-from emqfast.worker.leases import RunningJob
 
 
 log = logging.getLogger("emqfast.worker")

@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import Any, Deque, Dict, Mapping, Optional
+from typing import Any, Deque, Mapping, Optional
 
 from emqfast.core.errors import InvalidInput
 from emqfast.tools.hosts import host_name
