@@ -47,7 +47,7 @@ class Machine(WorkerMachine):
     def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
         return []
 
-    def _notify(self) -> None:
+    def _wake(self) -> None:
         pass
 
     def _stop_requested(self) -> bool:
@@ -365,3 +365,75 @@ def test_a_held_job_cancelled_before_it_starts_is_stopped_as_it_starts(machine):
     drive(machine._start_held(1), lambda r: answers[name_of(r)], [])
     [(job, _)] = machine.handed
     assert job.cancelled and job.cancel_reason == "cancelled"
+
+
+# --- a many-queue Worker's members: machines sharing one crew, still without Redis --------
+
+class WakeCountingMachine(Machine):
+    def __init__(self, queue: Queue, **options: Any):
+        super().__init__(queue, **options)
+        self.woken = 0
+
+    def _wake(self) -> None:
+        self.woken += 1
+
+
+@pytest.fixture
+def crew() -> Any:
+    from emqfast.worker.crew import Crew
+    client = redis.Redis(host="127.0.0.1", port=1)
+    made = Crew(lambda q, c: WakeCountingMachine(q, crew=c, name=None),
+                [Queue("high", client), Queue("low", client)], name="w1")
+    for m in made.members:
+        m._next_beat = float("inf")
+        made.joined(m)
+    return made
+
+
+def test_the_queues_of_a_crew_share_one_budget_of_handler_slots(crew):
+    high, low = crew.members
+    assert crew.room(high) == (2, 2)  # concurrency 2, nothing held anywhere
+    answers = {"WaitForRoom": crew.room(high),
+               "claim": claim_reply(("JOBa", "t1"), ("JOBb", "t2")),
+               "start": [start_row(), start_row()]}
+    drive(high._turn(until_idle=True, wait_scheduled=False), lambda r: answers[name_of(r)], [])
+    assert len(high._running) == 2
+    crew.may_block(high)  # its next claim came back empty: the low queue's turn
+    assert crew.room(low) == (0, 0)  # ...but the high queue's two running jobs fill the worker
+    high._running.clear()
+    high._in_hand = 0
+    assert crew.room(low) == (2, 2)
+
+
+def test_strict_order_keeps_a_lower_queue_from_claiming_while_a_higher_one_is_ready(crew):
+    high, low = crew.members
+    crew.claimed(high, claim_reply(("JOBa", "t1")))  # work on the high queue: ready
+    high._held["JOBa"] = object()  # claimed, not started yet
+    assert crew.room(low)[1] == 0
+    high._held.clear()
+    crew.may_block(high)  # its claim came back empty: it waits on its marker, not ready
+    assert crew.room(low)[1] > 0
+
+
+def test_an_empty_claim_while_holding_jobs_waits_for_a_slot_not_the_marker(crew):
+    high, _ = crew.members
+    high._held["JOBa"] = object()
+    assert crew.may_block(high) is False  # a slot freed by any queue ends that wait
+    assert crew.waits_for_room(high, 0, 5)
+
+
+def test_a_job_ending_on_one_queue_wakes_every_queue_of_the_crew(crew):
+    high, low = crew.members
+    high._notify()
+    assert (high.woken, low.woken) == (1, 1)
+    assert high.name == low.name == "w1"
+    assert crew.presence(low) == ("high,low", 2, 0)
+
+
+def test_a_held_job_start_reserves_its_slot_from_the_other_queues(crew):
+    high, low = crew.members
+    low._held["JOBa"] = object()
+    assert crew.reserve(low, 2) == 1  # only as many as it holds
+    assert crew.room(high)[0] == 1  # the reserved slot is not offered twice
+    crew.unreserve(low, 1)
+    assert crew.room(high)[0] == 2

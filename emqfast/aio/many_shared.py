@@ -9,7 +9,7 @@ grow with its queues (the asyncio twin of :mod:`emqfast.worker.many_shared`):
 - a gate (``asyncio.Semaphore``) on the members' Redis requests, so claim loops of many
   queues waking at once cannot take more of the client's pool than a few connections.
 
-:class:`AioShared` is mixed into the members (before :class:`~emqfast.worker.many.Member`).
+:class:`SharedParts` holds them for one run (:meth:`emqfast.aio.crew.AioCrew.shared`).
 Where the queues do not share one single-server ``redis.asyncio`` client (a Cluster: each
 queue's marker lives in its own slot), each member keeps its own marker wait and listener.
 """
@@ -18,13 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-import redis.asyncio as aredis
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
-from emqfast.backends.drive import run_async
 from emqfast.core import deadlines
 from emqfast.server import eviction
 from emqfast.worker.many_shared import POLL_S, gate_size
@@ -172,7 +169,7 @@ class SharedParts:
         self.listening = 0
         self.name = name
         self.loop = asyncio.get_running_loop()
-        self.eviction: Optional[Tuple[Optional[str]]] = None  # the check's warning, once
+        self._eviction: Optional[Tuple[Optional[str]]] = None  # the check's warning, once
 
     def listener_open(self) -> AioCancelListener:
         self.listening += 1
@@ -191,78 +188,14 @@ class SharedParts:
         if listener is not None:
             await listener.close()
 
+    async def eviction(self, client: Any) -> Optional[str]:
+        """The eviction check's warning, read once for the whole Worker."""
+        async with self.gate:
+            if self._eviction is None:
+                self._eviction = (await eviction.check_async(client),)
+        return self._eviction[0]
+
     async def _recheck_cancels(self) -> None:
         """The listener (re-)subscribed: each queue's running jobs' cancel marks are read."""
         for m in self.members:
             await m._drive(m._recheck_cancels())
-
-
-def shared_parts(many: Any) -> Optional[SharedParts]:
-    """``many``'s shared parts, made on first use; None when its queues do not share one
-    single-server ``redis.asyncio`` client (each member then keeps its own)."""
-    loop = asyncio.get_running_loop()
-    parts: Optional[SharedParts] = many.__dict__.get("aio_shared")
-    if "aio_shared" not in many.__dict__ or (parts is not None and parts.loop is not loop
-                                              and not parts.markers.in_use()):
-        # (again on another event loop: its client, events and gate are that loop's)
-        clients: List[Any] = list({id(m.queue.redis): m.queue.redis
-                                   for m in many.members}.values())
-        single = len(clients) == 1 and isinstance(clients[0], aredis.Redis)
-        parts = SharedParts(clients[0], many.members, many.name) if single else None
-        many.aio_shared = parts
-    return parts
-
-
-class AioShared:
-    """Mixed into a many-queue asyncio Worker's members: the shared parts in the place of
-    each member's own marker wait, listener and unbounded requests."""
-
-    _many: Any
-
-    async def _serve(self, *args: Any, **kwargs: Any) -> None:
-        parts = shared_parts(self._many)
-        if parts is None:
-            await super()._serve(*args, **kwargs)  # type: ignore[misc]
-            return
-        parts.markers.open()
-        self._waiter = AioMemberMarkers(parts.markers, self._keys.marker)  # type: ignore[attr-defined]
-        try:
-            await super()._serve(*args, **kwargs)  # type: ignore[misc]
-        finally:
-            await parts.markers.close()
-
-    async def _check_server(self) -> None:
-        """The eviction check, once for the whole Worker (not once per queue at once)."""
-        parts = shared_parts(self._many)
-        if parts is None or self.allow_eviction:  # type: ignore[attr-defined]
-            await super()._check_server()  # type: ignore[misc]
-            return
-        async with parts.gate:
-            if parts.eviction is None:
-                parts.eviction = (await eviction.check_async(self._redis),)  # type: ignore[attr-defined]
-        self._refuse_eviction(parts.eviction[0])  # type: ignore[attr-defined]
-
-    def _drive(self, logic: Any) -> Any:
-        parts = self._many.__dict__.get("aio_shared")
-        if parts is None:
-            return super()._drive(logic)  # type: ignore[misc]
-        return run_async(self._redis, logic, waits=self, gate=parts.gate)  # type: ignore[attr-defined, arg-type]
-
-    def _start_listening(self) -> None:
-        parts = self._many.__dict__.get("aio_shared")
-        if parts is None:
-            super()._start_listening()  # type: ignore[misc]
-            return
-        self._listener = parts.listener_open()
-        self.cancel_listening = self._listener.subscribed
-
-    async def _stop_listening(self) -> None:
-        parts = self._many.__dict__.get("aio_shared")
-        if parts is None:
-            await super()._stop_listening()  # type: ignore[misc]
-            return
-        self._listener = None
-        await parts.listener_close()
-        for handle in self._timers.values():  # type: ignore[attr-defined]
-            handle.cancel()
-        self._timers.clear()  # type: ignore[attr-defined]

@@ -50,12 +50,13 @@ import logging
 import time
 import traceback
 from typing import (Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple,
-                    Union)
+                    Union, cast)
 
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
-from emqfast.aio.many_shared import AioShared
+from emqfast.aio.crew import AioCrew
+from emqfast.aio.many_shared import AioMemberMarkers
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
 from emqfast.aio.wake import MarkerWaiter
@@ -66,9 +67,8 @@ from emqfast.server import eviction
 from emqfast.worker.async_slots import AsyncSlots
 from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT,
                                     timeout_ms_of)
-from emqfast.worker.leases import RunningJob
+from emqfast.worker.leases import SOLO, RunningJob, Solo
 from emqfast.worker.machine import ACK_BATCH, WorkerMachine
-from emqfast.worker.many_runs import serve_many
 from emqfast.worker.outcomes import (Outcome, WorkerStats, check_decodable, check_worker_args,
                                      failure, is_async_handler, job_group, success)
 from emqfast.worker.resend import typed
@@ -100,19 +100,12 @@ class Worker(WorkerMachine):
 
     _label = "aio worker"
     renew_on_beat = False  # the lease task renews them (see _lease_loop)
-    many_shared_parts = AioShared  # what its members share in a many-queue Worker
 
+    _led: Optional[AioCrew] = None  # a many-queue Worker's crew (see __init__)
     _timers: Dict[Tuple[str, str], asyncio.TimerHandle]
     _listener: Optional[AioCancelListener]
     cancel_listening: Optional[asyncio.Event]  # set while subscribed (tests wait on it)
     _run_hooks: AioRunHooks  # each running job's Job._run (made by the Worker's setup)
-
-    def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
-        worker serving several queues (:mod:`emqfast.worker.many`); one queue: this class."""
-        if isinstance(queue, (list, tuple)):
-            return serve_many(cls, queue, *args, **kwargs)
-        return super().__new__(cls)
 
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Callable[[Job], Any], *,
                  concurrency: int = 8,
@@ -123,15 +116,34 @@ class Worker(WorkerMachine):
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
                  order: str = "strict", weights: Optional[Sequence[int]] = None):
-        # a list of queues never gets here: __new__ makes the many-queue
-        # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
+        options: Dict[str, Any] = dict(concurrency=concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
+                       batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
+                       keep_failed=keep_failed, max_age_ms=max_age_ms,
+                       shutdown_timeout_s=shutdown_timeout_s, name=name,
+                       allow_eviction=allow_eviction, job_timeout_ms=job_timeout_ms,
+                       cancel_grace_ms=cancel_grace_ms)
+        if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
+            cls = type(self)
+            self._led = AioCrew(lambda q, crew: cls._member(q, handler, crew, options),
+                               queue, order=order, weights=weights, name=name)
+            self._lead(self._led)
+            return
+        self._init_queue(cast(Queue, queue), handler, SOLO, **options)
+
+    @classmethod
+    def _member(cls, queue: Queue, handler: Callable[[Job], Any], crew: Solo,
+                options: Dict[str, Any]) -> "Worker":
+        """The Worker of one queue of a many-queue Worker (``crew``: what they share)."""
+        member = cls.__new__(cls)
+        member._init_queue(queue, handler, crew, **options)
+        return member
+
+    def _init_queue(self, queue: Queue, handler: Callable[[Job], Any], crew: Solo, *,
+                    job_timeout_ms: Optional[int], cancel_grace_ms: int,
+                    **options: Any) -> None:
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
-        self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
-                    max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
-                    keep_completed=keep_completed, keep_failed=keep_failed,
-                    max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
-                    allow_eviction=allow_eviction, prefetch=prefetch)
+        self._setup(queue, handler, batch_floor=DEFAULT_BATCH, crew=crew, **options)
         self._is_coro = is_async_handler(handler)
         self._guard = contextlib.nullcontext()  # one event loop: nothing to lock
         self._outcomes: List[Outcome] = []
@@ -158,6 +170,8 @@ class Worker(WorkerMachine):
         """Process jobs until :meth:`stop` or SIGTERM/SIGINT (graceful shutdown; one signal
         stops every Worker of the process). Cancelling the task that awaits this, or the
         loop's teardown, shuts down the same way (see the module docstring)."""
+        if self._led is not None:  # every queue, a task each (see AioCrew)
+            return await self._led.run()
         signals = SIGNALS.add(self, asyncio.get_running_loop())
         try:
             await tasks.counted(self._serve(until_idle=False, deadline=None,
@@ -174,6 +188,8 @@ class Worker(WorkerMachine):
         """Process jobs until nothing is pending, running or due (``wait_active``: nor
         active under other workers' leases; see the sync Worker); ``TimeoutError`` after
         ``timeout_s``."""
+        if self._led is not None:  # until every queue is idle at once (see AioCrew)
+            return await self._led.run_until_idle(timeout_s, wait_scheduled, wait_active)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wait_active = wait_active
         try:
@@ -188,6 +204,9 @@ class Worker(WorkerMachine):
         once their (cancelled) handlers have ended (see the module docstring).
         A stop requested before :meth:`run` starts is honoured by it (run returns at once).
         Safe to call from any thread."""
+        if self._led is not None:
+            self._led.stop()
+            return
         loop = self._loop
         if loop is not None and not loop.is_closed() and loop.is_running():
             try:
@@ -242,32 +261,43 @@ class Worker(WorkerMachine):
                      wait_scheduled: bool) -> None:
         # this loop's client (an aio Queue keeps one per event loop)
         self._redis = self.queue.redis
-        await self._check_server()
-        self._begin()
-        acker = tasks.spawn(self._ack_loop(), name="emq-acker")
-        leases = tasks.spawn(self._lease_loop(), name="emq-leases")
-        self._start_listening()
+        shared = self._crew.shared()  # a many-queue Worker's one marker wait, if any
+        if shared is not None:
+            shared.markers.open()
+            self._waiter = AioMemberMarkers(shared.markers, self._keys.marker)
         try:
+            await self._check_server()
+            self._begin()
+            acker = tasks.spawn(self._ack_loop(), name="emq-acker")
+            leases = tasks.spawn(self._lease_loop(), name="emq-leases")
+            self._start_listening()
             try:
-                await self._serve_within_bound(
-                    self._drive(self._serve_loop(until_idle, deadline, wait_scheduled)))
-            finally:
-                await self._finish(acker, leases)
-        finally:  # after the shutdown: a cancel still stops a handler it waits for
-            await self._stop_listening()
+                try:
+                    await self._serve_within_bound(
+                        self._drive(self._serve_loop(until_idle, deadline, wait_scheduled)))
+                finally:
+                    await self._finish(acker, leases)
+            finally:  # after the shutdown: a cancel still stops a handler it waits for
+                await self._stop_listening()
+        finally:
+            if shared is not None:
+                await shared.markers.close()
         self._raise_fatal()
 
     async def _check_server(self) -> None:
-        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        """Refuse a server that may evict jobs (unless ``allow_eviction``); a many-queue
+        Worker's queues on one client check it once for all."""
         if not self.allow_eviction:
-            self._refuse_eviction(await eviction.check_async(self._redis))
+            shared = self._crew.shared()
+            self._refuse_eviction(await eviction.check_async(self._redis) if shared is None
+                                  else await shared.eviction(self._redis))
 
     def _begin(self) -> None:
         """This run's loop, events and flags (_stopping is NOT reset: a stop() requested
         before run() is honoured)."""
         self._loop = asyncio.get_running_loop()
         self._fatal = None
-        self._sem = AsyncSlots(self.concurrency)
+        self._sem = self._crew.handler_slots(self)  # a many-queue Worker's: shared
         self._changed = asyncio.Event()
         self._ack_ready = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -280,8 +310,11 @@ class Worker(WorkerMachine):
     # --- performing the machine's requests---------------------------------------------
     def _drive(self, logic: Logic) -> Any:
         """Run a piece of the machine's logic (a coroutine): Redis requests over this
-        loop's client, waits by :meth:`perform`."""
-        return run_async(self._redis, logic, waits=self)
+        loop's client, waits by :meth:`perform`; a many-queue Worker's queues on one client
+        pass their requests through its gate."""
+        shared = self._crew.shared()
+        return run_async(self._redis, logic, waits=self,
+                         gate=None if shared is None else shared.gate)
 
     def _stop_requested(self) -> bool:
         return self._stopping
@@ -289,7 +322,7 @@ class Worker(WorkerMachine):
     def _should_stop(self) -> bool:
         return self._stopping or self._run_cancelled()
 
-    def _notify(self) -> None:
+    def _wake(self) -> None:
         if self._changed is not None:
             self._changed.set()
 
@@ -307,11 +340,13 @@ class Worker(WorkerMachine):
     async def _do_wait_for_room(self, effect: WaitForRoom) -> Tuple[int, int]:
         """``(free handler slots, jobs this worker may claim)``, as for the thread Worker:
         claimed jobs beyond the running ones are held unstarted, and started as slots free
-        up (plus the few the slots take up within the prefetch budget)."""
-        slots, room = self._room()
-        if self._waits_for_room(slots, room):
+        up (plus the few the slots take up within the prefetch budget). The crew answers
+        for a many-queue Worker: its queues share the slots."""
+        crew = self._crew
+        slots, room = crew.room(self)
+        if crew.waits_for_room(self, slots, room):
             await self._wait_changed(effect.seconds)
-            slots, room = self._room()
+            slots, room = crew.room(self)
         return slots, room
 
     async def _do_wait_drained(self, effect: WaitDrained) -> bool:
@@ -719,16 +754,22 @@ class Worker(WorkerMachine):
         self.cancel_listening = None
 
     def _start_listening(self) -> None:
-        # (made on the running loop: its Event needs one on Python 3.9)
-        self._listener = AioCancelListener(self._redis,
-                                           {c: self._on_cancel for c in self._cancel_channels()}, self._recheck_after_subscribe,
-                                           self._who)
+        shared = self._crew.shared()
+        if shared is not None:  # a many-queue Worker's one listener of every queue
+            self._listener = shared.listener_open()
+        else:  # (made on the running loop: its Event needs one on Python 3.9)
+            self._listener = AioCancelListener(
+                self._redis, {c: self._on_cancel for c in self._cancel_channels()},
+                self._recheck_after_subscribe, self._who)
+            self._listener.start()
         self.cancel_listening = self._listener.subscribed
-        self._listener.start()
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
-        if listener is not None:
+        shared = self._crew.shared()
+        if shared is not None:
+            await shared.listener_close()  # the last queue's closes it
+        elif listener is not None:
             await listener.close()
         for handle in self._timers.values():
             handle.cancel()

@@ -30,19 +30,23 @@ A dependency that vanished (deleted, trimmed before a late link) counts as not c
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from emqfast.backends.scripts import load
 from emqfast.core import codec
-from emqfast.core.errors import DependencyCycle, InputTypeError, InvalidInput, UnknownDependency
+from emqfast.core.errors import (DependencyCycle, EmqError, InputTypeError, InvalidInput,
+                                 UnknownDependency)
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import Batch, Call, Cmd, Op, Returns, operation
+from emqfast.core.ops import Batch, Call, Cmd, Logic, Op, Returns, operation
 from emqfast.core.validation import check_int, check_job_id, check_queue_name
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import options
 from emqfast.facade.admission import Job, Shared
 from emqfast.facade.job import JobRef
+
+log = logging.getLogger("emqfast.worker")  # the dependency step runs in Workers
 
 DEP_ENQUEUE = load("dep_enqueue")
 DEP_LINK = load("dep_link")
@@ -509,3 +513,45 @@ def _add(a: Settled, b: Settled) -> Settled:
     return Settled(told=a.told + b.told, released=a.released + b.released,
                    failed=a.failed + b.failed, relinked=a.relinked + b.relinked,
                    swept=a.swept + b.swept, cursor=b.cursor, busy=a.busy or b.busy)
+
+
+class DependencyStep:
+    """The dependency step of one Worker (``machine``: its WorkerMachine): settle on the
+    beat and after acks, load the results of started jobs' dependencies. Its parts are
+    operations the Worker's driver runs; a failure is logged, never raised."""
+
+    def __init__(self, machine: Any):
+        self.machine = machine
+        self.busy = False  # the queue had dependents or outbox entries at the last look
+        self.cursor = 0    # where the next sweep of the dependents hash resumes
+
+    def settle(self) -> Logic:
+        """On the beat: settle the queue's dependencies (drain, repair, one sweep chunk)."""
+        yield from self._settle(repair=True)
+
+    def after_acks(self) -> Logic:
+        """After an ack batch: drain the outbox now if the queue has dependency links in
+        play (the repair of unsent links is left to the beat)."""
+        if self.busy:
+            yield from self._settle(repair=False)
+
+    def _settle(self, repair: bool) -> Logic:
+        try:
+            settled = yield from settle_op(self.machine.queue.keys, repair=repair,
+                                           cursor=self.cursor)
+        except EmqError as exc:  # never stop a worker over it: the next beat retries
+            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
+            return
+        if isinstance(settled, Settled):
+            self.busy = settled.busy or bool(settled.told or settled.relinked)
+            self.cursor = settled.cursor
+
+    def load_results(self, started: Sequence[Tuple[Any, str]]) -> Logic:
+        """Fill ``dependency_results()`` of the started jobs that have dependencies."""
+        jobs = [job for job, _ in started if job.extra.get("d")]
+        if not jobs:
+            return
+        try:
+            yield from results_op(jobs)
+        except EmqError as exc:
+            log.warning("%s: dependency results not read (%s)", self.machine.name, exc)

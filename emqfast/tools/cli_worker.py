@@ -159,7 +159,7 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
 def _make_worker(make: Callable[..., Any], queues: List[Queue], fn: Callable[..., Any],
                  order: str, weights: Optional[str], **options: Any) -> Any:
     """One queue: the plain Worker, as ever; several: the many-queue worker
-    (:mod:`emqfast.worker.many`) in ``order``."""
+    (:mod:`emqfast.worker.crew`) in ``order``."""
     if len(queues) == 1:
         if weights is not None:
             raise click.BadParameter("--weights needs several queues", param_hint="--weights")

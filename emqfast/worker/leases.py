@@ -1,6 +1,8 @@
 """What a Worker holds under its leases: the jobs it runs (:class:`RunningJob`), the jobs it
 claimed and has not started (:class:`HeldLease`), and how many it may hold beyond its
-``concurrency`` (:class:`Prefetch`).
+``concurrency`` (:class:`Prefetch`); and the budget of handler slots it shares
+(:class:`Solo`: a Worker of one queue keeps its own; a many-queue Worker's queues share a
+:class:`~emqfast.worker.crew.Crew`, which answers the same questions for all of them).
 
 :class:`Prefetch` allows none until handlers have been timed, then enough that a
 waiting job starts within about :data:`PREFETCH_BUDGET_S`. Slow handlers get no
@@ -12,9 +14,11 @@ unstarted, and they go back to the queue.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional, Tuple
 
 from emqfast.facade.job import Job
+from emqfast.worker.async_slots import AsyncSlots
 
 PREFETCH_BUDGET_S = 0.002  # how long a prefetched job may wait for a handler slot
 PREFETCH_MAX = 2048        # jobs held beyond concurrency, at most
@@ -93,3 +97,71 @@ class Prefetch:
     def capacity(self) -> int:
         """Jobs the worker may hold (running + waiting)."""
         return self.concurrency + self.extra()
+
+
+class Solo:
+    """The handler-slot budget of a Worker serving one queue alone, and the interface a
+    :class:`~emqfast.worker.crew.Crew` fills in for the Workers of a many-queue Worker.
+    The machine asks it (under the Worker's ``_guard`` where the machine holds it); the
+    Worker ``w`` asking is passed in, so one instance serves every lone Worker."""
+
+    name: Optional[str] = None  # a crew's Workers share its name
+
+    def room(self, w: Any) -> Tuple[int, int]:
+        """``(free handler slots, jobs w may claim now)``. Started jobs may queue for a
+        slot only as long as the prefetch budget (~2 ms): held jobs beyond that stay
+        unstarted. The claim room is the capacity minus every job held, started or not."""
+        slots = max(w.concurrency + w._holding.ahead() - w._in_hand, 0)
+        room = w._holding.capacity() - len(w._running) - len(w._held)
+        return slots, max(room, 0)
+
+    def waits_for_room(self, w: Any, slots: int, room: int) -> bool:
+        """Neither a slot for a held job nor room to claim: wait for a change."""
+        return room <= 0 and not (slots and w._held)
+
+    def reserve(self, w: Any, slots: int) -> int:
+        """How many of ``slots`` held jobs ``w`` may start now (until :meth:`unreserve`)."""
+        return slots
+
+    def unreserve(self, w: Any, n: int) -> None:
+        """The ``n`` jobs reserved are started (or handed back)."""
+
+    def joined(self, w: Any) -> None:
+        """``w``'s claim loop begins."""
+
+    def left(self, w: Any) -> None:
+        """``w``'s claim loop ended."""
+
+    def claimed(self, w: Any, reply: Any) -> None:
+        """``w``'s claim ended with ``reply`` (None: no reply)."""
+
+    def may_block(self, w: Any) -> bool:
+        """After an empty claim: may ``w`` block on its marker (or wait for a slot)?"""
+        return True
+
+    def woke(self, w: Any, for_work: bool) -> None:
+        """``w``'s wait on its marker ended (``for_work``: not by its time)."""
+
+    def notify(self, w: Any) -> None:
+        """A job of ``w`` ended or an outcome was written: wake the claim loop(s)."""
+        w._wake()
+
+    def presence(self, w: Any) -> Tuple[str, int, int]:
+        """What ``w``'s heartbeat record says: (queue names, concurrency, jobs in hand)."""
+        return w.queue.name, w.concurrency, len(w._running)
+
+    def shared(self) -> Any:
+        """What the queues of a many-queue Worker share on one client (its driver's:
+        marker wait, cancel listener, gate); None: each Worker keeps its own."""
+        return None
+
+    def handler_pool(self, w: Any) -> Any:
+        """The thread pool ``w``'s handlers run on for one run."""
+        return ThreadPoolExecutor(w.concurrency, thread_name_prefix="emq-handler")
+
+    def handler_slots(self, w: Any) -> AsyncSlots:
+        """The asyncio handler slots of one run."""
+        return AsyncSlots(w.concurrency)
+
+
+SOLO = Solo()  # no state of its own: one for every lone Worker

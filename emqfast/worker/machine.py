@@ -14,9 +14,12 @@ driver subclasses it and supplies only what differs between threads and asyncio:
   ``run_async`` (asyncio), its waits performed by the driver's ``perform``;
 - ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers, and
   ``_take_held(peek)``: take back those whose handler has not begun (a paused queue);
-- ``_guard`` (a context manager around shared state) and ``_notify()`` (a job ended or
-  an outcome was written: wake the claim loop);
+- ``_guard`` (a context manager around shared state) and ``_wake()`` (wake the claim
+  loop: a job ended or an outcome was written);
 - ``_stop_requested()`` and ``stop()``.
+
+What a Worker shares with the other queues of a many-queue Worker (handler slots, claim
+order, wake-ups) it asks its crew (``_crew``: :data:`~emqfast.worker.leases.SOLO` alone).
 """
 from __future__ import annotations
 
@@ -34,16 +37,15 @@ from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, W
                               WaitForRoom)
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
-from emqfast.facade.deps import Settled, settle_op
-from emqfast.facade.deps import results_op
+from emqfast.facade.deps import DependencyStep
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedules
 from emqfast.worker import calls
 from emqfast.worker.calls import (AckPlan, JobRows, cancel_active_call, free_calls,
                                   metrics_call, run_times)
-from emqfast.worker.cancels import CANCELLED, TIMEOUT, Stop, check_timeouts, stop_outcome
-from emqfast.worker.leases import HeldLease, Prefetch, RunningJob
+from emqfast.worker.cancels import CANCELLED, Stop, check_timeouts, stop_outcome
+from emqfast.worker.leases import SOLO, HeldLease, Prefetch, RunningJob, Solo
 from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats, forget_run,
                                      job_group, log_context, tally)
 from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_done,
@@ -63,6 +65,7 @@ class WorkerMachine:
 
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
     _guard: ContextManager[Any]  # the driver's: a lock (threads), a null context (asyncio)
+    _members: Sequence["WorkerMachine"] = ()  # a many-queue Worker's (see _lead)
 
     # --- what each driver supplies: the machine's interface to it ------------------------
     def _stop_requested(self) -> bool:
@@ -73,8 +76,8 @@ class WorkerMachine:
         """Stop claiming (graceful)."""
         raise NotImplementedError
 
-    def _notify(self) -> None:
-        """A job ended or an outcome was written: wake the claim loop (under ``_guard``)."""
+    def _wake(self) -> None:
+        """Wake this Worker's claim loop (under ``_guard``): see :meth:`_notify`."""
         raise NotImplementedError
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
@@ -102,10 +105,12 @@ class WorkerMachine:
                lease_ms: int, max_stalled: int, batch_size: Optional[int], batch_floor: int,
                keep_completed: int, keep_failed: int, max_age_ms: Optional[int],
                shutdown_timeout_s: float, name: Optional[str], allow_eviction: bool,
-               prefetch: Optional[int] = None) -> None:
-        """Check the settings and set up the state (the drivers' constructors call this).
+               prefetch: Optional[int], crew: Solo = SOLO) -> None:
+        """Check the settings, set up the state (``crew``: what it shares its slots with);
         ``batch_size`` defaults to ``max(concurrency, batch_floor)``."""
         self.queue = queue
+        self._crew = crew
+        self._index = 0  # its place in the crew's claim order
         self.handler = tracing.traced(handler, queue.name)  # itself unless otel is installed
         self.concurrency = check_int(concurrency, "concurrency", 1, 10_000)
         self.lease_ms = check_int(lease_ms, "lease_ms", 50, 1 << 40)
@@ -118,9 +123,9 @@ class WorkerMachine:
         self.keep_completed, self.keep_failed, self.max_age_ms = keep_completed, keep_failed, max_age_ms
         self.shutdown_timeout_s = shutdown_timeout_s
         self.allow_eviction = allow_eviction
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.name = name or crew.name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._who = f"{self._label} {self.name}"
-        self.stats = WorkerStats()
+        self._stats = WorkerStats()
         self.beat_s = min(1.0, self.lease_ms / 4000.0)
         # claim request ids: unique per Worker object (two workers may share a name)
         self._claim_prefix = uuid.uuid4().hex[:8]
@@ -167,17 +172,36 @@ class WorkerMachine:
         return self._stop_requested() and \
             time.monotonic() - self._stopped_at > self.shutdown_timeout_s
 
-    def _room(self) -> Tuple[int, int]:
-        """``(free handler slots, jobs this worker may claim now)``. Started jobs may queue
-        for a slot only as long as the prefetch budget (~2 ms): held jobs beyond that stay
-        unstarted. The claim room is the capacity minus every job held, started or not."""
-        slots = max(self.concurrency + self._holding.ahead() - self._in_hand, 0)
-        room = self._holding.capacity() - len(self._running) - len(self._held)
-        return slots, max(room, 0)
+    # --- a many-queue Worker: one Worker per queue in a crew, led by this one ----------------
+    def _lead(self, crew: Any) -> None:
+        """Lead ``crew``: its members (one Worker per queue) work; this one runs them."""
+        self._members = crew.members
+        self.name, self.concurrency, self.order = crew.name, crew.concurrency, crew.order
 
-    def _waits_for_room(self, slots: int, room: int) -> bool:
-        """Neither a slot for a held job nor room to claim: wait for a change."""
-        return room <= 0 and not (slots and self._held)
+    @property
+    def members(self) -> List["WorkerMachine"]:
+        """The Worker of each queue: a many-queue Worker's members, else itself."""
+        return list(self._members) or [self]
+
+    @property
+    def queues(self) -> List[Any]:
+        """The queues this Worker serves, in its claim order."""
+        return [m.queue for m in self.members]
+
+    @property
+    def stats(self) -> WorkerStats:
+        """What this Worker did (over all its queues)."""
+        return WorkerStats.total(m._stats for m in self._members) if self._members \
+            else self._stats
+
+    @property
+    def stats_by_queue(self) -> Dict[str, WorkerStats]:
+        """What this Worker did, by queue name."""
+        return {m.queue.name: m._stats for m in self.members}
+
+    def _notify(self) -> None:
+        """A job ended or an outcome was written: wake the claim loop(s) (under ``_guard``)."""
+        self._crew.notify(self)
 
     def _idle(self) -> bool:
         with self._guard:
@@ -217,17 +241,21 @@ class WorkerMachine:
         """Turn until stopped, or (``until_idle``) until nothing is left; transient faults
         are waited out with backoff, permanent ones raised typed."""
         backoff = Backoff()
-        while not self._should_stop():
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"worker on {self.queue.name!r} not idle in time")
-            try:
-                if (yield from self._turn(until_idle, wait_scheduled)):
-                    return
-                backoff.reset()
-            except Exception as exc:  # noqa: BLE001 - sorted by wait_out
-                if isinstance(typed(exc), ConnectionFailed):
-                    self._connections_suspect()
-                yield from wait_out(exc, backoff, self._who)
+        self._crew.joined(self)
+        try:
+            while not self._should_stop():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"worker on {self.queue.name!r} not idle in time")
+                try:
+                    if (yield from self._turn(until_idle, wait_scheduled)):
+                        return
+                    backoff.reset()
+                except Exception as exc:  # noqa: BLE001 - sorted by wait_out
+                    if isinstance(typed(exc), ConnectionFailed):
+                        self._connections_suspect()
+                    yield from wait_out(exc, backoff, self._who)
+        finally:
+            self._crew.left(self)
 
     def _turn(self, until_idle: bool, wait_scheduled: bool) -> Logic:
         """One turn of the loop; True when ``until_idle`` is satisfied."""
@@ -297,7 +325,12 @@ class WorkerMachine:
         claim = calls.claim_call(self._keys, n, self.lease_ms, self.name, self._groups,
                                 f"{self._claim_prefix}:{self._claim_seq}")
         self._claiming = claim
-        return (yield from until_done(claim, "claim", self._who, self._stop_overdue))
+        reply = None
+        try:
+            reply = yield from until_done(claim, "claim", self._who, self._stop_overdue)
+            return reply
+        finally:
+            self._crew.claimed(self, reply)
 
     def _wait_for_work(self, until_idle: bool, now: int, status: int, next_due: int) -> Logic:
         """After an empty claim: wait until the beat, a run-at, a rate window's opening or
@@ -310,7 +343,14 @@ class WorkerMachine:
         # which would hold us a beat
         if until_idle and status == 1 and (yield WaitDrained(wait_ms / 1000)):
             return True
-        return (yield from self._block_on_marker(wait_ms))
+        if not self._crew.may_block(self):
+            return False
+        woken = True  # (an error: as before it waited)
+        try:
+            woken = yield from self._block_on_marker(wait_ms)
+        finally:
+            self._crew.woke(self, woken)
+        return woken
 
     def _block_on_marker(self, wait_ms: float) -> Logic:
         """Sleep on the wake marker until work is ready or ``wait_ms`` passes.
@@ -404,7 +444,7 @@ class WorkerMachine:
         now = time.monotonic()
         with self._guard:
             self._claiming = None
-            self.stats.claimed += len(pairs)
+            self._stats.claimed += len(pairs)
             for job_id, token in pairs:
                 self._held[job_id] = HeldLease(job_id, token, now)
             if pairs:
@@ -412,7 +452,15 @@ class WorkerMachine:
 
     def _start_held(self, slots: int) -> Logic:
         """Start up to ``slots`` held jobs, oldest first (a handler slot is free for each, so
-        each begins at once), in calls of at most ``START_CHUNK`` (bounded work per call)."""
+        each begins at once), in calls of at most ``START_CHUNK`` (bounded work per call).
+        The crew reserves the slots first (another queue's loop must not count them too)."""
+        reserved = slots = self._crew.reserve(self, slots)
+        try:
+            yield from self._start_reserved(slots)
+        finally:
+            self._crew.unreserve(self, reserved)
+
+    def _start_reserved(self, slots: int) -> Logic:
         while slots > 0 and self._held:
             with self._guard:
                 chunk = list(islice(self._held.values(), min(slots, calls.START_CHUNK)))
@@ -439,11 +487,9 @@ class WorkerMachine:
             yield from self._deps.load_results(started)  # job.dependency_results()
             self._hand_out(started)
 
-    # --- the beat, leases, releases ----------------------------------------------------
-
-    renew_on_beat = True
-
     # --- the beat -----------------------------------------------------------------------
+    renew_on_beat = True  # the asyncio driver's lease task renews them instead
+
     def _beat_if_due(self) -> Logic:
         """Once per ``beat_s``: renew leases, reap, promote, trim, pump schedules, release held
         jobs of a paused queue, hooks."""
@@ -566,7 +612,7 @@ class WorkerMachine:
         with self._guard:
             for (job_id, token, _), reply in zip(chunk, replies):
                 if reply == 1:
-                    self.stats.released += 1
+                    self._stats.released += 1
                 elif isinstance(reply, Exception):
                     log.warning("could not release %r (%r); the reaper will", job_id,
                                 reply)
@@ -643,7 +689,6 @@ class WorkerMachine:
         if isinstance(error, (PermissionDenied, VersionMismatch)) and self._fatal is None:
             self._fatal = error
             self.stop()
-
 
     # --- stopping running jobs (the rules: emqfast.worker.cancels) ---------------------
     def _setup_stops(self, job_timeout_ms: Optional[int], cancel_grace_ms: int) -> None:
@@ -787,7 +832,7 @@ class WorkerMachine:
                 log.warning("%s: could not end cancelled job %r (%r)", self._who, o.job.id,
                             reply, extra=log_context(o.job))
             else:
-                self.stats.cancelled += 1
+                self._stats.cancelled += 1
                 log.info("%s: job %r cancelled", self._who, o.job.id,
                          extra=log_context(o.job))
             out.append(reply)
@@ -797,47 +842,6 @@ class WorkerMachine:
 
 def _lease_id(lease: Lease) -> str:
     return lease.job_id if isinstance(lease, HeldLease) else lease.job.id
-
-
-class DependencyStep:
-    """The dependency step of one Worker (``machine``: its WorkerMachine). Its parts are
-    operations the Worker's driver runs; a failure is logged, never raised."""
-
-    def __init__(self, machine: Any):
-        self.machine = machine
-        self.busy = False  # the queue had dependents or outbox entries at the last look
-        self.cursor = 0    # where the next sweep of the dependents hash resumes
-
-    def settle(self) -> Logic:
-        """On the beat: settle the queue's dependencies (drain, repair, one sweep chunk)."""
-        yield from self._settle(repair=True)
-
-    def after_acks(self) -> Logic:
-        """After an ack batch: drain the outbox now if the queue has dependency links in
-        play (the repair of unsent links is left to the beat)."""
-        if self.busy:
-            yield from self._settle(repair=False)
-
-    def _settle(self, repair: bool) -> Logic:
-        try:
-            settled = yield from settle_op(self.machine.queue.keys, repair=repair,
-                                           cursor=self.cursor)
-        except EmqError as exc:  # never stop a worker over it: the next beat retries
-            log.warning("%s: dependency step failed (%s); next beat", self.machine.name, exc)
-            return
-        if isinstance(settled, Settled):
-            self.busy = settled.busy or bool(settled.told or settled.relinked)
-            self.cursor = settled.cursor
-
-    def load_results(self, started: Sequence[Tuple[Job, str]]) -> Logic:
-        """Fill ``dependency_results()`` of the started jobs that have dependencies."""
-        jobs: List[Job] = [job for job, _ in started if job.extra.get("d")]
-        if not jobs:
-            return
-        try:
-            yield from results_op(jobs)
-        except EmqError as exc:
-            log.warning("%s: dependency results not read (%s)", self.machine.name, exc)
 
 
 class Heartbeat:
@@ -851,8 +855,9 @@ class Heartbeat:
     def fields(self) -> Dict[str, Any]:
         """What the record says about the worker now."""
         m = self.machine
-        return {"host": self.host, "pid": os.getpid(), "queues": m.queue.name,
-                "concurrency": m.concurrency, "in_hand": len(m._running),
+        queues, concurrency, in_hand = m._crew.presence(m)  # a many-queue Worker's: all
+        return {"host": self.host, "pid": os.getpid(), "queues": queues,
+                "concurrency": concurrency, "in_hand": in_hand,
                 "kind": "asyncio" if getattr(m.queue, "is_async", False) else "thread"}
 
     def ttl_ms(self) -> int:
@@ -865,8 +870,7 @@ class Heartbeat:
 
     def sign_off_op(self) -> Returns[Any]:
         """The worker stopped: its record goes now (it would linger until it expires)."""
-        m = self.machine
-        keys = m.queue.keys
+        m, keys = self.machine, self.machine.queue.keys
         return (yield Batch([Cmd.of("DEL", keys.worker_record(m.name)),
                              Cmd.of("ZREM", keys.workers, m.name)]))
 
@@ -879,21 +883,18 @@ class Heartbeat:
 
     def sign_off(self) -> Any:
         """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""
-        return self._run(self.sign_off_op(), "removed")
-
-    def _run(self, op: Any, what: str) -> Any:
         queue = self.machine.queue
         if getattr(queue, "is_async", False):
-            return self._run_async(op, what)
+            return self._sign_off_async()
         try:
-            return queue._drive(op)
+            return queue._drive(self.sign_off_op())
         except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
+            log.warning("heartbeat of %s not removed: %s", self.machine.name, exc)
             return None
 
-    async def _run_async(self, op: Any, what: str) -> Any:
+    async def _sign_off_async(self) -> Any:
         try:
-            return await self.machine.queue._drive(op)
+            return await self.machine.queue._drive(self.sign_off_op())
         except EmqError as exc:
-            log.warning("heartbeat of %s not %s: %s", self.machine.name, what, exc)
+            log.warning("heartbeat of %s not removed: %s", self.machine.name, exc)
             return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 import logging
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Type, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Type, Union
 
 from emqfast.core import codec
 from emqfast.core.errors import (InputTypeError, LeaseLost, PayloadError, QueueKeysGone,
@@ -30,6 +30,15 @@ class WorkerStats:
     lease_lost: int = 0
     released: int = 0
     cancelled: int = 0  # runs stopped by q.cancel and ended as cancelled (never retried)
+
+    @classmethod
+    def total(cls, parts: Iterable["WorkerStats"]) -> "WorkerStats":
+        """The sum of ``parts`` (a many-queue Worker's: over its queues)."""
+        out = cls()
+        for part in parts:
+            for field in vars(out):
+                setattr(out, field, getattr(out, field) + getattr(part, field))
+        return out
 
 
 class Done(NamedTuple):

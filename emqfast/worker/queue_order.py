@@ -1,6 +1,6 @@
 """Which of a worker's queues may claim now: strict priority or weighted turns.
 
-A worker serving several queues (:mod:`emqfast.worker.many`) runs one claim loop per
+A worker serving several queues (:mod:`emqfast.worker.crew`) runs one claim loop per
 queue; before a loop claims, it asks :class:`QueueOrder` (no I/O, no clock: the caller
 holds the worker's lock). A queue is **ready** while its loop is not waiting on its wake
 marker: from the start (and after every wake-up) until a claim comes back empty (nothing
@@ -16,7 +16,7 @@ claim, not by a read of Redis.
 - ``weighted`` (Sidekiq's): each claim round is granted to one ready queue drawn at random
   in proportion to its weight (a seeded :class:`random.Random` makes it repeatable); the
   grant ends when that queue's claim returns, and the next round draws again. A round
-  claims at most ``concurrency`` jobs (:mod:`emqfast.worker.many`), so the split per job
+  claims at most ``concurrency`` jobs (:mod:`emqfast.worker.crew`), so the split per job
   follows the weights even where fast handlers would let the prefetch take hundreds.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ owns the threads, read top to bottom:
   tasks drain it, each handing every outcome to the acker the moment its handler returns.
   Slot accounting takes no lock per job: ``_in_hand`` is the jobs handed out less the runs
   each slot ended (one writer per item of ``_ended``); a slot takes the lock only to wake a
-  claim loop that waits for one (``_awaiting_slot``);
+  claim loop that waits for one (``_awaiting``);
 - the acker thread writes outcomes in batches through the live backend's Batcher (hiredis
   under C); while more outcomes are coming it lets them gather for up to ``GATHER_S``, so a
   busy drain writes dozens per round trip while a lone job's outcome is written at once;
@@ -35,7 +35,8 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union,
+                    cast)
 
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
@@ -47,13 +48,14 @@ from emqfast.worker import signals
 from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines,
                                     timeout_ms_of)
+from emqfast.worker.crew_threads import ThreadCrew
 from emqfast.worker.machine import WorkerMachine
-from emqfast.worker.many_runs import serve_many
+from emqfast.worker.many_shared import MemberMarkers, gated
 from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
                                      check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
 from emqfast.worker.resend import Backoff, typed
-from emqfast.worker.leases import RunningJob
+from emqfast.worker.leases import SOLO, RunningJob, Solo
 from emqfast.worker.outcomes import WorkerStats
 from emqfast.worker.wake import MarkerWaiter
 
@@ -119,8 +121,7 @@ class Worker(WorkerMachine):
     returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
     """
 
-    _listener_class: Any = None  # CancelListener, TimeoutTimer (set below: defined later)
-    _timer_class: Any = None
+    _led: Optional[ThreadCrew] = None  # a many-queue Worker's crew (see __init__)
     _ready: "deque[Tuple[Job, str]]"  # started, waiting for a handler thread
     _listener: Optional["CancelListener"]
     _timer: Optional["TimeoutTimer"]
@@ -129,18 +130,11 @@ class Worker(WorkerMachine):
     _acks: "queue_mod.SimpleQueue[Optional[Outcome]]"
     _ack_batcher: Any
     _drainers: int
-    _awaiting_slot: bool
+    _awaiting: "set[int]"
     _ended: List[int]
     _free_slots: List[int]
     _handed: int
     _run_hooks: "ThreadRunHooks"
-
-    def __new__(cls, queue: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """``Worker([q_high, q_low], handler, order="strict"|"weighted", weights=[...])``: a
-        worker serving several queues (:mod:`emqfast.worker.many`); one queue: this class."""
-        if isinstance(queue, (list, tuple)):
-            return serve_many(cls, queue, *args, **kwargs)
-        return super().__new__(cls)
 
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
                  concurrency: int = 8,
@@ -152,17 +146,36 @@ class Worker(WorkerMachine):
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
                  order: str = "strict", weights: Optional[Sequence[int]] = None):
-        # a list of queues never gets here: __new__ makes the many-queue
-        # worker (emqfast.worker.many, order/weights: emqfast.worker.queue_order) instead
+        options: Dict[str, Any] = dict(concurrency=concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
+                       batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
+                       keep_failed=keep_failed, max_age_ms=max_age_ms,
+                       shutdown_timeout_s=shutdown_timeout_s, name=name,
+                       allow_eviction=allow_eviction, job_timeout_ms=job_timeout_ms,
+                       cancel_grace_ms=cancel_grace_ms)
+        if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
+            cls = type(self)
+            self._led = ThreadCrew(lambda q, crew: cls._member(q, handler, crew, options),
+                                  queue, order=order, weights=weights, name=name)
+            self._lead(self._led)
+            return
+        self._init_queue(cast(Queue, queue), handler, SOLO, **options)
+
+    @classmethod
+    def _member(cls, queue: Queue, handler: Handler, crew: Solo,
+                options: Dict[str, Any]) -> "Worker":
+        """The Worker of one queue of a many-queue Worker (``crew``: what they share)."""
+        member = cls.__new__(cls)
+        member._init_queue(queue, handler, crew, **options)
+        return member
+
+    def _init_queue(self, queue: Queue, handler: Handler, crew: Solo, *,
+                    job_timeout_ms: Optional[int], cancel_grace_ms: int,
+                    **options: Any) -> None:
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
         refuse_async_handler(handler)
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
-        self._setup(queue, handler, concurrency=concurrency, lease_ms=lease_ms,
-                    max_stalled=max_stalled, batch_size=batch_size, batch_floor=DEFAULT_BATCH,
-                    keep_completed=keep_completed, keep_failed=keep_failed,
-                    max_age_ms=max_age_ms, shutdown_timeout_s=shutdown_timeout_s, name=name,
-                    allow_eviction=allow_eviction, prefetch=prefetch)
+        self._setup(queue, handler, batch_floor=DEFAULT_BATCH, crew=crew, **options)
         self._setup_slots()
         self._lock = threading.Condition()
         self._guard = self._lock
@@ -181,6 +194,8 @@ class Worker(WorkerMachine):
         docstring for handlers still running after ``shutdown_timeout_s``). Raises
         :class:`~emqfast.errors.PermissionDenied` when Redis refuses the worker's commands
         for good, :class:`~emqfast.errors.EvictionRisk` on an evicting server."""
+        if self._led is not None:  # every queue, a thread each (see ThreadCrew)
+            return self._led.run()
         restore = signals.install(self.stop, self.name, worker=self)  # 2nd: force quit
         try:
             self._serve(until_idle=False, deadline=None, wait_scheduled=False)
@@ -197,6 +212,8 @@ class Worker(WorkerMachine):
         lease ends); with ``wait_active`` it waits for them too, and runs those whose
         worker died once their lease lapses (the beat reaps them). Raises
         ``TimeoutError`` if that takes longer than ``timeout_s``."""
+        if self._led is not None:  # until every queue is idle at once (see ThreadCrew)
+            return self._led.run_until_idle(timeout_s, wait_scheduled, wait_active)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wait_active = wait_active
         try:
@@ -209,6 +226,9 @@ class Worker(WorkerMachine):
         """Stop claiming; :meth:`run` returns once claimed jobs are released or finished
         (a running handler is never released: it may still finish). A stop requested
         before :meth:`run` starts is honoured by it (run returns at once)."""
+        if self._led is not None:
+            self._led.stop()
+            return
         self._stopped_at = time.monotonic()
         # outcomes of a stopping worker are re-sent within its bound, then left to the
         # reaper: a partition cannot hold the exit (see _shutdown)
@@ -221,19 +241,28 @@ class Worker(WorkerMachine):
             self._lock.notify_all()
 
     def _serve(self, until_idle: bool, deadline: Optional[float], wait_scheduled: bool) -> None:
-        self._check_server()
-        # _stop is NOT cleared here: a stop() requested before run() is honoured
-        self._fatal = None
-        if not self._stop.is_set():
-            self._ack_until = None
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
-        self._acker = threading.Thread(target=self._ack_loop, name="emq-acker", daemon=True)
-        self._acker.start()
-        self._start_listening()
+        shared = self._crew.shared()  # a many-queue Worker's one marker wait, if any
+        if shared is not None:
+            shared.markers.open()
+            self._waiter = MemberMarkers(shared.markers, self._keys.marker)
         try:
-            self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
+            self._check_server()
+            # _stop is NOT cleared here: a stop() requested before run() is honoured
+            self._fatal = None
+            if not self._stop.is_set():
+                self._ack_until = None
+            self._pool = self._crew.handler_pool(self)
+            self._acker = threading.Thread(target=self._ack_loop, name="emq-acker",
+                                           daemon=True)
+            self._acker.start()
+            self._start_listening()
+            try:
+                self._drive(self._serve_loop(until_idle, deadline, wait_scheduled))
+            finally:
+                self._shutdown()
         finally:
-            self._shutdown()
+            if shared is not None:
+                shared.markers.close()
         self._raise_fatal()
 
     def _connections_suspect(self) -> None:
@@ -250,14 +279,21 @@ class Worker(WorkerMachine):
                 pass
 
     def _check_server(self) -> None:
-        """Refuse a server that may evict jobs (unless ``allow_eviction``)."""
+        """Refuse a server that may evict jobs (unless ``allow_eviction``); a many-queue
+        Worker's queues on one client check it once for all."""
         if not self.allow_eviction:
-            self._refuse_eviction(eviction.check(self._redis))
+            shared = self._crew.shared()
+            self._refuse_eviction(eviction.check(self._redis) if shared is None
+                                  else shared.eviction(self._redis))
 
     # --- performing the machine's requests -------------------------------------------
     def _drive(self, logic: Logic) -> Any:
         """Run a piece of the machine's logic: Redis requests over the Worker's client (bulk
-        ones through the live backend's Batcher), waits by :meth:`perform`."""
+        ones through the live backend's Batcher), waits by :meth:`perform`. A many-queue
+        Worker's queues on one client pass their requests through its gate."""
+        shared = self._crew.shared()
+        if shared is not None:
+            logic = gated(logic, shared.gate)
         return run(self._redis, logic, batcher=self._batcher, waits=self)
 
     def _batcher(self) -> Any:
@@ -271,7 +307,7 @@ class Worker(WorkerMachine):
     def _stop_requested(self) -> bool:
         return self._stop.is_set()
 
-    def _notify(self) -> None:
+    def _wake(self) -> None:
         self._lock.notify_all()
 
     def _do_sleep(self, effect: Sleep) -> None:
@@ -283,18 +319,20 @@ class Worker(WorkerMachine):
     def _do_wait_for_room(self, effect: WaitForRoom) -> Tuple[int, int]:
         """``(free handler slots, jobs this worker may claim)``: the claim room is its
         capacity minus the jobs it holds (started or not). With neither a slot for a held
-        job nor room to claim, wait for a handler to return or an outcome to be written."""
+        job nor room to claim, wait for a handler to return or an outcome to be written.
+        The crew answers for a many-queue Worker: its queues share the slots."""
+        crew = self._crew
         with self._lock:
             # set before the slots are read: a handler ending after that read sees it and
             # notifies (under the lock, so only once this waits)
-            self._awaiting_slot = True
+            self._awaiting.add(self._index)
             try:
-                slots, room = self._room()
-                if self._waits_for_room(slots, room):
+                slots, room = crew.room(self)
+                if crew.waits_for_room(self, slots, room):
                     self._lock.wait(effect.seconds)
-                    slots, room = self._room()
+                    slots, room = crew.room(self)
             finally:
-                self._awaiting_slot = False
+                self._awaiting.discard(self._index)
             return slots, room
 
     def _do_wait_drained(self, effect: WaitDrained) -> bool:
@@ -416,7 +454,8 @@ class Worker(WorkerMachine):
         self._ready = deque()  # claimed, waiting for a handler thread
         self._run_hooks = ThreadRunHooks(self)  # each running job's Job._run
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
-        self._awaiting_slot = False  # the claim loop waits for a handler to return
+        # whose claim loop waits for a handler to return (a crew's: any of its queues')
+        self._awaiting: "set[int]" = set()
         self._ended = [0] * self.concurrency
         self._free_slots = list(range(self.concurrency))  # slot indexes of no drainer
 
@@ -489,7 +528,7 @@ class Worker(WorkerMachine):
             if outcome is not None:
                 ack(outcome)  # at once: the next handler may run for hours
             ends[slot] += 1  # a handler slot is free: the claim loop may start a held job
-            if self._awaiting_slot:
+            if self._awaiting:
                 with lock:
                     lock.notify_all()
             observe(ended - started)
@@ -605,6 +644,10 @@ class Worker(WorkerMachine):
     def _start_listening(self) -> None:
         """At the start of a run: the timer, and the listener thread subscribing."""
         self._timer = TimeoutTimer(self._on_due)
+        shared = self._crew.shared()
+        if shared is not None:  # a many-queue Worker's one listener of every queue
+            self._listener = shared.listener_open(CancelListener)
+            return
         self._listener = CancelListener(self._redis,
                                         {c: self._on_cancel for c in self._cancel_channels()},
                                         lambda: self._drive(self._recheck_cancels()),
@@ -614,7 +657,10 @@ class Worker(WorkerMachine):
     def _stop_listening(self) -> None:
         """At the end of a run, once no handler of ours is left to stop."""
         listener, self._listener = self._listener, None
-        if listener is not None:
+        shared = self._crew.shared()
+        if shared is not None:
+            shared.listener_close()  # the last queue's closes it
+        elif listener is not None:
             listener.close()
         timer, self._timer = self._timer, None
         if timer is not None:
@@ -805,5 +851,3 @@ class TimeoutTimer:
                 except Exception:  # noqa: BLE001 - one job's stop must not end the timer
                     log.exception("stopping timed-out job %r failed", job_id)
 
-
-Worker._listener_class, Worker._timer_class = CancelListener, TimeoutTimer
