@@ -284,6 +284,20 @@ class Worker(WorkerMachine):
                 await shared.markers.close()
         self._raise_fatal()
 
+    def _connections_suspect(self) -> None:
+        """A call met a lost connection: the client's idle pooled connections are dropped
+        (a half-open blip silenced them with it; each would wait out its own deadline)."""
+        pool = getattr(self._redis, "connection_pool", None)
+        if pool is not None and hasattr(pool, "disconnect"):
+            tasks.spawn(self._drop_idle(pool), name="emq-drop-idle")
+
+    @staticmethod
+    async def _drop_idle(pool: Any) -> None:
+        try:
+            await pool.disconnect(inuse_connections=False)
+        except Exception:  # noqa: BLE001 - best effort: a dead one still has a deadline
+            pass
+
     async def _check_server(self) -> None:
         """Refuse a server that may evict jobs (unless ``allow_eviction``); a many-queue
         Worker's queues on one client check it once for all."""

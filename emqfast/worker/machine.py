@@ -31,8 +31,7 @@ import uuid
 from itertools import islice
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-from emqfast.core.errors import (ConnectionFailed, EmqError, EvictionRisk, PermissionDenied,
-                                 VersionMismatch)
+from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
                               WaitForRoom)
 from emqfast.core.validation import check_int
@@ -251,9 +250,7 @@ class WorkerMachine:
                         return
                     backoff.reset()
                 except Exception as exc:  # noqa: BLE001 - sorted by wait_out
-                    if isinstance(typed(exc), ConnectionFailed):
-                        self._connections_suspect()
-                    yield from wait_out(exc, backoff, self._who)
+                    yield from wait_out(exc, backoff, self._who, self._connections_suspect)
         finally:
             self._crew.left(self)
 
@@ -327,7 +324,8 @@ class WorkerMachine:
         self._claiming = claim
         reply = None
         try:
-            reply = yield from until_done(claim, "claim", self._who, self._stop_overdue)
+            reply = yield from until_done(claim, "claim", self._who, self._stop_overdue,
+                                          self._connections_suspect)
             return reply
         finally:
             self._crew.claimed(self, reply)
@@ -431,7 +429,7 @@ class WorkerMachine:
         for at in range(0, len(pairs), calls.START_CHUNK):
             chunk = pairs[at:at + calls.START_CHUNK]
             rows = yield from until_done(calls.start_call(self._keys, chunk), "start",
-                                         self._who, give_up)
+                                         self._who, give_up, self._connections_suspect)
             if rows is not None:  # a job whose lease is gone has an empty row: not ours
                 held += [(job.id, token, job_group(job))
                          for job, token in calls.started_jobs(self._rows, chunk, rows)]
@@ -477,7 +475,8 @@ class WorkerMachine:
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
         start = calls.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
-        rows = yield from until_done(start, "start", self._who, self._stop_overdue)
+        rows = yield from until_done(start, "start", self._who, self._stop_overdue,
+                                     self._connections_suspect)
         if rows is None:  # stopping and Redis still unreachable: the leases will expire
             log.warning("%s: could not start %d claimed jobs before stopping; the reaper "
                         "will hand them back", self._who, len(pairs))
@@ -636,7 +635,8 @@ class WorkerMachine:
         """Write a batch of outcomes, count and forget them; the replies (for the run
         times). A stopping worker re-sends until ``_ack_until`` only."""
         plan = AckPlan(self._keys, batch)
-        replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until)))
+        replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until,
+                                                        self._connections_suspect)))
         gone = tally(self.stats, batch, replies, plan.retrying)
         if gone:
             self._say_keys_gone(str(gone[0]), len(gone))

@@ -15,7 +15,8 @@ import logging
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
-from emqfast.core.errors import EmqError, PartialBatch, PermissionDenied, is_transient, translate
+from emqfast.core.errors import (ConnectionFailed, EmqError, PartialBatch, PermissionDenied,
+                                 is_transient, translate)
 from emqfast.core.ops import Batch, Logic, Sleep
 
 log = logging.getLogger("emqfast.worker")
@@ -77,11 +78,23 @@ def never() -> bool:
     return False
 
 
-def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = never) -> Logic:
+def nothing() -> None:
+    pass
+
+
+def _lost(exc: BaseException, lost: Callable[[], None]) -> None:
+    """A lost connection makes the caller's other connections suspect: a half-open blip
+    silences them all at once, and each would wait out a read deadline of its own."""
+    if isinstance(typed(exc), ConnectionFailed):
+        lost()
+
+
+def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = never,
+               lost: Callable[[], None] = nothing) -> Logic:
     """Send a call that is safe to re-send, re-sending it after transient faults (a lost
     reply included: the same call again returns what the first send did) until it gets a
     reply or ``give_up()``: None then. Permanent errors are raised. ``who`` names the
-    worker in log lines."""
+    worker in log lines; ``lost()`` runs when a connection was lost."""
     backoff = Backoff()
     while True:
         try:
@@ -89,6 +102,7 @@ def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = nev
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc):
                 raise
+            _lost(exc, lost)
             if give_up():
                 return None
             wait = backoff()
@@ -97,13 +111,15 @@ def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = nev
             yield Sleep(wait)
 
 
-def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None) -> Logic:
+def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None,
+                 lost: Callable[[], None] = nothing) -> Logic:
     """Every call's reply, re-sending (with backoff) the calls a transient fault kept from
     landing (a lost connection or reply, LOADING after a restart, BUSY, a failover, OOM)
     until Redis takes them: an outcome is never dropped while it can still be written.
     complete.lua and fail.lua are idempotent by token, so a re-sent call whose first send
     ran reports success. Permanent errors are raised, and so is the fault when the next
-    try would pass ``until`` (monotonic s; a stopping worker's bound)."""
+    try would pass ``until`` (monotonic s; a stopping worker's bound). ``lost()`` runs when
+    a connection was lost."""
     replies: List[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     backoff = Backoff()
@@ -117,6 +133,7 @@ def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None) 
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc):
                 raise
+            _lost(exc, lost)
             fault = exc
         if not todo:
             return replies
@@ -142,11 +159,13 @@ def pipeline_until(calls: Sequence[Any], until: float, what: str) -> Logic:
             yield Sleep(backoff())
 
 
-def wait_out(exc: BaseException, backoff: Backoff, who: str) -> Logic:
+def wait_out(exc: BaseException, backoff: Backoff, who: str,
+             lost: Callable[[], None] = nothing) -> Logic:
     """After a failed turn of the claim loop: wait a transient fault out (a stop ends the
     wait), raise anything else typed (PermissionDenied stops the worker)."""
     if not transient(exc):
         raise_typed(exc)
+    _lost(exc, lost)
     wait = backoff()
     log.warning("%s: redis unavailable (%s); retrying in %.2fs", who,
                 type(typed(exc)).__name__, wait)
