@@ -8,17 +8,32 @@ swap the driver (each method returns a coroutine here) and what asyncio needs be
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, Literal, Optional
 
 from emqfast.facade import promote as bulk  # promote_many
 from emqfast.facade.events import Event, Waits, block_chunk_ms, check_position
+from emqfast.facade.groups import Groups as _SyncGroups
 from emqfast.facade.leaderboard import Leaderboard as _SyncLeaderboard
 from emqfast.core.ops import Op
 from emqfast.backends.drive import run_async
 from emqfast.facade.queue import Queue as _SyncQueue
+from emqfast.facade.schedules import Schedules as _SyncSchedules
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
 from emqfast.aio.job_wait import AioQueueWaiting
+
+
+class Schedules(_SyncSchedules):
+    """:class:`emqfast.facade.schedules.Schedules` of an asyncio queue: each method is
+    awaited (``await q.schedules.list()``)."""
+
+    is_async: Literal[True] = True
+
+
+class Groups(_SyncGroups):
+    """:class:`emqfast.facade.groups.Groups` of an asyncio queue: each method is awaited."""
+
+    is_async: Literal[True] = True
 
 
 class Queue(AioQueueWaiting, _SyncQueue):
@@ -49,6 +64,22 @@ class Queue(AioQueueWaiting, _SyncQueue):
 
     def _drive(self, op: Op) -> Any:
         return self._run(op)
+
+    @property
+    def schedules(self) -> Schedules:
+        """Repeatable schedules of this queue, awaited (see :mod:`emqfast.facade.schedules`)."""
+        parts = self._schedules
+        if not isinstance(parts, Schedules):
+            parts = self._schedules = Schedules(self)
+        return parts
+
+    @property
+    def groups(self) -> Groups:
+        """Group lanes of this queue, awaited (see :mod:`emqfast.facade.groups`)."""
+        parts = self._groups
+        if not isinstance(parts, Groups):
+            parts = self._groups = Groups(self)
+        return parts
 
     async def _run(self, op: Op) -> Any:
         # the client is picked once running: a coroutine made outside its loop still works

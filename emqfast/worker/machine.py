@@ -183,7 +183,7 @@ class WorkerMachine:
         return list(self._members) or [self]
 
     @property
-    def queues(self) -> List[Any]:
+    def queues(self) -> List[Queue]:
         """The queues this Worker serves, in its claim order."""
         return [m.queue for m in self.members]
 
