@@ -185,9 +185,10 @@ class Worker(WorkerMachine):
     async def run_until_idle(self, timeout_s: Optional[float] = 60.0,
                              wait_scheduled: bool = False,
                              wait_active: bool = False) -> WorkerStats:
-        """Process jobs until nothing is pending, running or due (``wait_active``: nor
-        active under other workers' leases; see the sync Worker); ``TimeoutError`` after
-        ``timeout_s``."""
+        """Process jobs until nothing is pending, running or due; what it leaves (jobs
+        scheduled for later, retries in their backoff included: ``wait_scheduled``; jobs
+        active under other workers' leases: ``wait_active``) is logged, as by
+        :meth:`emqfast.Worker.run_until_idle`. ``TimeoutError`` after ``timeout_s``."""
         if self._led is not None:  # until every queue is idle at once (see AioCrew)
             return await self._led.run_until_idle(timeout_s, wait_scheduled, wait_active)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -80,20 +80,17 @@ class WorkerMachine:
         raise NotImplementedError
 
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
-        """Run the handlers of the started ``(job, token)`` pairs: each becomes a running
-        job, and ``_stop_early(started)`` stops those cancelled while held before any of
-        their handlers can begin (a handler never gets a job cancelled before it)."""
+        """Run the handlers of the started ``(job, token)`` pairs (running jobs now);
+        ``_stop_early(started)`` stops those cancelled while held: no handler sees them."""
         raise NotImplementedError
 
     def _take_held(self, peek: bool = False) -> List[Held]:
-        """``(id, token, group)`` of started jobs whose handler has not begun, taken back
-        (``peek``: left where they are)."""
+        """``(id, token, group)`` of started jobs no handler has begun (``peek``: kept)."""
         raise NotImplementedError
 
     def _connections_suspect(self) -> None:
-        """A connection failed or went silent (a half-open blip silences every connection
-        at once): the driver drops the idle ones it keeps, so the next write dials anew
-        instead of waiting out its own read deadline on a dead one."""
+        """A connection was lost (a half-open blip silences all at once): the driver drops
+        the idle ones it keeps, so none waits out a read deadline of its own."""
 
     def _stopped(self, run: Optional[RunningJob]) -> None:
         """A run was asked to stop (None: nothing ran): cancel its task or let its thread
@@ -161,7 +158,6 @@ class WorkerMachine:
         self.beat_hooks: List[Callable[[], Any]] = []
         self._wait_active = False  # run_until_idle(wait_active=True)
 
-    # --- state ----------------------------------------------------------------------------
     def _should_stop(self) -> bool:
         """The claim loop ends (the asyncio driver adds a cancelled run())."""
         return self._stop_requested()
@@ -291,20 +287,25 @@ class WorkerMachine:
         if promoted:
             return False
         if idle_before_claim and calls.idle(until_idle, wait_scheduled, status, next_due, now):
-            if not (yield from self._wait_for_others(now)):
+            if not (yield from self._wait_for_others(now, next_due)):
                 return True
         yield from self._wait_for_work(until_idle, now, status, next_due)
         return False
 
-    def _wait_for_others(self, now: int) -> Logic:
-        """Idle here, but jobs may be active under other workers' leases (a worker that
-        died leaves its jobs there until their leases lapse and the reaper, on the beat,
-        hands them back). True: wait for them (``wait_active``); else log what is left."""
+    def _wait_for_others(self, now: int, next_due: int) -> Logic:
+        """Idle here, but jobs may be active under other workers' leases (True: wait for
+        them, ``wait_active``; a dead worker's are reaped on the beat) or scheduled for later
+        (retries in their backoff: ``wait_scheduled`` waits). What is left is logged."""
         active = yield Cmd.of("ZCARD", self._keys.active)
+        if active and self._wait_active:
+            return True
+        if next_due != -1:  # a retry due within a minute is worth a warning
+            log.log(logging.WARNING if next_due - now < 60_000 else logging.INFO,
+                    "%s: queue %r is idle here; leaving its scheduled jobs (retries waiting "
+                    "out their backoff, jobs due later; the next in %.1f s): wait_scheduled="
+                    "True waits for them", self._who, self.queue.name, (next_due - now) / 1000)
         if not active:
             return False
-        if self._wait_active:
-            return True
         head = yield Cmd.of("ZRANGE", self._keys.active, 0, 0, "WITHSCORES", withscores=True)
         ends_in = max((head[0][1] - now) / 1000, 0.0) if head else 0.0
         log.info("%s: queue %r is idle here; leaving %d job(s) active under other workers' "
@@ -545,7 +546,7 @@ class WorkerMachine:
                 continue
             # a lease lost with its job's hash is a job gone with its queue's keys (a
             # server emptied, obliterate): said once, not once per job
-            there = yield Batch([Cmd.of("EXISTS", self._keys.job(_lease_id(r))) for r in lost])
+            there = yield Batch([Cmd.of("EXISTS", self._keys.job(r.job_id)) for r in lost])
             vanished = sum(1 for e in there if not e)
             if vanished:
                 self._say_keys_gone(f"{vanished} leased job(s) vanished with their hashes",
@@ -838,10 +839,6 @@ class WorkerMachine:
             out.append(reply)
         self._forget(ended)
         return out
-
-
-def _lease_id(lease: Lease) -> str:
-    return lease.job_id if isinstance(lease, HeldLease) else lease.job.id
 
 
 class Heartbeat:

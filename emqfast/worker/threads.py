@@ -206,12 +206,18 @@ class Worker(WorkerMachine):
 
     def run_until_idle(self, timeout_s: Optional[float] = 60.0,
                        wait_scheduled: bool = False, wait_active: bool = False) -> WorkerStats:
-        """Process jobs until nothing is pending, running or due (with
-        ``wait_scheduled``, until no delayed job is left either). Jobs still active under
-        other workers' leases are left to them (logged at INFO with when the earliest
-        lease ends); with ``wait_active`` it waits for them too, and runs those whose
-        worker died once their lease lapses (the beat reaps them). Raises
-        ``TimeoutError`` if that takes longer than ``timeout_s``."""
+        """Process jobs until nothing is pending, running or due, and return what this
+        Worker did. What it leaves is logged:
+
+        - jobs scheduled for later, **retries waiting out their backoff included** (a
+          warning when the next is due within a minute): ``wait_scheduled=True`` waits
+          for them too, running each as it comes due (a job due next year then holds it
+          until ``timeout_s``);
+        - jobs active under other workers' leases (INFO, with when the earliest lease
+          ends): ``wait_active=True`` waits for them, and runs those whose worker died
+          once their lease lapses (the beat reaps them).
+
+        Raises ``TimeoutError`` if it takes longer than ``timeout_s``."""
         if self._led is not None:  # until every queue is idle at once (see ThreadCrew)
             return self._led.run_until_idle(timeout_s, wait_scheduled, wait_active)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
