@@ -351,7 +351,9 @@ def test_slow_job_does_not_drift_the_cadence(r, qname, backend):
 # --- missed runs ------------------------------------------------------------------------
 def test_missed_runs_skip_runs_once_then_realigns(r, qname, backend):
     q = Queue(qname, r)
-    every = 1_000
+    # a cadence far longer than the test takes on a loaded machine: the last pump must not
+    # find the next slot due already
+    every = 60_000
     start = now_ms(q) - 10 * every - 500  # 11 slots missed
     q.schedules.upsert("digest", every_ms=every, start_at_ms=start)  # missed="skip"
     before = now_ms(q)
@@ -368,7 +370,7 @@ def test_missed_runs_skip_runs_once_then_realigns(r, qname, backend):
 
 def test_missed_runs_catch_up_mints_every_missed_occurrence(r, qname, backend):
     q = Queue(qname, r)
-    every = 1_000
+    every = 60_000  # longer than the test takes under load: no 12th slot comes due
     start = now_ms(q) - 10 * every - 500
     q.schedules.upsert("billing", every_ms=every, start_at_ms=start, missed="catch_up")
     assert q.schedules.pump() == 11
@@ -380,7 +382,7 @@ def test_missed_runs_catch_up_mints_every_missed_occurrence(r, qname, backend):
 
 def test_missed_runs_catch_up_is_bounded_to_the_most_recent(r, qname, backend):
     q = Queue(qname, r)
-    every = 1_000
+    every = 60_000
     start = now_ms(q) - 10 * every - 500
     q.schedules.upsert("b", every_ms=every, start_at_ms=start, missed="catch_up",
                        catch_up_limit=4)
