@@ -33,8 +33,9 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 @url_option
 @click.argument("queue")
 @click.argument("job_id", required=False)
-@click.option("--state", "states", multiple=True, type=click.Choice(STATES),
-              help="Only jobs in this state (repeatable). Default: every state.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
+              help=f"Only jobs in this state (repeatable): {', '.join(STATES)}. "
+                   "Default: every state.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1),
               help="At most this many jobs per state.")
 @click.option("--json", "as_json", is_flag=True,
@@ -129,7 +130,7 @@ def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
         err_console.print(styled(f"{ref.id} already exists in {queue}: nothing written"))
 
 
-@click.command()
+@click.command(short_help="Send failed jobs back to pending with fresh attempts.")
 @url_option
 @click.argument("queue")
 @click.argument("job_id", required=False)
@@ -178,7 +179,7 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
     return retried, skipped
 
 
-@click.command()
+@click.command(short_help="Cancel a job (a running one: its worker stops it).")
 @url_option
 @click.argument("queue")
 @click.argument("job_id")

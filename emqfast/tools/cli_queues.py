@@ -50,7 +50,7 @@ def _stats_view(state: State, queue: Optional[str]) -> Any:
     return Group(*parts)
 
 
-@click.command()
+@click.command(short_help="Counts per state, next due job, schedules: per queue.")
 @url_option
 @click.argument("queue", required=False)
 @click.option("--watch", is_flag=True,
@@ -129,7 +129,8 @@ def schedules_table(q: Queue, now_ms: int) -> Table:
     return table
 
 
-@click.group(invoke_without_command=True, subcommand_metavar="[remove NAME]")
+@click.group(invoke_without_command=True, subcommand_metavar="[remove NAME]",
+             short_help="List the schedules of QUEUE, or remove one.")
 @url_option
 @click.argument("queue")
 @click.pass_context
@@ -158,7 +159,7 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
         console.print(styled(f"no schedule {name} in {queue}: nothing removed"))
 
 
-@click.command()
+@click.command(short_help="Prometheus text metrics (printed, or served: --serve).")
 @url_option
 @click.argument("queues", nargs=-1)
 @click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
