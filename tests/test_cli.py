@@ -293,8 +293,9 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
     assert cells(stats.stdout, qname)[12] == "3"  # schedules (after the state columns)
     assert cells(stats.stdout, "tokyo-report")[2] == "Asia/Tokyo"
 
-    empty = emq("--url", redis_url, "schedules", qname + "-none")
-    assert empty.returncode == 0 and "no schedules" in empty.stdout
+    empty = emq("--url", redis_url, "schedules", qname + "-none")  # no such queue
+    assert empty.returncode == 1 and f"no queue {qname}-none" in empty.stderr
+    assert f"did you mean {qname}" in empty.stderr
 
 
 # --- issue 20: clear errors ---------------------------------------------------------
@@ -520,8 +521,8 @@ def test_schedules_remove_says_whether_it_existed(redis_url, qname, r):
     out = emq("--url", redis_url, "schedules", qname, "remove", "digest")
     assert out.returncode == 0 and "removed schedule digest" in out.stdout, out.stderr
     assert [s.name for s in q.schedules.list()] == ["reminder"]
-    again = emq("--url", redis_url, "schedules", qname, "remove", "digest")
-    assert again.returncode == 0 and "no schedule digest" in again.stdout, again.stderr
+    again = emq("--url", redis_url, "schedules", qname, "remove", "digest")  # like cancel
+    assert again.returncode == 1 and "no schedule digest" in again.stderr, again.stderr
     listed = emq("--url", redis_url, "schedules", qname)  # listing is unchanged
     assert listed.returncode == 0 and "reminder" in listed.stdout and "digest" not in listed.stdout
 

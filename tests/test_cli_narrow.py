@@ -51,6 +51,33 @@ def _every_id(q: Queue) -> list:
     return [i for state in ("scheduled", "pending", "failed") for i in q.job_ids(state)]
 
 
+# --- a queue that does not exist --------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("stats", "{typo}"), ("jobs", "{typo}"),
+                                  ("jobs", "{typo}", "--json"), ("schedules", "{typo}"),
+                                  ("schedules", "{typo}", "remove", "digest"),
+                                  ("retry", "{typo}", "--all"),
+                                  ("cancel", "{typo}", "JOBx"),
+                                  ("stats", "{typo}", "--watch", "--count", "1")])
+def test_a_queue_that_does_not_exist_is_said_with_close_names(redis_url, r, qname, args):
+    q = Queue(qname + "-mail", r)
+    q.enqueue({"to": "ada"})
+    typo = qname + "-mial"
+    out = emq("--url", redis_url, *(a.format(typo=typo) for a in args))
+    assert out.returncode == 1, out
+    assert out.stdout == "", out.stdout
+    assert out.stderr.startswith(f"no queue {typo} on redis://"), out.stderr
+    assert f"did you mean {q.name}" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert not r.exists(f"emq:{{{typo}}}:meta")  # reading it wrote nothing
+
+
+def test_removing_a_schedule_that_does_not_exist_fails_naming_close_ones(redis_url, r, qname):
+    Queue(qname, r).schedules.upsert("digest", every_ms=60_000, payload={})
+    out = emq("--url", redis_url, "schedules", qname, "remove", "digets")
+    assert out.returncode == 1 and "no schedule digets" in out.stderr
+    assert "did you mean digest?" in out.stderr
+
+
 # --- --help at 80 columns ---------------------------------------------------------------
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -2,17 +2,16 @@
 queue's jobs."""
 from __future__ import annotations
 
-import sys
-from typing import Any, List, NoReturn, Optional, Tuple, cast
+from typing import Any, List, Optional, Tuple, cast
 
 import click
-from rich.text import Text
 
 from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.validation import check_job_id
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
-from emqfast.tools.cli_state import console, current_state, err_console, url_option
+from emqfast.tools.cli_state import (console, current_state, err_console, existing_queue, fail,
+                                     url_option)
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
                                   job_dict, jobs_table, json_text, styled, visible)
 
@@ -46,7 +45,7 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int, as_json: bool,
          full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
-    q = current_state().queue(queue)
+    q = existing_queue(queue)
     now = q.server_time_ms()
     if job_id:
         job, size = _job_or_exit(q, job_id)
@@ -79,7 +78,7 @@ def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
     pipe.zscore(q.keys.active, job_id)
     h, delayed, active = pipe.execute()
     if not h:
-        _fail(styled((f"no job {job_id} in {q.name}", "red"), " (never enqueued, or trimmed)"))
+        fail(styled((f"no job {job_id} in {q.name}", "red"), " (never enqueued, or trimmed)"))
     return Job.from_hash(q.name, job_id, h, delayed, active), len(h.get(b"payload", b""))
 
 
@@ -96,12 +95,6 @@ def _dump_long_fields(job: Job) -> None:
 
 
 RETRY_BATCH = 500  # ids read per round trip by ``retry --all``
-
-
-def _fail(message: Text, code: int = 1) -> NoReturn:
-    """One red line on stderr (never wrapped by us: one line in logs), then exit."""
-    err_console.print(message, highlight=False, soft_wrap=True)
-    sys.exit(code)
 
 
 @click.command()
@@ -122,7 +115,7 @@ def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
     try:
         data: Any = json.loads(payload)
     except ValueError as exc:
-        _fail(styled(("invalid JSON payload", "red"), f": {exc}"))
+        fail(styled(("invalid JSON payload", "red"), f": {exc}"))
     ref = current_state().queue(queue).enqueue(data, job_id=job_id, priority=priority,
                                                delay_ms=delay_ms)
     click.echo(visible(ref.id))
@@ -141,8 +134,8 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
     """Send failed JOB_ID (or, with --all, every failed job) back to pending with a
     fresh set of attempts."""
     if bool(job_id) == every:
-        _fail(styled(("retry needs a JOB_ID or --all", "red"), " (not both)"), code=2)
-    q = current_state().queue(queue)
+        fail(styled(("retry needs a JOB_ID or --all", "red"), " (not both)"), code=2)
+    q = existing_queue(queue)
     if every:
         retried, skipped = retry_every(q, state)
         note = f"; {skipped} skipped (changed meanwhile)" if skipped else ""
@@ -186,7 +179,7 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
 def cancel(queue: str, job_id: str) -> None:
     """Cancel JOB_ID: at once if it waits (scheduled, pending or waiting for its
     dependencies); a running one's worker is asked to stop it, and it ends cancelled."""
-    q = current_state().queue(queue)
+    q = existing_queue(queue)
     try:
         answer = q.cancel(job_id)
         if answer == "requested":  # active; its worker ends it
@@ -200,9 +193,9 @@ def cancel(queue: str, job_id: str) -> None:
                                  f"'emqfast jobs {queue} --state cancelled')"))
             return
     except JobNotFound:
-        _fail(styled((f"cannot cancel {job_id}", "red"),
-                     f": no such job in {q.name} (never enqueued there, or trimmed)"))
-    _fail(styled((f"cannot cancel {job_id}", "red"), f": {_why_not_cancelled(q, job_id)}"))
+        fail(styled((f"cannot cancel {job_id}", "red"),
+                    f": no such job in {q.name} (never enqueued there, or trimmed)"))
+    fail(styled((f"cannot cancel {job_id}", "red"), f": {_why_not_cancelled(q, job_id)}"))
 
 
 def _why_not_cancelled(q: Queue, job_id: str) -> str:

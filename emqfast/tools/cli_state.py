@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, NoReturn, Optional, TypeVar
 
 import click
 import redis
 from rich.console import Console
+from rich.text import Text
 
+from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.core.redaction import redact, scrub as scrub_text
 from emqfast.facade.queue import Queue
 from emqfast.server import embedded
 from emqfast.server.connection import connect
+from emqfast.tools.render import styled
 
 _F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, returned as given
 
@@ -111,3 +114,37 @@ def url_option(f: _F) -> _F:
 def current_state() -> State:
     """The running command's :class:`State` (made on first use)."""
     return click.get_current_context().ensure_object(State)
+
+
+# --- what the commands print and how they fail ---------------------------------------
+def fail(message: Text, code: int = 1) -> NoReturn:
+    """One red line on stderr (never wrapped by us: one line in logs), then exit."""
+    err_console.print(message, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def close_names(name: str, names: List[str], what: str) -> str:
+    """``; did you mean mail?`` for names close to ``name``, else a few of ``names``
+    (`` (what: a, b)``)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        return f"; did you mean {' or '.join(close)}?"
+    if not names:
+        return ""
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return f" ({what}: {shown})"
+
+
+def existing_queue(name: str) -> Queue:
+    """Queue ``name`` if it exists (something was written to it: its meta hash is there,
+    as ``stats`` and the dashboard find queues), else one line saying it does not, with
+    close names, and exit 1: a mistyped name would read as an empty queue."""
+    state = current_state()
+    q = state.queue(name)  # validates the name
+    if q.redis.exists(q.keys.meta):
+        return q
+    names = queue_names_of(q.redis.scan_iter(match=queue_meta_glob(), count=1000))
+    fail(styled((f"no queue {name}", "red"), f" on {state.where()}: nothing was ever "
+                f"enqueued to it" + close_names(name, names, "queues there")))
