@@ -11,7 +11,7 @@ from emqfast.core.validation import check_job_id
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import (console, current_state, err_console, existing_queue, fail,
-                                     url_option)
+                                     print_unbounded, url_option)
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
                                   job_dict, jobs_table, json_text, styled, visible)
 
@@ -39,11 +39,15 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
               help="At most this many jobs per state.")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable output (always every field, uncut).")
+@click.option("--output", "-o", type=click.Choice(["table", "wide"]), default="table",
+              show_default=True, metavar="FORMAT",
+              help="table or wide. The table fits the terminal (never cutting an id); "
+                   "wide shows every column, times with their dates, whatever its width.")
 @click.option("--full", is_flag=True,
               help="With JOB_ID: print the whole payload, result and traceback after the "
                    "table (the table shows the first 2,000 characters of each).")
 def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int, as_json: bool,
-         full: bool) -> None:
+         output: str, full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
     q = existing_queue(queue)
     now = q.server_time_ms()
@@ -63,7 +67,11 @@ def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int,
         click.echo(json_text([job_dict(j) for j in found]))
         return
     which = ", ".join(states) if states else "all states"
-    console.print(jobs_table(found, now, title=f"{queue}: {which} (server clock {fmt_ms(now)})"))
+    title = f"{queue}: {which} (server clock {fmt_ms(now)})"
+    if output == "wide":
+        print_unbounded(jobs_table(found, now, title, wide=True))
+    else:
+        console.print(jobs_table(found, now, title, width=console.width))
     if not found:
         console.print(styled(("no jobs", "dim")))
 

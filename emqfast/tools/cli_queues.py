@@ -16,7 +16,7 @@ from rich.table import Table
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import (State, close_names, console, current_state, existing_queue,
-                                     fail, url_option)
+                                     fail, piped, url_option)
 from emqfast.tools.render import (counts_table, fmt_delta, fmt_ms, fmt_relative, plain,
                                   stats_line, styled)
 
@@ -66,6 +66,9 @@ def stats(queue: Optional[str], watch: bool, interval: float, refreshes: int) ->
     state = current_state()
     if queue:
         existing_queue(queue)  # a mistyped name is said, not shown as zeros
+    if not watch and piped():  # a pipe or a file: one plain key=value line per queue
+        _watch_lines(state, queue, interval, 1)
+        return
     if not watch:
         console.print(_stats_view(state, queue))
         return

@@ -19,7 +19,7 @@ from emqfast.core.redaction import redact, scrub as scrub_text
 from emqfast.facade.queue import Queue
 from emqfast.server import embedded
 from emqfast.server.connection import connect
-from emqfast.tools.render import styled
+from emqfast.tools.render import natural_width, styled
 
 _F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, returned as given
 
@@ -29,6 +29,12 @@ def _console(stderr: bool = False, markup: bool = False) -> Console:
     probe = Console(stderr=stderr)
     wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 200
     return Console(stderr=stderr, width=wide, markup=markup)
+
+
+def piped() -> bool:
+    """Whether stdout is a pipe or a file with no width asked for (``COLUMNS``): output
+    meant for a program, not a person at a terminal."""
+    return not console.is_terminal and not os.environ.get("COLUMNS")
 
 
 # Markup off: a plain str printed or put in a table is text, whatever brackets a stored
@@ -121,6 +127,19 @@ def fail(message: Text, code: int = 1) -> NoReturn:
     """One red line on stderr (never wrapped by us: one line in logs), then exit."""
     err_console.print(message, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def print_unbounded(renderable: Any) -> None:
+    """Print ``renderable`` at its natural width even past the terminal's edge (``-o
+    wide``: the terminal wraps the long lines; nothing is cut or squeezed)."""
+    need = natural_width(renderable)
+    if need <= console.width:
+        console.print(renderable)
+        return
+    colours: Any = console.color_system  # the name Console takes back (a Literal there)
+    Console(file=console.file, width=need, markup=False, highlight=False,
+            force_terminal=console.is_terminal, color_system=colours,
+            no_color=console.no_color).print(renderable)
 
 
 def close_names(name: str, names: List[str], what: str) -> str:
