@@ -13,7 +13,7 @@ from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import (console, current_state, err_console, existing_queue, fail,
                                      print_unbounded, url_option)
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
-                                  job_dict, jobs_table, json_text, styled, visible)
+                                  job_dict, jobs_table, json_text, plain, styled, visible)
 
 
 def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
@@ -67,11 +67,12 @@ def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int,
         click.echo(json_text([job_dict(j) for j in found]))
         return
     which = ", ".join(states) if states else "all states"
-    title = f"{queue}: {which} (server clock {fmt_ms(now)})"
+    # the title on a line of its own: a table's title wraps at the table's width
+    console.print(plain(f"{queue}: {which} (server clock {fmt_ms(now)})"))
     if output == "wide":
-        print_unbounded(jobs_table(found, now, title, wide=True))
+        print_unbounded(jobs_table(found, now, wide=True))
     else:
-        console.print(jobs_table(found, now, title, width=console.width))
+        console.print(jobs_table(found, now, width=console.width))
     if not found:
         console.print(styled(("no jobs", "dim")))
 

@@ -283,8 +283,8 @@ def _job_cells(job: Job, now_ms: int) -> Dict[str, Any]:
             "finished": fmt_when(job.finished_ms, now_ms), "when": _job_when(job, now_ms)}
 
 
-def jobs_table(jobs: Iterable[Job], now_ms: int, title: str, width: Optional[int] = None,
-               wide: bool = False) -> Table:
+def jobs_table(jobs: Iterable[Job], now_ms: int, title: Optional[str] = None,
+               width: Optional[int] = None, wide: bool = False) -> Table:
     """Jobs as rows, whose ids are never cut (they are copied into ``jobs QUEUE ID``,
     ``retry`` and ``cancel``): every column when they fit ``width`` (or ``wide``:
     whatever the width), else the compact ones (id, state, tries, when: relative),
@@ -304,13 +304,14 @@ def jobs_table(jobs: Iterable[Job], now_ms: int, title: str, width: Optional[int
     return _jobs_layout(rows, title, names, False, 0)
 
 
-def _jobs_layout(rows: List[Tuple[Dict[str, Any], Optional[str]]], title: str,
+def _jobs_layout(rows: List[Tuple[Dict[str, Any], Optional[str]]], title: Optional[str],
                  names: Tuple[str, ...], boxed: bool, error_width: int) -> Table:
     """The jobs table of columns ``names`` (+ the error cut to ``error_width``, if any)."""
     options: Dict[str, Any] = {} if boxed else {
         "box": box.SIMPLE_HEAD, "pad_edge": False, "show_edge": False,
         "collapse_padding": True}
-    table = Table(title=plain(title), title_justify="left", **options)
+    table = Table(title=None if title is None else plain(title), title_justify="left",
+                  **options)
     for name in names:  # the id folds rather than be cut if it is wider than the screen
         table.add_column(name, no_wrap=name != "id",
                          overflow="fold" if name == "id" else "ellipsis")
