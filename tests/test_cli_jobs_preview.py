@@ -43,7 +43,8 @@ def test_json_stays_whole_and_small_jobs_are_uncut(redis_url, r, qname):
     assert "ada@example.com" in out.stdout and "more characters" not in out.stdout
 
 
-def test_missing_job_is_one_line(redis_url, qname):
+def test_missing_job_is_one_line(redis_url, r, qname):
+    Queue(qname, r).enqueue({})  # the queue exists; the job does not
     out = emq("--url", redis_url, "jobs", qname, "JOBnope")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [f"no job JOBnope in {qname} (never enqueued, or trimmed)"]

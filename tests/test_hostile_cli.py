@@ -30,13 +30,14 @@ CONTROLS = "\x1b[2J\x1b]0;owned\x07\x1b]8;;http://evil.example/\x07CLICK\x1b]8;;
 RAW = (b"\x1b[2J", b"\x1b]0;", b"\x07", b"\x1b]8;", b"\xc2\x9b")
 
 
-def on_a_terminal(*args: str, cwd: Path = None, timeout: float = 60) -> Tuple[int, bytes]:
-    """Run ``emqfast ARGS`` with stdout and stderr on a pseudo-terminal: (exit code, every
-    byte it wrote)."""
+def on_a_terminal(*args: str, cwd: Path = None, timeout: float = 60,
+                  columns: int = 250) -> Tuple[int, bytes]:
+    """Run ``emqfast ARGS`` with stdout and stderr on a pseudo-terminal ``columns`` wide:
+    (exit code, every byte it wrote)."""
     import pty
 
     leader, follower = pty.openpty()
-    env = cli_env(COLUMNS="250", LINES="50", TERM="xterm-256color")
+    env = cli_env(COLUMNS=str(columns), LINES="50", TERM="xterm-256color")
     proc = subprocess.Popen([sys.executable, "-m", "emqfast", *args], stdin=subprocess.DEVNULL,
                             stdout=follower, stderr=follower, env=env, cwd=cwd)
     os.close(follower)

@@ -73,7 +73,7 @@ def pick_token(token: Optional[str], token_file: Optional[str]) -> Optional[str]
     return read_token_file(token_file) if token_file else token
 
 
-@click.command()
+@click.command(short_help="Serve the web dashboard (queues, jobs, schedules, workers).")
 @url_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on (anything but loopback needs an auth token).")
@@ -116,5 +116,7 @@ def dashboard(host: str, port: int, read_only: bool, auth_token: Optional[str],
                                            proxy_headers=False))
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn stopped, then raised the Ctrl-C again: a clean stop
+        pass
     finally:
         sock.close()

@@ -2,19 +2,18 @@
 queue's jobs."""
 from __future__ import annotations
 
-import sys
-from typing import Any, List, NoReturn, Optional, Tuple, cast
+from typing import Any, List, Optional, Tuple, cast
 
 import click
-from rich.text import Text
 
 from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.validation import check_job_id
 from emqfast.facade.job import STATES, Job
 from emqfast.facade.queue import Queue
-from emqfast.tools.cli_state import console, current_state, err_console, url_option
+from emqfast.tools.cli_state import (console, current_state, err_console, existing_queue, fail,
+                                     print_unbounded, url_option)
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
-                                  job_dict, jobs_table, json_text, styled, visible)
+                                  job_dict, jobs_table, json_text, plain, styled, visible)
 
 
 def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
@@ -33,19 +32,24 @@ def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
 @url_option
 @click.argument("queue")
 @click.argument("job_id", required=False)
-@click.option("--state", "states", multiple=True, type=click.Choice(STATES),
-              help="Only jobs in this state (repeatable). Default: every state.")
+@click.option("--state", "states", multiple=True, type=click.Choice(STATES), metavar="STATE",
+              help=f"Only jobs in this state (repeatable): {', '.join(STATES)}. "
+                   "Default: every state.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1),
               help="At most this many jobs per state.")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable output (always every field, uncut).")
+@click.option("--output", "-o", type=click.Choice(["table", "wide"]), default="table",
+              show_default=True, metavar="FORMAT",
+              help="table or wide. The table fits the terminal (never cutting an id); "
+                   "wide shows every column, times with their dates, whatever its width.")
 @click.option("--full", is_flag=True,
               help="With JOB_ID: print the whole payload, result and traceback after the "
                    "table (the table shows the first 2,000 characters of each).")
 def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int, as_json: bool,
-         full: bool) -> None:
+         output: str, full: bool) -> None:
     """List the jobs of QUEUE, or inspect JOB_ID in detail."""
-    q = current_state().queue(queue)
+    q = existing_queue(queue)
     now = q.server_time_ms()
     if job_id:
         job, size = _job_or_exit(q, job_id)
@@ -63,7 +67,12 @@ def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int,
         click.echo(json_text([job_dict(j) for j in found]))
         return
     which = ", ".join(states) if states else "all states"
-    console.print(jobs_table(found, now, title=f"{queue}: {which} (server clock {fmt_ms(now)})"))
+    # the title on a line of its own: a table's title wraps at the table's width
+    console.print(plain(f"{queue}: {which} (server clock {fmt_ms(now)})"))
+    if output == "wide":
+        print_unbounded(jobs_table(found, now, wide=True))
+    else:
+        console.print(jobs_table(found, now, width=console.width))
     if not found:
         console.print(styled(("no jobs", "dim")))
 
@@ -78,7 +87,7 @@ def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
     pipe.zscore(q.keys.active, job_id)
     h, delayed, active = pipe.execute()
     if not h:
-        _fail(styled((f"no job {job_id} in {q.name}", "red"), " (never enqueued, or trimmed)"))
+        fail(styled((f"no job {job_id} in {q.name}", "red"), " (never enqueued, or trimmed)"))
     return Job.from_hash(q.name, job_id, h, delayed, active), len(h.get(b"payload", b""))
 
 
@@ -95,12 +104,6 @@ def _dump_long_fields(job: Job) -> None:
 
 
 RETRY_BATCH = 500  # ids read per round trip by ``retry --all``
-
-
-def _fail(message: Text, code: int = 1) -> NoReturn:
-    """One red line on stderr (never wrapped by us: one line in logs), then exit."""
-    err_console.print(message, highlight=False, soft_wrap=True)
-    sys.exit(code)
 
 
 @click.command()
@@ -121,7 +124,7 @@ def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
     try:
         data: Any = json.loads(payload)
     except ValueError as exc:
-        _fail(styled(("invalid JSON payload", "red"), f": {exc}"))
+        fail(styled(("invalid JSON payload", "red"), f": {exc}"))
     ref = current_state().queue(queue).enqueue(data, job_id=job_id, priority=priority,
                                                delay_ms=delay_ms)
     click.echo(visible(ref.id))
@@ -129,7 +132,7 @@ def enqueue(queue: str, payload: str, delay_ms: Optional[int], priority: int,
         err_console.print(styled(f"{ref.id} already exists in {queue}: nothing written"))
 
 
-@click.command()
+@click.command(short_help="Send failed jobs back to pending with fresh attempts.")
 @url_option
 @click.argument("queue")
 @click.argument("job_id", required=False)
@@ -140,8 +143,8 @@ def retry(queue: str, job_id: Optional[str], every: bool, state: str) -> None:
     """Send failed JOB_ID (or, with --all, every failed job) back to pending with a
     fresh set of attempts."""
     if bool(job_id) == every:
-        _fail(styled(("retry needs a JOB_ID or --all", "red"), " (not both)"), code=2)
-    q = current_state().queue(queue)
+        fail(styled(("retry needs a JOB_ID or --all", "red"), " (not both)"), code=2)
+    q = existing_queue(queue)
     if every:
         retried, skipped = retry_every(q, state)
         note = f"; {skipped} skipped (changed meanwhile)" if skipped else ""
@@ -178,14 +181,14 @@ def retry_every(q: Queue, state: str = "failed", batch: int = RETRY_BATCH) -> Tu
     return retried, skipped
 
 
-@click.command()
+@click.command(short_help="Cancel a job (a running one: its worker stops it).")
 @url_option
 @click.argument("queue")
 @click.argument("job_id")
 def cancel(queue: str, job_id: str) -> None:
     """Cancel JOB_ID: at once if it waits (scheduled, pending or waiting for its
     dependencies); a running one's worker is asked to stop it, and it ends cancelled."""
-    q = current_state().queue(queue)
+    q = existing_queue(queue)
     try:
         answer = q.cancel(job_id)
         if answer == "requested":  # active; its worker ends it
@@ -199,9 +202,9 @@ def cancel(queue: str, job_id: str) -> None:
                                  f"'emqfast jobs {queue} --state cancelled')"))
             return
     except JobNotFound:
-        _fail(styled((f"cannot cancel {job_id}", "red"),
-                     f": no such job in {q.name} (never enqueued there, or trimmed)"))
-    _fail(styled((f"cannot cancel {job_id}", "red"), f": {_why_not_cancelled(q, job_id)}"))
+        fail(styled((f"cannot cancel {job_id}", "red"),
+                    f": no such job in {q.name} (never enqueued there, or trimmed)"))
+    fail(styled((f"cannot cancel {job_id}", "red"), f": {_why_not_cancelled(q, job_id)}"))
 
 
 def _why_not_cancelled(q: Queue, job_id: str) -> str:

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.facade.queue import Queue
-from emqfast.tools.cli_state import State, console, current_state, url_option
+from emqfast.tools.cli_state import (State, close_names, console, current_state, existing_queue,
+                                     fail, piped, url_option)
 from emqfast.tools.render import (counts_table, fmt_delta, fmt_ms, fmt_relative, plain,
                                   stats_line, styled)
 
@@ -50,7 +51,7 @@ def _stats_view(state: State, queue: Optional[str]) -> Any:
     return Group(*parts)
 
 
-@click.command()
+@click.command(short_help="Counts per state, next due job, schedules: per queue.")
 @url_option
 @click.argument("queue", required=False)
 @click.option("--watch", is_flag=True,
@@ -64,7 +65,10 @@ def stats(queue: Optional[str], watch: bool, interval: float, refreshes: int) ->
     """Counts per state, the next due job and schedules, for QUEUE or every queue."""
     state = current_state()
     if queue:
-        Queue(queue, state.conn())  # validates the name before anything else
+        existing_queue(queue)  # a mistyped name is said, not shown as zeros
+    if not watch and piped():  # a pipe or a file: one plain key=value line per queue
+        _watch_lines(state, queue, interval, 1)
+        return
     if not watch:
         console.print(_stats_view(state, queue))
         return
@@ -129,7 +133,8 @@ def schedules_table(q: Queue, now_ms: int) -> Table:
     return table
 
 
-@click.group(invoke_without_command=True, subcommand_metavar="[remove NAME]")
+@click.group(invoke_without_command=True, subcommand_metavar="[remove NAME]",
+             short_help="List the schedules of QUEUE, or remove one.")
 @url_option
 @click.argument("queue")
 @click.pass_context
@@ -137,8 +142,8 @@ def schedules(ctx: click.Context, queue: str) -> None:
     """List the schedules of QUEUE with their next run in the schedule's time zone;
     'schedules QUEUE remove NAME' deletes one."""
     if ctx.invoked_subcommand is not None:
-        return  # the subcommand reads QUEUE from this context
-    q = current_state().queue(queue)
+        return  # the subcommand reads QUEUE from this context (its --help is read later)
+    q = existing_queue(queue)
     table = schedules_table(q, q.server_time_ms())
     console.print(table)
     if not table.row_count:
@@ -152,13 +157,16 @@ def schedules(ctx: click.Context, queue: str) -> None:
 def schedules_remove(ctx: click.Context, name: str) -> None:
     """Delete schedule NAME (jobs it already made stay)."""
     queue = ctx.parent.params["queue"] if ctx.parent else ""
-    if current_state().queue(queue).schedules.remove(name):
+    q = existing_queue(queue)
+    if q.schedules.remove(name):
         console.print(styled(("removed", "green"), f" schedule {name} of {queue}"))
-    else:
-        console.print(styled(f"no schedule {name} in {queue}: nothing removed"))
+        return
+    names = [sched.name for sched in q.schedules.list()]
+    fail(styled((f"no schedule {name} in {queue}", "red"),
+                ": nothing removed" + close_names(name, names, "its schedules")))
 
 
-@click.command()
+@click.command(short_help="Prometheus text metrics (printed, or served: --serve).")
 @url_option
 @click.argument("queues", nargs=-1)
 @click.option("--serve", "port", type=click.IntRange(0, 65535), default=None, metavar="PORT",

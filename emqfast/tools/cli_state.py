@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, NoReturn, Optional, TypeVar
 
 import click
 import redis
 from rich.console import Console
+from rich.text import Text
 
+from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.core.redaction import redact, scrub as scrub_text
 from emqfast.facade.queue import Queue
 from emqfast.server import embedded
 from emqfast.server.connection import connect
+from emqfast.tools.render import natural_width, styled
 
 _F = TypeVar("_F", bound=Callable[..., Any])  # a click command function, returned as given
 
@@ -26,6 +29,12 @@ def _console(stderr: bool = False, markup: bool = False) -> Console:
     probe = Console(stderr=stderr)
     wide = None if probe.is_terminal or os.environ.get("COLUMNS") else 200
     return Console(stderr=stderr, width=wide, markup=markup)
+
+
+def piped() -> bool:
+    """Whether stdout is a pipe or a file with no width asked for (``COLUMNS``): output
+    meant for a program, not a person at a terminal."""
+    return not console.is_terminal and not os.environ.get("COLUMNS")
 
 
 # Markup off: a plain str printed or put in a table is text, whatever brackets a stored
@@ -111,3 +120,50 @@ def url_option(f: _F) -> _F:
 def current_state() -> State:
     """The running command's :class:`State` (made on first use)."""
     return click.get_current_context().ensure_object(State)
+
+
+# --- what the commands print and how they fail ---------------------------------------
+def fail(message: Text, code: int = 1) -> NoReturn:
+    """One red line on stderr (never wrapped by us: one line in logs), then exit."""
+    err_console.print(message, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def print_unbounded(renderable: Any) -> None:
+    """Print ``renderable`` at its natural width even past the terminal's edge (``-o
+    wide``: the terminal wraps the long lines; nothing is cut or squeezed)."""
+    need = natural_width(renderable)
+    if need <= console.width:
+        console.print(renderable)
+        return
+    colours: Any = console.color_system  # the name Console takes back (a Literal there)
+    Console(file=console.file, width=need, markup=False, highlight=False,
+            force_terminal=console.is_terminal, color_system=colours,
+            no_color=console.no_color).print(renderable)
+
+
+def close_names(name: str, names: List[str], what: str) -> str:
+    """``; did you mean mail?`` for names close to ``name``, else a few of ``names``
+    (`` (what: a, b)``)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        return f"; did you mean {' or '.join(close)}?"
+    if not names:
+        return ""
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return f" ({what}: {shown})"
+
+
+def existing_queue(name: str) -> Queue:
+    """Queue ``name`` if it exists (something was written to it: its meta hash is there,
+    as ``stats`` and the dashboard find queues), else one line saying it does not, with
+    close names, and exit 1: a mistyped name would read as an empty queue."""
+    state = current_state()
+    q = state.queue(name)  # validates the name
+    if q.redis.exists(q.keys.meta):
+        return q
+    names = queue_names_of(q.redis.scan_iter(match=queue_meta_glob(), count=1000))
+    fail(styled((f"no queue {name}", "red"), f" on {state.where()}: nothing was ever "
+                f"enqueued to it" + close_names(name, names, "queues there")))

@@ -17,7 +17,7 @@ from emqfast.tools.cli_state import (URL_ENV, console, current_state, demo_conso
 from emqfast.tools.render import plain, styled
 
 
-@click.command()
+@click.command(short_help="Play the Portal LMS notifications scenario.")
 @url_option
 @click.option("--quiet", is_flag=True, help="Only the check-list at the end.")
 def demo(quiet: bool) -> None:
@@ -67,7 +67,7 @@ def bench(args: Tuple[str, ...]) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group()
+@click.group(short_help="The embedded Redis: start, status, stop, wipe.")
 def server() -> None:
     """The embedded Redis (a redis-server on a unix socket in $EMQ_STATE_DIR)."""
 
@@ -99,7 +99,7 @@ def server_start() -> None:
     console.print(styled(f"{'already running' if was_running else 'started'}: {where}"))
 
 
-@server.command("wipe")
+@server.command("wipe", short_help="Stop the embedded server and delete its data.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def server_wipe(yes: bool) -> None:
     """Stop the embedded server and delete its data (asks first unless --yes)."""

@@ -78,7 +78,7 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
             param_hint="HANDLER")
 
 
-@click.command()
+@click.command(short_help="Run a worker for MODULE:FUNCTION on --queue.")
 @url_option
 @click.argument("handler", metavar="MODULE:FUNCTION")
 @click.option("--queue", "-q", "queue_names", required=True, multiple=True,

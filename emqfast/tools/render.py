@@ -15,7 +15,8 @@ import json
 from typing import Any, Dict, Iterable, List, Match, Optional, Tuple, Union
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -91,12 +92,51 @@ def fmt_delta(ms: Optional[float]) -> str:
     return ("-" if ms < 0 else "") + text
 
 
+def fmt_span(ms: float) -> str:
+    """A duration rounded for a relative time: ``850 ms``, ``42 s``, ``3 min``, ``26 h``,
+    ``12 d``, ``3.4 y`` (minutes up to 90, hours up to 48, days up to a year)."""
+    a = abs(ms)
+    if a < 1000:
+        return f"{a:.0f} ms"
+    if a < 60_000:
+        return f"{a // 1000:.0f} s"
+    if a < 5_400_000:
+        return f"{round(a / 60_000)} min"
+    if a < 172_800_000:
+        return f"{round(a / 3_600_000)} h"
+    if a < 31_557_600_000:
+        return f"{round(a / 86_400_000)} d"
+    return f"{a / 31_557_600_000:.1f} y"
+
+
 def fmt_relative(epoch_ms: Optional[int], now_ms: int) -> str:
-    """``in 3.2 s`` / ``3.2 s ago`` relative to the server's ``now_ms``."""
+    """``in 2 h`` / ``3 min ago`` relative to the server's ``now_ms``."""
     if epoch_ms is None:
         return "-"
     delta = epoch_ms - now_ms
-    return f"in {fmt_delta(delta)}" if delta >= 0 else f"{fmt_delta(-delta)} ago"
+    return f"in {fmt_span(delta)}" if delta >= 0 else f"{fmt_span(-delta)} ago"
+
+
+def _utc(epoch_ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(epoch_ms / 1000, dt.timezone.utc)
+
+
+def fmt_when(epoch_ms: Optional[int], now_ms: int) -> str:
+    """An instant in a table row (UTC, like the title's server clock): the time of day
+    when it falls on the server's today, the date and time on any other day
+    (``2030-05-01 18:25:14``: a job due tomorrow never reads as due today)."""
+    if epoch_ms is None:
+        return "-"
+    when = _utc(epoch_ms)
+    today = when.date() == _utc(now_ms).date()
+    return when.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S")
+
+
+def fmt_due(epoch_ms: Optional[int], now_ms: int) -> str:
+    """:func:`fmt_when` and :func:`fmt_relative`: ``2026-12-06 09:34:53 (in 26 h)``."""
+    if not epoch_ms:
+        return "-"
+    return f"{fmt_when(epoch_ms, now_ms)} ({fmt_relative(epoch_ms, now_ms)})"
 
 
 def state_text(state: str) -> Text:
@@ -115,16 +155,32 @@ def short_error(error: Optional[str], width: int = 60) -> str:
 # the older columns keep their places (scripts read them); states come after
 _COLUMNS = ("scheduled", "pending", "grouped", "active", "completed", "failed", "cancelled",
             "expired", "waiting_deps")
-# a narrow terminal's first table (80 columns fit); the rest go in the second one
-_NARROW_COUNTS = ("scheduled", "pending", "grouped", "active", "completed", "failed",
-                  "cancelled")
-_NARROW_REST = tuple(s for s in _COLUMNS if s not in _NARROW_COUNTS)
-WIDE_TABLE_COLUMNS = 180  # below this, stats prints two narrow tables (80 columns fit)
+_AFTER = ("paused", "next due", "schedules")
+# narrower terminals: the same columns as two, then three, borderless tables, each
+# starting with the queue names whole; the first split that fits the width is printed
+_SPLITS = (
+    (_COLUMNS[:7], ("expired", "waiting_deps", "paused", "next due", "schedules")),
+    (_COLUMNS[:6], ("cancelled", "expired", "waiting_deps", "schedules"), ("paused", "next due")),
+)
 
 
-def _next_due_text(row: Dict[str, Any], now_ms: int) -> str:
-    nxt = row.get("next_due_ms")
-    return f"{fmt_ms(nxt, date=False)} ({fmt_relative(nxt, now_ms)})" if nxt else "-"
+def natural_width(renderable: Any) -> int:
+    """The columns ``renderable`` takes when nothing is wrapped or cut."""
+    wide = Console(width=100_000)
+    return Measurement.get(wide, wide.options, renderable).maximum
+
+
+def _stat_cells(row: Dict[str, Any], now_ms: int) -> Dict[str, str]:
+    c = row["counts"]
+    cells = {s: str(c.get(s, 0)) for s in _COLUMNS}
+    cells.update({"paused": "yes" if row.get("paused") else "no",
+                  "next due": fmt_due(row.get("next_due_ms"), now_ms),
+                  "schedules": str(row.get("schedules", "-"))})
+    return cells
+
+
+def _stat_style(name: str) -> str:
+    return STATE_STYLES.get(name, "dim") if name in _COLUMNS else ""
 
 
 def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queues",
@@ -132,53 +188,56 @@ def counts_table(rows: Iterable[Dict[str, Any]], now_ms: int, title: str = "Queu
     """One row per queue: counts per state (pending includes the grouped jobs waiting in
     lanes, also shown on their own), paused flag, next due job, schedules.
 
-    ``width`` (the console's) below :data:`WIDE_TABLE_COLUMNS`: the counts and the rest
-    as two borderless tables whose headers fit 80 columns whole (one wide table cut them
-    to ``sche…``); a long queue name folds instead."""
+    ``width`` (the console's): one boxed table when it fits, else the columns split over
+    two or three borderless tables whose headers and queue names are whole (never cut
+    to ``sche…`` nor folded mid-name), else one block of lines per queue."""
     rows = list(rows)
-    if width is not None and width < WIDE_TABLE_COLUMNS:
-        return _narrow_tables(rows, now_ms, title)
-    table = Table(title=plain(title), title_justify="left")
-    table.add_column("queue", style="bold", overflow="fold")
-    for state in _COLUMNS:
-        table.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"))
-    table.add_column("paused")
-    table.add_column("next due", no_wrap=True)
-    table.add_column("schedules", justify="right")
-    for row in rows:
-        c = row["counts"]
-        table.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _COLUMNS),
-                      "yes" if row.get("paused") else "no", _next_due_text(row, now_ms),
-                      str(row.get("schedules", "-")))
-    return table
+    table = _counts(rows, now_ms, (*_COLUMNS, *_AFTER), title, boxed=True)
+    if width is None or natural_width(table) <= width:
+        return table
+    for split in _SPLITS:
+        tables = [_counts(rows, now_ms, names, None, boxed=False) for names in split]
+        if max(natural_width(t) for t in tables) <= width:  # the title: a line of its own
+            return Group(plain(title), *tables)
+    return _count_blocks(rows, now_ms, title, width)
 
 
-def _narrow_table(title: Optional[str]) -> Table:
+def _counts(rows: List[Dict[str, Any]], now_ms: int, names: Iterable[str],
+            title: Optional[str], boxed: bool) -> Table:
+    """A table of the queues' ``names`` columns (boxed, or borderless and tight)."""
+    options: Dict[str, Any] = {} if boxed else {
+        "box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False, "show_edge": False}
     table = Table(title=None if title is None else plain(title), title_justify="left",
-                  box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False, show_edge=False)
+                  **options)
     table.add_column("queue", style="bold", overflow="fold", min_width=5)
+    names = list(names)
+    for name in names:
+        table.add_column(name, justify="left" if name in ("paused", "next due") else "right",
+                         style=_stat_style(name), no_wrap=True)
+    for row in rows:
+        cells = _stat_cells(row, now_ms)
+        table.add_row(plain(row["queue"]), *(cells[name] for name in names))
     return table
 
 
-def _narrow_tables(rows: List[Dict[str, Any]], now_ms: int, title: str) -> Group:
-    """:func:`counts_table` for a narrow terminal: counts, then paused/next due/schedules."""
-    counts = _narrow_table(title)
-    for state in _NARROW_COUNTS:
-        counts.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"),
-                          no_wrap=True)
-    timing = _narrow_table(None)
-    for state in _NARROW_REST:
-        timing.add_column(state, justify="right", style=STATE_STYLES.get(state, "dim"),
-                          no_wrap=True)
-    for name in ("paused", "next due", "schedules"):
-        timing.add_column(name, no_wrap=True, justify="right" if name == "schedules" else "left")
+def _count_blocks(rows: List[Dict[str, Any]], now_ms: int, title: str, width: int) -> Group:
+    """:func:`counts_table` where no table fits: each queue's name on a line of its own,
+    then ``name value`` pairs filling lines of ``width``."""
+    parts: List[Any] = [plain(title)]
     for row in rows:
-        c = row["counts"]
-        counts.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _NARROW_COUNTS))
-        timing.add_row(plain(row["queue"]), *(str(c.get(s, 0)) for s in _NARROW_REST),
-                       "yes" if row.get("paused") else "no",
-                       _next_due_text(row, now_ms), str(row.get("schedules", "-")))
-    return Group(counts, timing)
+        cells = _stat_cells(row, now_ms)
+        parts.append(plain(row["queue"], "bold"))
+        line = Text("  ")
+        for name in (*_COLUMNS, *_AFTER):
+            piece = Text.assemble(f"{name} ", (cells[name], _stat_style(name)))
+            if line.cell_len > 2 and line.cell_len + 2 + piece.cell_len > width:
+                parts.append(line)
+                line = Text("  ")
+            elif line.cell_len > 2:
+                line.append("  ")
+            line.append_text(piece)
+        parts.append(line)
+    return Group(*parts)
 
 
 def stats_line(row: Dict[str, Any], now_ms: int) -> str:
@@ -193,16 +252,74 @@ def stats_line(row: Dict[str, Any], now_ms: int) -> str:
                      f"schedules={row.get('schedules', '-')}", f"next_due={due}"])
 
 
-def jobs_table(jobs: Iterable[Job], now_ms: int, title: str) -> Table:
-    """Jobs as rows: id, state, attempts, priority, times, last error."""
-    table = Table(title=plain(title), title_justify="left")
-    for name in ("id", "state", "attempts", "prio", "created", "run at", "finished", "error"):
-        table.add_column(name, no_wrap=name != "error")
-    for job in jobs:
-        table.add_row(plain(job.id), state_text(job.state), f"{job.attempts}/{job.max_attempts}",
-                      str(job.priority), fmt_ms(job.created_ms, date=False),
-                      fmt_ms(job.run_at_ms, date=False), fmt_ms(job.finished_ms, date=False),
-                      plain(short_error(job.error)))
+# every column (``-o wide``, or when they fit); a narrower terminal gets the compact ones
+JOB_COLUMNS: Tuple[str, ...] = ("id", "state", "attempts", "prio", "created", "run at",
+                                 "finished")
+COMPACT_JOB_COLUMNS: Tuple[str, ...] = ("id", "state", "tries", "when")
+ERROR_ROOM = (16, 60)  # the error column's least useful and greatest widths
+
+
+def _job_when(job: Job, now_ms: int) -> str:
+    """The one time that matters for a job in its state, relative to now: when it is due
+    (scheduled), was enqueued (waiting), started (active) or ended; more than two days
+    away, its date (``2030-05-01``)."""
+    if job.state == "scheduled":
+        when = job.run_at_ms
+    elif job.state == "active":
+        when = job.started_ms or job.created_ms
+    else:
+        when = job.finished_ms or job.created_ms
+    if when is not None and abs(when - now_ms) >= 172_800_000:
+        return _utc(when).strftime("%Y-%m-%d")
+    return fmt_relative(when, now_ms)
+
+
+def _job_cells(job: Job, now_ms: int) -> Dict[str, Any]:
+    tries = f"{job.attempts}/{job.max_attempts}"
+    return {"id": plain(job.id), "state": state_text(job.state), "attempts": tries,
+            "tries": tries, "prio": str(job.priority),
+            "created": fmt_when(job.created_ms, now_ms),
+            "run at": fmt_when(job.run_at_ms, now_ms),
+            "finished": fmt_when(job.finished_ms, now_ms), "when": _job_when(job, now_ms)}
+
+
+def jobs_table(jobs: Iterable[Job], now_ms: int, title: Optional[str] = None,
+               width: Optional[int] = None, wide: bool = False) -> Table:
+    """Jobs as rows, whose ids are never cut (they are copied into ``jobs QUEUE ID``,
+    ``retry`` and ``cancel``): every column when they fit ``width`` (or ``wide``:
+    whatever the width), else the compact ones (id, state, tries, when: relative),
+    dropping from the right while even those do not fit. The last error takes the room
+    left, cut to it, or is left out below :data:`ERROR_ROOM`."""
+    rows = [(_job_cells(job, now_ms), job.error) for job in jobs]
+    if wide or width is None:
+        return _jobs_layout(rows, title, JOB_COLUMNS, True, ERROR_ROOM[1])
+    for names, boxed in ((JOB_COLUMNS, True), (COMPACT_JOB_COLUMNS, False)):
+        table = _jobs_layout(rows, title, names, boxed, 0)
+        room = width - natural_width(table) - (3 if boxed else 2)
+        if room >= ERROR_ROOM[0]:
+            return _jobs_layout(rows, title, names, boxed, min(room, ERROR_ROOM[1]))
+    names = COMPACT_JOB_COLUMNS
+    while len(names) > 1 and natural_width(_jobs_layout(rows, title, names, False, 0)) > width:
+        names = names[:-1]
+    return _jobs_layout(rows, title, names, False, 0)
+
+
+def _jobs_layout(rows: List[Tuple[Dict[str, Any], Optional[str]]], title: Optional[str],
+                 names: Tuple[str, ...], boxed: bool, error_width: int) -> Table:
+    """The jobs table of columns ``names`` (+ the error cut to ``error_width``, if any)."""
+    options: Dict[str, Any] = {} if boxed else {
+        "box": box.SIMPLE_HEAD, "pad_edge": False, "show_edge": False,
+        "collapse_padding": True}
+    table = Table(title=None if title is None else plain(title), title_justify="left",
+                  **options)
+    for name in names:  # the id folds rather than be cut if it is wider than the screen
+        table.add_column(name, no_wrap=name != "id",
+                         overflow="fold" if name == "id" else "ellipsis")
+    if error_width:
+        table.add_column("error", no_wrap=True)
+    for cells, error in rows:
+        extra = [plain(short_error(error, error_width))] if error_width else []
+        table.add_row(*(cells[name] for name in names), *extra)
     return table
 
 
