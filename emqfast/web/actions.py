@@ -17,14 +17,13 @@ from emqfast.core.errors import InvalidInput, JobNotFound, JobStateError
 from emqfast.core.redaction import redact
 from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.control import CancelResult
+from emqfast.facade.job import STATES
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
 from emqfast.web.app import Dashboard, Handler, Problem, client_of, cookie_path, flash, link
 from emqfast.web.pages import known_queue
-from emqfast.web.reads import OPTIONAL_STATES, STATES as BASE_STATES
 from emqfast.web.security import AUTH_COOKIE, SESSION_TTL_S
 
-STATES = BASE_STATES + OPTIONAL_STATES
 MAX_SELECTED = 500  # ids one bulk action takes
 Outcome = Tuple[str, str]  # (flash kind, message)
 

@@ -12,12 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from emqfast.core.validation import check_job_id, check_queue_name
+from emqfast.facade.job import STATES as JOB_STATES
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.web import format as fmt, reads
 from emqfast.web.app import Dashboard, Handler, Problem, link
-
-STATE_NAMES = reads.STATES
 
 
 def known_queue(dash: Dashboard, name: Any) -> str:
@@ -40,6 +39,14 @@ def job_param(request: Request) -> str:
     if job_id is None:
         raise Problem(400, "which job? (the id parameter is missing)")
     return check_job_id(job_id)
+
+
+def missing_job(job_id: str, name: str) -> str:
+    """Why a job id finds nothing: what really removes a job's record (a cancelled or
+    expired job keeps its record until retention trims it)."""
+    return (f"no job {job_id!r} in queue {name!r}: it was never enqueued here, or its record "
+            "is gone: deleted, trimmed by retention (trim keeps the newest completed, "
+            "failed, cancelled and expired records), or its queue was obliterated")
 
 
 def _int_param(request: Request, name: str, default: int, top: int) -> int:
@@ -89,14 +96,14 @@ def api_overview(dash: Dashboard, request: Request) -> Response:
 def queue(dash: Dashboard, request: Request) -> Response:
     name = queue_param(dash, request)
     state = request.query_params.get("state", "pending")
-    if state not in STATE_NAMES + reads.OPTIONAL_STATES:
-        raise Problem(400, f"state must be one of {', '.join(STATE_NAMES)}")
+    if state not in JOB_STATES:
+        raise Problem(400, f"state must be one of {', '.join(JOB_STATES)}")
     start = _int_param(request, "start", 0, 1 << 40)
     wanted = request.query_params.get("id", "").strip()
     if wanted:
         check_job_id(wanted)
         if Queue(name, dash.client).get(wanted) is None:
-            raise Problem(404, f"no job {wanted!r} in queue {name!r}")
+            raise Problem(404, missing_job(wanted, name))
         return RedirectResponse(link(request, "job", q=name, id=wanted), 303)
     page = reads.queue_page(dash.client, name, state, start)
     hists = {h: fmt.histogram_bars(getattr(page.metrics, h).buckets) for h in ("wait", "run")}
@@ -117,8 +124,7 @@ def _job_or_404(dash: Dashboard, request: Request) -> reads.JobPage:
     job_id = job_param(request)
     page = reads.job_page(dash.client, name, job_id)
     if page is None:
-        raise Problem(404, f"no job {job_id!r} in queue {name!r} (unknown, cancelled or "
-                           "trimmed)")
+        raise Problem(404, missing_job(job_id, name))
     return page
 
 
@@ -147,7 +153,7 @@ def payload(dash: Dashboard, request: Request) -> Response:
     job_id = job_param(request)
     got = Queue(name, dash.client).get(job_id)
     if got is None:
-        raise Problem(404, f"no job {job_id!r} in queue {name!r}")
+        raise Problem(404, missing_job(job_id, name))
     body, media = fmt.download(got.payload)
     ext = "bin" if media == "application/octet-stream" else "json"
     return Response(body, media_type=media,
