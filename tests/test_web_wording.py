@@ -1,5 +1,7 @@
-"""The dashboard's words: a bad ``state`` lists every state there is, and a missing
-job's 404 says what really removes a job."""
+"""The dashboard's words and small pages: a bad ``state`` lists every state there is, a
+missing job's 404 says what really removes a job, an unknown address gets a styled 404
+page (page headers, a link home), the favicon is served, and a login goes back to the
+page asked for."""
 from __future__ import annotations
 
 import re
@@ -53,3 +55,31 @@ def test_a_missing_job_says_what_removes_a_job(client, conn, qname):
     kept = q.enqueue({"n": 2}).id
     q.cancel(kept)
     assert client.get("/job", params={"q": qname, "id": kept}).status_code == 200
+
+
+def test_an_unknown_address_gets_a_styled_404_page(client):
+    for path in ("/nothing", "/static/nothing.js", "/queue/nothing"):
+        got = client.get(path)
+        assert got.status_code == 404
+        assert got.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in got.headers["content-security-policy"]
+        assert got.headers["x-frame-options"] == "DENY"
+        assert "404 · Not found" in got.text and '<header class="top">' in got.text
+        assert '<a href="/">Back to the queues</a>' in got.text
+        assert "app.css" in got.text  # styled like every page
+    api = client.get("/api/nothing")
+    assert api.status_code == 404 and api.json() == {"error": "there is no page at this address"}
+    wrong = client.post("/")
+    assert wrong.status_code == 405 and "Method not allowed" in wrong.text
+    assert "GET" in wrong.headers["allow"]
+
+
+def test_the_favicon_is_served_with_the_page_headers(client):
+    page = client.get("/")
+    assert re.search(r'<link rel="icon" href="/static/favicon.svg"', page.text)
+    for path in ("/favicon.ico", "/static/favicon.svg"):
+        icon = client.get(path)
+        assert icon.status_code == 200, path
+        assert icon.headers["content-type"].startswith("image/svg+xml")
+        assert icon.text.startswith("<svg")
+        assert "default-src 'none'" in icon.headers["content-security-policy"]

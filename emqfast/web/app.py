@@ -15,7 +15,8 @@ from urllib.parse import urlencode
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, RedirectResponse,
+                                 Response)
 
 from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
@@ -23,6 +24,7 @@ from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
 from emqfast.web.reads import BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names
 from emqfast.web.security import CSRF_COOKIE, Guard, cross_site
+from emqfast.web.shield import APP_ROOT
 from emqfast.web.throughput import Throughput
 
 HERE = Path(__file__).resolve().parent
@@ -95,22 +97,27 @@ def describe(client: Any) -> str:
     return redact(where + (f"/{db}" if db else ""))
 
 
+def app_root(request: Request) -> str:
+    """The path the dashboard is mounted at ("" at the root): noted by the Shield as the
+    request comes in, since a mount inside the app (``/static``) moves ``root_path``."""
+    root: str = request.scope.get(APP_ROOT, request.scope.get("root_path", ""))
+    return root
+
+
 def cookie_path(request: Request) -> str:
-    return request.scope.get("root_path", "") or "/"
+    return app_root(request) or "/"
 
 
 def link(request: Request, name: str, **params: Any) -> str:
     """A root-relative URL of route ``name`` (works under any mount prefix)."""
-    root: str = request.scope.get("root_path", "")
-    path = root + str(request.app.url_path_for(name))
+    path = app_root(request) + str(request.app.url_path_for(name))
     query = {k: v for k, v in params.items() if v is not None and v != ""}
     return path + ("?" + urlencode(query) if query else "")
 
 
 def asset(request: Request, name: str) -> str:
     """The root-relative URL of a static file of the dashboard."""
-    root: str = request.scope.get("root_path", "")
-    return root + str(request.app.url_path_for("static", path="/" + name))
+    return app_root(request) + str(request.app.url_path_for("static", path="/" + name))
 
 
 def csrf_of(request: Request) -> str:
@@ -210,6 +217,27 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return _finish(request, response)
     return handle
+
+
+NO_PAGE = "there is no page at this address"
+
+
+async def no_page(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route, no static file) and 405 as the dashboard's error
+    page (or JSON under ``/api/``), with the page headers and a link home."""
+    status = int(getattr(exc, "status_code", 404))
+    allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+    message = NO_PAGE if status == 404 else \
+        f"{request.method} is not allowed here (only {allowed or 'other methods'})"
+    response = request.app.state.dashboard.error_page(request, status, message)
+    for key, value in (getattr(exc, "headers", None) or {}).items():  # Allow, for a 405
+        response.headers[key] = value
+    return _finish(request, response)
+
+
+async def favicon(request: Request) -> Response:
+    """The icon browsers ask for at ``/favicon.ico`` (pages link the same SVG)."""
+    return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
 
 async def _checked_form(dash: Dashboard, request: Request) -> Any:
