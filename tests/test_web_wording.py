@@ -17,6 +17,9 @@ import emqfast  # noqa: E402
 from emqfast.facade.job import STATES  # noqa: E402
 from emqfast.web import create_app  # noqa: E402
 
+TOKEN = "Strong-token-9f3Kq2xZ"
+
+
 @pytest.fixture
 def conn(redis_url):
     client = redis.Redis.from_url(redis_url)
@@ -83,3 +86,39 @@ def test_the_favicon_is_served_with_the_page_headers(client):
         assert icon.headers["content-type"].startswith("image/svg+xml")
         assert icon.text.startswith("<svg")
         assert "default-src 'none'" in icon.headers["content-security-policy"]
+
+
+def _csrf(c: TestClient) -> str:
+    c.get("/login")
+    return c.cookies.get("emq_csrf")
+
+
+def test_login_goes_back_to_the_page_asked_for(redis_url, conn, qname):
+    emqfast.Queue(qname, conn).enqueue({"n": 1})
+    with TestClient(create_app(redis_url, auth=TOKEN)) as c:
+        asked = c.get("/queue", params={"q": qname, "state": "failed"}, follow_redirects=False)
+        assert asked.status_code == 303
+        login_url = asked.headers["location"]
+        assert login_url.startswith("/login?next=")
+        form = c.get(login_url)
+        wanted = f"/queue?q={qname}&amp;state=failed"
+        assert f'name="next" value="{wanted}"' in form.text
+        done = c.post("/login", data={"csrf": c.cookies.get("emq_csrf"), "token": TOKEN,
+                                      "next": f"/queue?q={qname}&state=failed"},
+                      follow_redirects=False)
+        assert done.status_code == 303
+        assert done.headers["location"] == f"/queue?q={qname}&state=failed"
+        assert c.get(done.headers["location"]).status_code == 200
+
+
+@pytest.mark.parametrize("where", ["//evil.example", "https://evil.example",
+                                   "/\\evil.example", "//evil.example/queue",
+                                   "javascript:alert(1)", "evil.example", "/\t/evil.example",
+                                   "http:/evil.example", " //evil.example"])
+def test_login_never_sends_you_to_another_site(redis_url, where):
+    with TestClient(create_app(redis_url, auth=TOKEN)) as c:
+        form = c.get("/login", params={"next": where})
+        assert "evil" not in form.text  # not carried into the form either
+        done = c.post("/login", data={"csrf": _csrf(c), "token": TOKEN, "next": where},
+                      follow_redirects=False)
+        assert done.status_code == 303 and done.headers["location"] == "/"

@@ -10,7 +10,7 @@ import math
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
@@ -189,7 +189,30 @@ def _admit(dash: Dashboard, request: Request, post: bool, public: bool) -> Optio
         return None
     if wants_json(request) or post:
         raise Problem(401, "log in first (auth token needed)")
-    return RedirectResponse(link(request, "login"), 303)
+    asked = asked_for(request)
+    return RedirectResponse(link(request, "login", next=None if asked == "/" else asked), 303)
+
+
+def asked_for(request: Request) -> str:
+    """The page asked for, relative to the dashboard's mount path (login goes back to it)."""
+    path, root = request.url.path, app_root(request)
+    if root and path.startswith(root):
+        path = path[len(root):]
+    query = request.url.query
+    return (path or "/") + ("?" + query if query else "")
+
+
+def safe_next(raw: Any) -> Optional[str]:
+    """``raw`` when it is a path of this dashboard (``/queue?q=...``), else None: never
+    another site (``//evil.example``, ``/\\evil.example``, ``https://...``), never a
+    control character or space a browser might strip to make one."""
+    if not isinstance(raw, str) or not 1 <= len(raw) <= 2000 or raw[0] != "/" \
+            or raw[1:2] in ("/", "\\") or "\\" in raw:
+        return None
+    if any(ord(c) <= 0x20 or 0x7F <= ord(c) <= 0x9F for c in raw):
+        return None
+    parts = urlsplit(raw)
+    return raw if not parts.scheme and not parts.netloc else None
 
 
 def endpoint(fn: Handler, post: bool = False, public: bool = False
