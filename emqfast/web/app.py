@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -18,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, RedirectResponse,
                                  Response)
 
+from emqfast.core.diagnose import explain
 from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
-from emqfast.web.reads import BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names
+from emqfast.web.reads import (BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names, log,
+                               one_line)
 from emqfast.web.security import CSRF_COOKIE, Guard, cross_site
 from emqfast.web.shield import APP_ROOT
 from emqfast.web.throughput import Throughput
@@ -81,6 +84,19 @@ class Dashboard:
             return JSONResponse({"error": message}, status_code=status)
         return self.render(request, "error.html", status=status, status_code=status,
                            message=message)
+
+
+def check_server(client: Any) -> Optional[str]:
+    """None when the Redis server answers a PING; else one line saying what is wrong
+    (unreachable, a password missing or wrong), passwords masked."""
+    try:
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure is the answer
+        why = explain(exc, clean=redact)
+        if why:
+            return why
+        return f"cannot reach the Redis server at {describe(client)}: {one_line(exc)}"
+    return None
 
 
 def describe(client: Any) -> str:
@@ -234,7 +250,9 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
             response = dash.error_page(request, p.status, p.message)
         except InvalidInput as exc:
             response = dash.error_page(request, 400, f"{type(exc).__name__}: {redact(str(exc))}")
-        except EmqError as exc:
+        except EmqError as exc:  # Redis down, a wrong password...: one log line, no traceback
+            log.warning("emqfast dashboard: %s %s answered 502: %s", request.method,
+                        request.url.path, one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
             response = dash.error_page(request, 502, f"{type(exc).__name__}: {redact(str(exc))}")
         # the server's time for this page (browsers show it in their network panel)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"

@@ -98,10 +98,11 @@ class Discovery:
         try:
             names = self.parse(run(self.client, _scan_op(self.match)))
             self._names, self._at = names, time.monotonic()
-        except Exception:  # noqa: BLE001 - a background scan keeps the last names
-            log.warning("emqfast dashboard: queue discovery failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a background scan keeps the last names
             if self._names is None:
-                raise
+                raise  # the page asking for them fails, and says why (one log line)
+            log.warning("emqfast dashboard: queue discovery failed (keeping the last names): "
+                        "%s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
         finally:
             with self._lock:
                 self._scanning = False
@@ -111,6 +112,11 @@ class Discovery:
         if self.fixed is not None and name not in self.fixed:
             return False
         return bool(run(self.client, _exists_op(QueueKeys(name).meta)))
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line for a log (its type and message, passwords masked)."""
+    return redact(" ".join(f"{type(exc).__name__}: {exc}".split()))
 
 
 def _scan_op(match: str) -> Op:
