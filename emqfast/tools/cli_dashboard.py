@@ -124,8 +124,8 @@ def dashboard(host: str, port: int, read_only: bool, auth_token: Optional[str],
                err=False)
     problem = check_server(app.state.dashboard.client)
     if problem:  # serve anyway: the server may come up (or the password be fixed) later
-        click.echo(scrub(f"warning: {problem.rstrip('.')}. Serving anyway: every page answers 502 until "
-                         "the server answers."), err=True)
+        click.echo(scrub(f"warning: {problem.rstrip('.')}. Serving anyway: every page "
+                         "answers 502 until the server answers."), err=True)
     if not is_loopback(host):  # reached by other names: say which it answers
         click.echo(f"answering Host names: loopback, {', '.join(names)} (more: --allowed-host "
                    "NAME)", err=True)
