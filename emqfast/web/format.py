@@ -98,7 +98,8 @@ def _layout(states: Tuple[str, ...]) -> List[Tuple[str, str, str]]:
     """Per column: the state, and the cell's opening tag for a zero and a non-zero count."""
     out = []
     for state in states + ("grouped",):
-        plain = f'<td class="num" data-k="{escape(state)}">'
+        label = escape(state.replace("_", " "))  # shown beside the count on a phone
+        plain = f'<td class="num" data-label="{label}" data-k="{escape(state)}">'
         out.append((state, plain, plain.replace('"num"', '"num bad"') if state == "failed"
                     else plain))
     _LAYOUTS[states] = out
