@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from test_web_browser import LiveServer, browser  # noqa: F401 - the fixture
+import test_web_browser
+from test_web_browser import LiveServer
 from selenium.webdriver.common.by import By  # noqa: E402
 
 import emqfast  # noqa: E402
@@ -20,6 +21,7 @@ from emqfast.web import create_app  # noqa: E402
 ARTIFACTS = Path(os.environ.get("EMQ_TEST_ARTIFACTS")
                  or Path(__file__).resolve().parent.parent / "build" / "web-layout")
 PHONE, DESKTOP = (390, 844), (1280, 800)
+browser = test_web_browser.browser  # the module's Chromium (a fixture)
 LONG_ERROR = ("ConnectionRefusedError: could not reach smtp.example.com:587 after 3 tries "
               "(timeout 10 s); the mail for ada@example.com stays queued")
 
@@ -80,7 +82,7 @@ def page_width(driver) -> int:
     return int(driver.execute_script("return document.documentElement.scrollWidth"))
 
 
-def test_the_failed_list_on_a_phone_shows_errors_and_buttons(browser, redis_url,  # noqa: F811
+def test_the_failed_list_on_a_phone_shows_errors_and_buttons(browser, redis_url,
                                                              queues):
     q, _ = queues
     with LiveServer(create_app(redis_url, queues=[q.name])) as live:
@@ -101,7 +103,7 @@ def test_the_failed_list_on_a_phone_shows_errors_and_buttons(browser, redis_url,
             browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
-def test_the_overview_on_a_phone_shows_each_queues_counts(browser, redis_url,  # noqa: F811
+def test_the_overview_on_a_phone_shows_each_queues_counts(browser, redis_url,
                                                            queues):
     q, other = queues
     with LiveServer(create_app(redis_url, queues=[q.name, other.name])) as live:
@@ -120,7 +122,7 @@ def test_the_overview_on_a_phone_shows_each_queues_counts(browser, redis_url,  #
             browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
-def test_the_overview_fits_a_desktop_without_scrolling(browser, redis_url,  # noqa: F811
+def test_the_overview_fits_a_desktop_without_scrolling(browser, redis_url,
                                                          queues):
     q, other = queues
     with LiveServer(create_app(redis_url, queues=[q.name, other.name])) as live:
