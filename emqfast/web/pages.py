@@ -17,6 +17,7 @@ from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.web import format as fmt, reads
 from emqfast.web.app import Dashboard, Handler, Problem, link
+from emqfast.web.lockstep import run_many
 
 
 def known_queue(dash: Dashboard, name: Any) -> str:
@@ -113,9 +114,23 @@ def queue(dash: Dashboard, request: Request) -> Response:
 
 
 def api_queue(dash: Dashboard, request: Request) -> Response:
+    """Counts and the paused flag; with ``state`` (and ``start``), the ids of that page of
+    the job list too, so the page's script sees when its list changed."""
     name = queue_param(dash, request)
     q = Queue(name, dash.client)
-    return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
+    state = request.query_params.get("state")
+    if state is None:
+        return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
+    if state not in JOB_STATES:
+        raise Problem(400, f"state must be one of {', '.join(JOB_STATES)}")
+    start = _int_param(request, "start", 0, 1 << 40)
+    counts, paused, ids = run_many(dash.client, [
+        Queue.counts.op(q), Queue.is_paused.op(q),
+        Queue.job_ids.op(q, state, start, start + reads.PAGE_SIZE - 1)])
+    for value in (counts, paused, ids):
+        if isinstance(value, Exception):
+            raise value
+    return JSONResponse({"name": name, "counts": counts, "paused": paused, "ids": ids})
 
 
 # --- one job ------------------------------------------------------------------------------
