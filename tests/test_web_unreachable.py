@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 
 from emqfast.web import create_app  # noqa: E402
+from emqfast.web.app import check_server  # noqa: E402
 from conftest import start_redis_server  # noqa: E402
 from waiting import wait_until  # noqa: E402
 from web_client import TestClient  # noqa: E402
@@ -106,3 +108,13 @@ def test_each_failed_request_is_one_log_record(caplog):
     with TestClient(create_app(dead_url())) as c:
         c.get("/")
     assert [bool(r.exc_info) for r in caplog.records if r.name == "emqfast.web"] == [True]
+
+
+def test_a_silent_server_does_not_hold_up_the_start():
+    class Silent:  # a host that drops packets: the connect hangs
+        def ping(self):
+            time.sleep(10)
+    started = time.monotonic()
+    said = check_server(Silent(), timeout_s=0.2)
+    assert "did not answer within 0.2 s" in said
+    assert time.monotonic() - started < 2

@@ -8,6 +8,8 @@ import functools
 import json
 import logging
 import math
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple
@@ -86,17 +88,28 @@ class Dashboard:
                            message=message)
 
 
-def check_server(client: Any) -> Optional[str]:
-    """None when the Redis server answers a PING; else one line saying what is wrong
-    (unreachable, a password missing or wrong), passwords masked."""
+def check_server(client: Any, timeout_s: float = 5.0) -> Optional[str]:
+    """None when the Redis server answers a PING within ``timeout_s``; else one line
+    saying what is wrong (unreachable, silent, a password missing or wrong), passwords
+    masked. The PING runs in a daemon thread: a host that drops packets cannot hold up
+    the start for the OS's connect timeout."""
+    outcome: "queue.Queue[Optional[BaseException]]" = queue.Queue()
+
+    def ping() -> None:
+        try:
+            client.ping()
+            outcome.put(None)
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer
+            outcome.put(exc)
+    threading.Thread(target=ping, name="emqfast-web-ping", daemon=True).start()
     try:
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure is the answer
-        why = explain(exc, clean=redact)
-        if why:
-            return why
-        return f"cannot reach the Redis server at {describe(client)}: {one_line(exc)}"
-    return None
+        exc = outcome.get(timeout=timeout_s)
+    except queue.Empty:
+        return f"the Redis server at {describe(client)} did not answer within {timeout_s:g} s"
+    if exc is None:
+        return None
+    return explain(exc, clean=redact) or \
+        f"cannot reach the Redis server at {describe(client)}: {one_line(exc)}"
 
 
 def describe(client: Any) -> str:
