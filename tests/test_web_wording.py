@@ -109,6 +109,8 @@ def test_login_goes_back_to_the_page_asked_for(redis_url, conn, qname):
         assert done.status_code == 303
         assert done.headers["location"] == f"/queue?q={qname}&state=failed"
         assert c.get(done.headers["location"]).status_code == 200
+        again = c.get("/login", params={"next": "/workers"}, follow_redirects=False)
+        assert again.status_code == 303 and again.headers["location"] == "/workers"
 
 
 @pytest.mark.parametrize("where", ["//evil.example", "https://evil.example",

@@ -195,8 +195,8 @@ def _back_to(request: Request, raw: Any) -> str:
 
 def login_page(dash: Dashboard, request: Request) -> Response:
     asked = request.query_params.get("next")
-    if not dash.guard.enabled:
-        return RedirectResponse(_back_to(request, asked), 303)
+    if not dash.guard.enabled or dash.guard.allows(request.headers, request.cookies):
+        return RedirectResponse(_back_to(request, asked), 303)  # nothing to log in to
     return dash.render(request, "login.html", next=safe_next(asked))
 
 
