@@ -43,15 +43,17 @@ def serve(*args):
     return proc, found.group(1)
 
 
+def _get(url):
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return None
+
+
 def pages_then_stop(proc, url, paths=("", "queue?q=x", "workers")) -> str:
     """GET each path (expecting 502), stop the server: what it wrote to stderr."""
     try:
-        def up():
-            try:
-                return httpx.get(url, timeout=5)
-            except httpx.HTTPError:
-                return None
-        wait_until(up, what="the dashboard to answer")
+        wait_until(lambda: _get(url), what="the dashboard to answer")
         for path in paths:
             got = httpx.get(url + path, timeout=10)
             assert got.status_code == 502, (path, got.status_code)
@@ -80,7 +82,12 @@ def test_a_wrong_password_is_named_at_start_and_never_shown():
     try:
         redis.Redis(port=port).config_set("requirepass", PASSWORD)
         proc, address = serve("dashboard", "--url", f"redis://:wrong-{PASSWORD}@127.0.0.1:{port}/0")
-        err = pages_then_stop(proc, address, paths=("",))
+        page = None
+        try:
+            page = wait_until(lambda: _get(address), what="the dashboard to answer")
+        finally:
+            err = pages_then_stop(proc, address, paths=("",))
+        assert "wrong user name or password" in page.text and PASSWORD not in page.text
         first = err.splitlines()[0]
         assert "wrong user name or password" in first and "Serving anyway" in first, err
         assert PASSWORD not in err and "Traceback" not in err

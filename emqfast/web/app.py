@@ -266,7 +266,8 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
         except EmqError as exc:  # Redis down, a wrong password...: one log line, no traceback
             log.warning("emqfast dashboard: %s %s answered 502: %s", request.method,
                         request.url.path, one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-            response = dash.error_page(request, 502, f"{type(exc).__name__}: {redact(str(exc))}")
+            response = dash.error_page(request, 502, explain(exc, clean=redact)
+                                       or f"{type(exc).__name__}: {redact(str(exc))}")
         # the server's time for this page (browsers show it in their network panel)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return _finish(request, response)
