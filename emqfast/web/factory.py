@@ -38,7 +38,7 @@ def create_app(conn: Any = None, *, queues: Optional[Sequence[str]] = None,
               methods=[method])
         for path, name, method, fn, public in pages.ROUTES + actions.ROUTES]
     routes.append(Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"))
-    routes.append(Route("/favicon.ico", favicon, name="favicon", methods=["GET"]))
+    routes.append(Route("/favicon.ico", favicon, name="favicon"))  # GET and HEAD
     hosts = AllowedHosts(allowed_hosts or ())
     app = Starlette(routes=routes, middleware=[Middleware(Shield, hosts=hosts)],
                     exception_handlers={404: no_page, 405: no_page})
