@@ -264,8 +264,10 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
         except InvalidInput as exc:
             response = dash.error_page(request, 400, f"{type(exc).__name__}: {redact(str(exc))}")
         except EmqError as exc:  # Redis down, a wrong password...: one log line, no traceback
-            log.warning("emqfast dashboard: %s %s answered 502: %s", request.method,
-                        request.url.path, one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            text = one_line(exc)  # %r: a hostile error cannot forge a log line
+            log.warning("emqfast dashboard: %s %r answered 502: %r", request.method,
+                        request.url.path, text, extra={"error": text},
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             response = dash.error_page(request, 502, explain(exc, clean=redact)
                                        or f"{type(exc).__name__}: {redact(str(exc))}")
         # the server's time for this page (browsers show it in their network panel)

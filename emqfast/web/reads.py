@@ -103,7 +103,7 @@ class Discovery:
             if self._names is None:
                 raise  # the page asking for them fails, and says why (one log line)
             log.warning("emqfast dashboard: queue discovery failed (keeping the last names): "
-                        "%s", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+                        "%r", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
         finally:
             with self._lock:
                 self._scanning = False
