@@ -87,3 +87,21 @@ def test_a_gone_dependency_shows_as_gone(redis_url, conn, qname):
     with TestClient(create_app(redis_url)) as c:
         deps = section(c.get("/job", params={"q": qname, "id": cert.id}).text, "depends-on")
     assert first.id in deps and "st-gone" in deps
+
+
+def test_the_flow_graph_links_each_job_and_escapes_names(redis_url, conn, qname):
+    hostile = emqfast.Queue(qname + '"><img src=x onerror=alert(1)>', conn)
+    q = emqfast.Queue(qname, conn)
+    up = hostile.enqueue("up", delay_ms=3_600_000)
+    mine = q.enqueue("mine", depends_on=[(hostile.name, up.id)])
+    after = q.enqueue("after", depends_on=[mine])
+    with TestClient(create_app(redis_url)) as c:
+        page = c.get("/job", params={"q": qname, "id": mine.id}).text
+    svg = re.search(r'<svg class="flow".*?</svg>', page, re.S).group(0)
+    nodes = re.findall(r'<a href="([^"]+)" class="node st-(\w+)( here)?">', svg)
+    assert len(nodes) == 3 and len(re.findall(r'<path class="edge', svg)) == 2
+    hrefs = {html.unescape(h): (state, bool(here)) for h, state, here in nodes}
+    assert hrefs[f"/job?q={qname}&id={mine.id}"] == ("waiting_deps", True)
+    assert hrefs[f"/job?q={qname}&id={after.id}"] == ("waiting_deps", False)
+    assert ("scheduled", False) in hrefs.values()  # the hostile queue's job, by its state
+    assert "<img" not in page and "&lt;img src=x" in svg

@@ -148,7 +148,10 @@ def job(dash: Dashboard, request: Request) -> Response:
     j = page.job
     payload = fmt.preview(j.payload)
     result = fmt.preview(j.result) if j.result is not None else None
+    flow = fmt.flow_graph(page.depends_on, reads.Link(j.queue, j.id, j.state), page.dependents) \
+        if page.depends_on or page.dependents else None
     return dash.render(request, "job.html", page=page, job=j, payload=payload, result=result,
+                       flow=flow,
                        error=fmt.cut(j.error), traceback=fmt.cut(j.traceback),
                        progress=None if j.last_progress is None else fmt.preview(j.last_progress),
                        preview_limit=fmt.PREVIEW_BYTES)
