@@ -96,6 +96,8 @@ def test_the_failed_list_on_a_phone_shows_errors_and_buttons(browser, redis_url,
                 el = first.find_element(By.CSS_SELECTOR, sel)
                 assert on_screen(browser, el, PHONE[0]), (sel, box(browser, el))
             assert "smtp.example.com" in first.find_element(By.CSS_SELECTOR, "td.err").text
+            every = browser.find_element(By.CSS_SELECTOR, "[data-select-all]")
+            assert on_screen(browser, every, PHONE[0])  # the bulk actions' select-all box
             for label in ("Retry", "Delete"):
                 button = first.find_element(By.XPATH, f".//button[normalize-space()='{label}']")
                 assert on_screen(browser, button, PHONE[0]), (label, box(browser, button))
