@@ -3,7 +3,8 @@
 -- again, by a second drainer or the repair, finds it gone and does nothing). The last one
 -- gone releases the job to pending with its own pending score (its priority tier and mint
 -- order). A dependency that did not complete (failed, cancelled, expired or vanished), for
--- a job with on_dep_failure 'fail', fails the job at once with error 'dependency failed';
+-- a job with on_dep_failure 'fail', fails the job at once with error 'dependency failed'
+-- (naming the culprit in fields 'dep_failed' "<queue>\0<job id>" and 'dep_outcome');
 -- the finish hook then tells its own waiters and queues it for its own dependents
 -- (the cascade). With 'run' such a dependency counts as done. A completed dependency's
 -- result, when the caller sends it, is copied into the job's hash (field
@@ -76,7 +77,7 @@ if err then return redis.error_reply(err) end
 
 if fails then
   redis.call('HSET', job_key, 'state', 'failed', 'error', 'dependency failed',
-    'finished', emq_int(now))
+    'finished', emq_int(now), 'dep_failed', dependency, 'dep_outcome', outcome)
   redis.call('DEL', deps_key)
   redis.call('ZREM', waitdeps_key, id)
   redis.call('ZREM', deplink_key, id)

@@ -11,14 +11,16 @@ list). It answers only the Host names it is bound to (loopback names, ``--host``
 those given with ``--allowed-host``."""
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
 import click
 
 from emqfast.core.errors import InvalidInput
-from emqfast.tools.cli_state import current_state, url_option
+from emqfast.tools.cli_state import current_state, scrub, url_option
 from emqfast.tools.hosts import bound_names, is_loopback
 
 TOKEN_ENV = "EMQ_DASHBOARD_TOKEN"
@@ -36,6 +38,17 @@ def check_exposure(host: str, token: Optional[str]) -> None:
             f"it can retry, cancel and delete jobs. Set {TOKEN_ENV} (or pass "
             "--auth-token-file PATH, or --auth-token TOKEN), or keep the default --host "
             "127.0.0.1")
+
+
+def _log_to_stderr(verbose: bool) -> None:
+    """The dashboard's log lines (one per failed request) to stderr; their tracebacks
+    too with ``-v``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    web = logging.getLogger("emqfast.web")
+    web.addHandler(handler)
+    web.setLevel(logging.DEBUG if verbose else logging.INFO)
+    web.propagate = False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -97,16 +110,22 @@ def dashboard(host: str, port: int, read_only: bool, auth_token: Optional[str],
         import uvicorn
 
         from emqfast.web import create_app
+        from emqfast.web.app import check_server
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs the web extra: pip install 'emqfast[web]' ({exc})") from None
     state = current_state()
+    _log_to_stderr(state.verbose)
     names = sorted(bound_names(host) | set(allowed_hosts))
     app = create_app(state.conn(), read_only=read_only, auth=auth_token, allowed_hosts=names)
     sock = bind(host, port)
     click.echo(f"emqfast dashboard on {address(host, sock.getsockname()[1])} "
                f"(Redis: {state.where()}{', read-only' if read_only else ''}); Ctrl-C stops it",
                err=False)
+    problem = check_server(app.state.dashboard.client)
+    if problem:  # serve anyway: the server may come up (or the password be fixed) later
+        click.echo(scrub(f"warning: {problem.rstrip('.')}. Serving anyway: every page "
+                         "answers 502 until the server answers."), err=True)
     if not is_loopback(host):  # reached by other names: say which it answers
         click.echo(f"answering Host names: loopback, {', '.join(names)} (more: --allowed-host "
                    "NAME)", err=True)

@@ -17,14 +17,14 @@ from emqfast.core.errors import InvalidInput, JobNotFound, JobStateError
 from emqfast.core.redaction import redact
 from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.control import CancelResult
+from emqfast.facade.job import STATES
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
-from emqfast.web.app import Dashboard, Handler, Problem, client_of, cookie_path, flash, link
+from emqfast.web.app import (Dashboard, Handler, Problem, app_root, client_of, cookie_path,
+                             flash, link, safe_next)
 from emqfast.web.pages import known_queue
-from emqfast.web.reads import OPTIONAL_STATES, STATES as BASE_STATES
 from emqfast.web.security import AUTH_COOKIE, SESSION_TTL_S
 
-STATES = BASE_STATES + OPTIONAL_STATES
 MAX_SELECTED = 500  # ids one bulk action takes
 Outcome = Tuple[str, str]  # (flash kind, message)
 
@@ -186,19 +186,29 @@ def schedule_remove(dash: Dashboard, request: Request, form: Any) -> Response:
 
 
 # --- login ----------------------------------------------------------------------------
+def _back_to(request: Request, raw: Any) -> str:
+    """Where a login goes: the page asked for (a path of this dashboard only, see
+    :func:`~emqfast.web.app.safe_next`), else the overview."""
+    path = safe_next(raw)
+    return app_root(request) + path if path else link(request, "overview")
+
+
 def login_page(dash: Dashboard, request: Request) -> Response:
-    if not dash.guard.enabled:
-        return RedirectResponse(link(request, "overview"), 303)
-    return dash.render(request, "login.html")
+    asked = request.query_params.get("next")
+    if not dash.guard.enabled or dash.guard.allows(request.headers, request.cookies):
+        return RedirectResponse(_back_to(request, asked), 303)  # nothing to log in to
+    return dash.render(request, "login.html", next=safe_next(asked))
 
 
 def login(dash: Dashboard, request: Request, form: Any) -> Response:
+    asked = form.get("next")
     if not dash.guard.enabled:
-        return RedirectResponse(link(request, "overview"), 303)
+        return RedirectResponse(_back_to(request, asked), 303)
     if not dash.guard.check_token(str(form.get("token", ""))):
         dash.guard.throttle.failed(client_of(request))
-        return dash.render(request, "login.html", status=401, failed=True)
-    response = RedirectResponse(link(request, "overview"), 303)
+        return dash.render(request, "login.html", status=401, failed=True,
+                           next=safe_next(asked))
+    response = RedirectResponse(_back_to(request, asked), 303)
     dash.guard.end_session(request.cookies.get(AUTH_COOKIE))  # a new id per login
     response.set_cookie(AUTH_COOKIE, dash.guard.new_session(), path=cookie_path(request),
                         max_age=SESSION_TTL_S, httponly=True, samesite="strict")

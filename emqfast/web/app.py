@@ -6,23 +6,30 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import math
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, RedirectResponse,
+                                 Response)
 
+from emqfast.core.diagnose import explain
 from emqfast.core.errors import EmqError, InvalidInput
 from emqfast.core.redaction import redact
 from emqfast.server.connection import resolve
 from emqfast.web import format as fmt
-from emqfast.web.reads import BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names
+from emqfast.web.reads import (BOARD_GLOB, BOARD_TTL_S, Discovery, Queues, board_names, log,
+                               one_line)
 from emqfast.web.security import CSRF_COOKIE, Guard, cross_site
+from emqfast.web.shield import APP_ROOT
 from emqfast.web.throughput import Throughput
 
 HERE = Path(__file__).resolve().parent
@@ -81,6 +88,30 @@ class Dashboard:
                            message=message)
 
 
+def check_server(client: Any, timeout_s: float = 5.0) -> Optional[str]:
+    """None when the Redis server answers a PING within ``timeout_s``; else one line
+    saying what is wrong (unreachable, silent, a password missing or wrong), passwords
+    masked. The PING runs in a daemon thread: a host that drops packets cannot hold up
+    the start for the OS's connect timeout."""
+    outcome: "queue.Queue[Optional[BaseException]]" = queue.Queue()
+
+    def ping() -> None:
+        try:
+            client.ping()
+            outcome.put(None)
+        except Exception as exc:  # noqa: BLE001 - any failure is the answer
+            outcome.put(exc)
+    threading.Thread(target=ping, name="emqfast-web-ping", daemon=True).start()
+    try:
+        exc = outcome.get(timeout=timeout_s)
+    except queue.Empty:
+        return f"the Redis server at {describe(client)} did not answer within {timeout_s:g} s"
+    if exc is None:
+        return None
+    return explain(exc, clean=redact) or \
+        f"cannot reach the Redis server at {describe(client)}: {one_line(exc)}"
+
+
 def describe(client: Any) -> str:
     """Where the dashboard reads, without any password: ``host:port/db`` or a socket."""
     kwargs: Dict[str, Any] = getattr(getattr(client, "connection_pool", None),
@@ -95,22 +126,27 @@ def describe(client: Any) -> str:
     return redact(where + (f"/{db}" if db else ""))
 
 
+def app_root(request: Request) -> str:
+    """The path the dashboard is mounted at ("" at the root): noted by the Shield as the
+    request comes in, since a mount inside the app (``/static``) moves ``root_path``."""
+    root: str = request.scope.get(APP_ROOT, request.scope.get("root_path", ""))
+    return root
+
+
 def cookie_path(request: Request) -> str:
-    return request.scope.get("root_path", "") or "/"
+    return app_root(request) or "/"
 
 
 def link(request: Request, name: str, **params: Any) -> str:
     """A root-relative URL of route ``name`` (works under any mount prefix)."""
-    root: str = request.scope.get("root_path", "")
-    path = root + str(request.app.url_path_for(name))
+    path = app_root(request) + str(request.app.url_path_for(name))
     query = {k: v for k, v in params.items() if v is not None and v != ""}
     return path + ("?" + urlencode(query) if query else "")
 
 
 def asset(request: Request, name: str) -> str:
     """The root-relative URL of a static file of the dashboard."""
-    root: str = request.scope.get("root_path", "")
-    return root + str(request.app.url_path_for("static", path="/" + name))
+    return app_root(request) + str(request.app.url_path_for("static", path="/" + name))
 
 
 def csrf_of(request: Request) -> str:
@@ -182,7 +218,30 @@ def _admit(dash: Dashboard, request: Request, post: bool, public: bool) -> Optio
         return None
     if wants_json(request) or post:
         raise Problem(401, "log in first (auth token needed)")
-    return RedirectResponse(link(request, "login"), 303)
+    asked = asked_for(request)
+    return RedirectResponse(link(request, "login", next=None if asked == "/" else asked), 303)
+
+
+def asked_for(request: Request) -> str:
+    """The page asked for, relative to the dashboard's mount path (login goes back to it)."""
+    path, root = request.url.path, app_root(request)
+    if root and path.startswith(root):
+        path = path[len(root):]
+    query = request.url.query
+    return (path or "/") + ("?" + query if query else "")
+
+
+def safe_next(raw: Any) -> Optional[str]:
+    """``raw`` when it is a path of this dashboard (``/queue?q=...``), else None: never
+    another site (``//evil.example``, ``/\\evil.example``, ``https://...``), never a
+    control character or space a browser might strip to make one."""
+    if not isinstance(raw, str) or not 1 <= len(raw) <= 2000 or raw[0] != "/" \
+            or raw[1:2] in ("/", "\\") or "\\" in raw:
+        return None
+    if any(ord(c) <= 0x20 or 0x7F <= ord(c) <= 0x9F for c in raw):
+        return None
+    parts = urlsplit(raw)
+    return raw if not parts.scheme and not parts.netloc else None
 
 
 def endpoint(fn: Handler, post: bool = False, public: bool = False
@@ -204,12 +263,38 @@ def endpoint(fn: Handler, post: bool = False, public: bool = False
             response = dash.error_page(request, p.status, p.message)
         except InvalidInput as exc:
             response = dash.error_page(request, 400, f"{type(exc).__name__}: {redact(str(exc))}")
-        except EmqError as exc:
-            response = dash.error_page(request, 502, f"{type(exc).__name__}: {redact(str(exc))}")
+        except EmqError as exc:  # Redis down, a wrong password...: one log line, no traceback
+            text = one_line(exc)  # %r: a hostile error cannot forge a log line
+            log.warning("emqfast dashboard: %s %r answered 502: %r", request.method,
+                        request.url.path, text, extra={"error": text},
+                        exc_info=log.isEnabledFor(logging.DEBUG))
+            response = dash.error_page(request, 502, explain(exc, clean=redact)
+                                       or f"{type(exc).__name__}: {redact(str(exc))}")
         # the server's time for this page (browsers show it in their network panel)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.1f}"
         return _finish(request, response)
     return handle
+
+
+NO_PAGE = "there is no page at this address"
+
+
+async def no_page(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route, no static file) and 405 as the dashboard's error
+    page (or JSON under ``/api/``), with the page headers and a link home."""
+    status = int(getattr(exc, "status_code", 404))
+    allowed = (getattr(exc, "headers", None) or {}).get("Allow", "")
+    message = NO_PAGE if status == 404 else \
+        f"{request.method} is not allowed here (only {allowed or 'other methods'})"
+    response = request.app.state.dashboard.error_page(request, status, message)
+    for key, value in (getattr(exc, "headers", None) or {}).items():  # Allow, for a 405
+        response.headers[key] = value
+    return _finish(request, response)
+
+
+async def favicon(request: Request) -> Response:
+    """The icon browsers ask for at ``/favicon.ico`` (pages link the same SVG)."""
+    return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
 
 async def _checked_form(dash: Dashboard, request: Request) -> Any:

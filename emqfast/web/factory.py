@@ -11,7 +11,7 @@ from starlette.staticfiles import StaticFiles
 
 from emqfast.tools.hosts import AllowedHosts
 from emqfast.web import actions, pages
-from emqfast.web.app import HERE, Dashboard, endpoint
+from emqfast.web.app import HERE, Dashboard, endpoint, favicon, no_page
 from emqfast.web.shield import Shield
 
 
@@ -38,7 +38,9 @@ def create_app(conn: Any = None, *, queues: Optional[Sequence[str]] = None,
               methods=[method])
         for path, name, method, fn, public in pages.ROUTES + actions.ROUTES]
     routes.append(Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"))
+    routes.append(Route("/favicon.ico", favicon, name="favicon"))  # GET and HEAD
     hosts = AllowedHosts(allowed_hosts or ())
-    app = Starlette(routes=routes, middleware=[Middleware(Shield, hosts=hosts)])
+    app = Starlette(routes=routes, middleware=[Middleware(Shield, hosts=hosts)],
+                    exception_handlers={404: no_page, 405: no_page})
     app.state.dashboard = dash
     return app

@@ -98,7 +98,8 @@ def _layout(states: Tuple[str, ...]) -> List[Tuple[str, str, str]]:
     """Per column: the state, and the cell's opening tag for a zero and a non-zero count."""
     out = []
     for state in states + ("grouped",):
-        plain = f'<td class="num" data-k="{escape(state)}">'
+        label = escape(state.replace("_", " "))  # shown beside the count on a phone
+        plain = f'<td class="num" data-label="{label}" data-k="{escape(state)}">'
         out.append((state, plain, plain.replace('"num"', '"num bad"') if state == "failed"
                     else plain))
     _LAYOUTS[states] = out
@@ -140,3 +141,41 @@ def histogram_bars(buckets: Sequence[Tuple[float, int]], width: int = 300,
                      "y": round(height - 12 - h, 1), "h": round(h, 1), "n": n,
                      "label": f"≤ {label}: {n}"})
     return bars
+
+
+def _clip(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+FLOW_SIDE = 12  # nodes drawn on each side of a flow graph (the lists below hold them all)
+
+
+def flow_graph(before: Sequence[Any], center: Any, after: Sequence[Any]) -> Dict[str, Any]:
+    """Geometry of a job's small flow graph: the jobs it depends on (left), the job, the
+    jobs waiting on it (right; an empty side takes no room), each a box (``x``, ``y``,
+    ``w``, ``h``, its ``job``, its queue and id cut to fit) and the edges as SVG path data
+    with the state of the job at their far end. Only numbers and the jobs' own strings go
+    out; the template escapes them."""
+    w, h, gap, step = 210, 36, 10, 250
+    sides = [list(before)[:FLOW_SIDE], list(after)[:FLOW_SIDE]]
+    height = max(len(sides[0]), len(sides[1]), 1) * (h + gap) + gap
+    x_mid = 4 + (step if sides[0] else 0)
+
+    def column(items: List[Any], x: int) -> List[Dict[str, Any]]:
+        top = (height - len(items) * (h + gap) + gap) / 2
+        return [{"x": x, "y": round(top + i * (h + gap), 1), "w": w, "h": h, "job": item,
+                 "queue": _clip(item.queue, 32), "label": _clip(item.id, 28)}
+                for i, item in enumerate(items)]
+    left, right = column(sides[0], 4), column(sides[1], x_mid + step)
+    mid = column([center], x_mid)[0]
+    cy = mid["y"] + h / 2
+
+    def edge(x1: float, y1: float, x2: float, y2: float, state: Optional[str]) -> Dict[str, str]:
+        bend = (x2 - x1) / 2
+        return {"d": f"M{x1} {y1:.1f} C{x1 + bend} {y1:.1f} {x2 - bend} {y2:.1f} {x2} {y2:.1f}",
+                "state": state or "gone"}
+    edges = [edge(n["x"] + w, n["y"] + h / 2, x_mid, cy, n["job"].state) for n in left] + \
+        [edge(x_mid + w, cy, n["x"], n["y"] + h / 2, n["job"].state) for n in right]
+    return {"nodes": left + [mid] + right, "center": mid, "edges": edges,
+            "width": (right[0]["x"] if right else x_mid) + w + 4, "height": height,
+            "more": (len(before) - len(sides[0]), len(after) - len(sides[1]))}

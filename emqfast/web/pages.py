@@ -12,12 +12,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from emqfast.core.validation import check_job_id, check_queue_name
+from emqfast.facade.job import STATES as JOB_STATES
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
 from emqfast.web import format as fmt, reads
 from emqfast.web.app import Dashboard, Handler, Problem, link
-
-STATE_NAMES = reads.STATES
+from emqfast.web.lockstep import run_many
 
 
 def known_queue(dash: Dashboard, name: Any) -> str:
@@ -40,6 +40,14 @@ def job_param(request: Request) -> str:
     if job_id is None:
         raise Problem(400, "which job? (the id parameter is missing)")
     return check_job_id(job_id)
+
+
+def missing_job(job_id: str, name: str) -> str:
+    """Why a job id finds nothing: what really removes a job's record (a cancelled or
+    expired job keeps its record until retention trims it)."""
+    return (f"no job {job_id!r} in queue {name!r}: it was never enqueued here, or its record "
+            "is gone: deleted, trimmed by retention (trim keeps the newest completed, "
+            "failed, cancelled and expired records), or its queue was obliterated")
 
 
 def _int_param(request: Request, name: str, default: int, top: int) -> int:
@@ -89,14 +97,14 @@ def api_overview(dash: Dashboard, request: Request) -> Response:
 def queue(dash: Dashboard, request: Request) -> Response:
     name = queue_param(dash, request)
     state = request.query_params.get("state", "pending")
-    if state not in STATE_NAMES + reads.OPTIONAL_STATES:
-        raise Problem(400, f"state must be one of {', '.join(STATE_NAMES)}")
+    if state not in JOB_STATES:
+        raise Problem(400, f"state must be one of {', '.join(JOB_STATES)}")
     start = _int_param(request, "start", 0, 1 << 40)
     wanted = request.query_params.get("id", "").strip()
     if wanted:
         check_job_id(wanted)
         if Queue(name, dash.client).get(wanted) is None:
-            raise Problem(404, f"no job {wanted!r} in queue {name!r}")
+            raise Problem(404, missing_job(wanted, name))
         return RedirectResponse(link(request, "job", q=name, id=wanted), 303)
     page = reads.queue_page(dash.client, name, state, start)
     hists = {h: fmt.histogram_bars(getattr(page.metrics, h).buckets) for h in ("wait", "run")}
@@ -106,9 +114,23 @@ def queue(dash: Dashboard, request: Request) -> Response:
 
 
 def api_queue(dash: Dashboard, request: Request) -> Response:
+    """Counts and the paused flag; with ``state`` (and ``start``), the ids of that page of
+    the job list too, so the page's script sees when its list changed."""
     name = queue_param(dash, request)
     q = Queue(name, dash.client)
-    return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
+    state = request.query_params.get("state")
+    if state is None:
+        return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
+    if state not in JOB_STATES:
+        raise Problem(400, f"state must be one of {', '.join(JOB_STATES)}")
+    start = _int_param(request, "start", 0, 1 << 40)
+    counts, paused, ids = run_many(dash.client, [
+        Queue.counts.op(q), Queue.is_paused.op(q),
+        Queue.job_ids.op(q, state, start, start + reads.PAGE_SIZE - 1)])
+    for value in (counts, paused, ids):
+        if isinstance(value, Exception):
+            raise value
+    return JSONResponse({"name": name, "counts": counts, "paused": paused, "ids": ids})
 
 
 # --- one job ------------------------------------------------------------------------------
@@ -117,8 +139,7 @@ def _job_or_404(dash: Dashboard, request: Request) -> reads.JobPage:
     job_id = job_param(request)
     page = reads.job_page(dash.client, name, job_id)
     if page is None:
-        raise Problem(404, f"no job {job_id!r} in queue {name!r} (unknown, cancelled or "
-                           "trimmed)")
+        raise Problem(404, missing_job(job_id, name))
     return page
 
 
@@ -127,7 +148,10 @@ def job(dash: Dashboard, request: Request) -> Response:
     j = page.job
     payload = fmt.preview(j.payload)
     result = fmt.preview(j.result) if j.result is not None else None
+    flow = fmt.flow_graph(page.depends_on, reads.Link(j.queue, j.id, j.state), page.dependents) \
+        if page.depends_on or page.dependents else None
     return dash.render(request, "job.html", page=page, job=j, payload=payload, result=result,
+                       flow=flow,
                        error=fmt.cut(j.error), traceback=fmt.cut(j.traceback),
                        progress=None if j.last_progress is None else fmt.preview(j.last_progress),
                        preview_limit=fmt.PREVIEW_BYTES)
@@ -147,7 +171,7 @@ def payload(dash: Dashboard, request: Request) -> Response:
     job_id = job_param(request)
     got = Queue(name, dash.client).get(job_id)
     if got is None:
-        raise Problem(404, f"no job {job_id!r} in queue {name!r}")
+        raise Problem(404, missing_job(job_id, name))
     body, media = fmt.download(got.payload)
     ext = "bin" if media == "application/octet-stream" else "json"
     return Response(body, media_type=media,

@@ -18,6 +18,7 @@ from emqfast.backends.drive import run
 from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
 from emqfast.core.ops import Batch, Cmd, Op, Scan
 from emqfast.core.redaction import redact
+from emqfast.facade.deps import split_member
 from emqfast.facade.job import Job
 from emqfast.facade.leaderboard import Leaderboard
 from emqfast.facade.queue import Queue
@@ -98,10 +99,11 @@ class Discovery:
         try:
             names = self.parse(run(self.client, _scan_op(self.match)))
             self._names, self._at = names, time.monotonic()
-        except Exception:  # noqa: BLE001 - a background scan keeps the last names
-            log.warning("emqfast dashboard: queue discovery failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a background scan keeps the last names
             if self._names is None:
-                raise
+                raise  # the page asking for them fails, and says why (one log line)
+            log.warning("emqfast dashboard: queue discovery failed (keeping the last names): "
+                        "%r", one_line(exc), exc_info=log.isEnabledFor(logging.DEBUG))
         finally:
             with self._lock:
                 self._scanning = False
@@ -111,6 +113,11 @@ class Discovery:
         if self.fixed is not None and name not in self.fixed:
             return False
         return bool(run(self.client, _exists_op(QueueKeys(name).meta)))
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line for a log (its type and message, passwords masked)."""
+    return redact(" ".join(f"{type(exc).__name__}: {exc}".split()))
 
 
 def _scan_op(match: str) -> Op:
@@ -256,6 +263,16 @@ def _lanes(client: Any, q: Queue, groups: List[str]) -> List[Dict[str, Any]]:
 
 
 @dataclass
+class Link:
+    """A job at the other end of a dependency: where it is, and its state now (None: its
+    record is gone)."""
+
+    queue: str
+    id: str
+    state: Optional[str] = None
+
+
+@dataclass
 class JobPage:
     """What a job page shows."""
 
@@ -266,29 +283,94 @@ class JobPage:
     group: Optional[str]
     timeline: List[Any]
     now_ms: int
+    depends_on: List[Link] = field(default_factory=list)  # at most MAX_LINKS
+    dependents: List[Link] = field(default_factory=list)  # still waiting on it: MAX_LINKS
+    dependents_total: int = 0
+    # a job failed with "dependency failed": the dependency that did not complete, and how
+    culprit: Optional[Link] = None
+    culprit_outcome: Optional[str] = None
+
+
+MAX_LINKS = 200  # dependencies and dependents listed on a job page
+
+
+def _text(v: Optional[bytes]) -> Optional[str]:
+    return v.decode("utf-8", "replace") if v is not None else None
 
 
 def _lease_op(keys: QueueKeys, job_id: str) -> Op:
-    token, deadline, (worker, group), (sec, usec) = yield Batch([
+    token, deadline, fields, (sec, usec), dependents = yield Batch([
         Cmd.of("HGET", keys.leases, job_id), Cmd.of("ZSCORE", keys.active, job_id),
-        Cmd.of("HMGET", keys.job(job_id), "worker", "group"), Cmd.of("TIME")])
-    text: Callable[[Optional[bytes]], Optional[str]] = (
-        lambda v: v.decode("utf-8", "replace") if v is not None else None)
-    return (text(token), int(float(deadline)) if deadline is not None else None, text(worker),
-            text(group), int(sec) * 1000 + int(usec) // 1000)
+        Cmd.of("HMGET", keys.job(job_id), "worker", "group", "dep_failed", "dep_outcome"),
+        Cmd.of("TIME"), Cmd.of("SCARD", keys.job_dependents(job_id))])
+    worker, group, culprit, outcome = (_text(v) for v in fields)
+    return (_text(token), int(float(deadline)) if deadline is not None else None, worker,
+            group, int(sec) * 1000 + int(usec) // 1000, int(dependents), culprit, outcome)
+
+
+def _state_op(queue: str, job_id: str) -> Op:
+    """A job's state without reading its payload: None when its record is gone."""
+    k = QueueKeys(queue)
+    state, exists, delayed, active = yield Batch([
+        Cmd.of("HGET", k.job(job_id), "state"), Cmd.of("EXISTS", k.job(job_id)),
+        Cmd.of("ZSCORE", k.delayed, job_id), Cmd.of("ZSCORE", k.active, job_id)])
+    if not int(exists):
+        return None
+    text = _text(state)
+    if text not in (None, "pending", "scheduled"):
+        return text
+    return "active" if active is not None else "scheduled" if delayed is not None else "pending"
+
+
+def _dependents_op(keys: QueueKeys, job_id: str) -> Op:
+    """Up to :data:`MAX_LINKS` of the jobs still waiting on this one (its dependents set,
+    ``<queue>\\0<id>`` members; emptied once they have been told it ended)."""
+    found: List[Tuple[str, str]] = []
+    cursor: Any = 0
+    while len(found) < MAX_LINKS:
+        cursor, part = yield Cmd.of("SSCAN", keys.job_dependents(job_id), cursor, "COUNT", 200)
+        found += [split_member(m) for m in part]
+        if int(cursor) == 0:
+            break
+    return sorted(found)[:MAX_LINKS]
+
+
+def _links(client: Any, pairs: Sequence[Tuple[str, str]]) -> List[Link]:
+    states = run_many(client, [_state_op(q, j) for q, j in pairs])
+    return [Link(q, j, None if isinstance(s, Exception) else s)
+            for (q, j), s in zip(pairs, states)]
+
+
+def _depends_on(job: Job) -> List[Tuple[str, str]]:
+    """The job's dependencies as enqueued (``opts`` ``"d"``: ``[[queue, id], ...]``)."""
+    raw = job.extra.get("d") if isinstance(job.extra, dict) else None
+    return [(str(d[0]), str(d[1])) for d in (raw or [])
+            if isinstance(d, (list, tuple)) and len(d) == 2][:MAX_LINKS]
 
 
 def job_page(client: Any, queue: str, job_id: str) -> Optional[JobPage]:
-    """The job, its lease and its timeline; None when there is no such job."""
+    """The job, its lease, its dependencies and dependents, and its timeline; None when
+    there is no such job."""
     q = Queue(queue, client)
-    job, lease = run_many(client, [Queue.get.op(q, job_id), _lease_op(q.keys, job_id)])
-    for value in (job, lease):
+    job, lease, waiting = run_many(client, [Queue.get.op(q, job_id), _lease_op(q.keys, job_id),
+                                            _dependents_op(q.keys, job_id)])
+    for value in (job, lease, waiting):
         if isinstance(value, Exception):
             raise value
     if job is None:
         return None
-    token, deadline, worker, group, now = lease
-    return JobPage(job, token, deadline, worker, group, timeline(q, job), now)
+    token, deadline, worker, group, now, total, culprit, outcome = lease
+    page = JobPage(job, token, deadline, worker, group, timeline(q, job), now)
+    deps = _depends_on(job)
+    links = _links(client, deps + list(waiting))
+    page.depends_on, page.dependents = links[:len(deps)], links[len(deps):]
+    page.dependents_total = total
+    if culprit:
+        cq, cid = split_member(culprit)
+        page.culprit = next((d for d in page.depends_on if (d.queue, d.id) == (cq, cid)),
+                            Link(cq, cid))
+        page.culprit_outcome = outcome
+    return page
 
 
 def timeline(q: Queue, job: Job) -> List[Any]:

@@ -15,6 +15,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _HEADERS = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in HEADERS.items()]
+APP_ROOT = "emqfast.app_root"  # the scope key of the dashboard's own mount path
 REFUSED = (b"This server does not answer that Host name. Open it by the address it was "
            b"started on, or start it with --allowed-host NAME.\n")
 
@@ -42,6 +43,7 @@ class Shield:
         if not self.hosts.allows(_header(scope, b"host")):
             await _refuse(send)
             return
+        scope[APP_ROOT] = scope.get("root_path", "")
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
