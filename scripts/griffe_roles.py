@@ -34,7 +34,7 @@ import builtins
 import html
 import importlib
 import re
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import griffe
 
@@ -52,14 +52,24 @@ unresolved: List[Tuple[str, str]] = []
 
 
 class SphinxRoles(griffe.Extension):
-    """Rewrites Sphinx roles into autorefs cross-references once emqfast is loaded."""
+    """Rewrites Sphinx roles into autorefs cross-references once the package is loaded.
+
+    The options (mkdocs.yml, or a test's own site) default to emqfast's."""
+
+    def __init__(self, package: str = PACKAGE, public_modules: Sequence[str] = PUBLIC_MODULES,
+                 public_extra: Sequence[str] = PUBLIC_EXTRA):
+        super().__init__()
+        self.package = package
+        self.public_modules = tuple(public_modules)
+        self.public_extra = tuple(public_extra)
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader,
                    **kwargs: Any) -> None:
-        if pkg.name != PACKAGE:
+        if pkg.name != self.package:
             return
         unresolved.clear()
-        rewriter = Rewriter(pkg, loader.modules_collection)
+        rewriter = Rewriter(pkg, loader.modules_collection, self.public_modules,
+                            self.public_extra)
         for obj in _documented(pkg):
             if obj.docstring is not None and ":" in obj.docstring.value:
                 obj.docstring.value = rewriter.rewrite(obj)
@@ -74,9 +84,12 @@ def _documented(obj: griffe.Object) -> Iterator[griffe.Object]:
 
 
 class Rewriter:
-    def __init__(self, pkg: griffe.Module, collection: Any):
+    def __init__(self, pkg: griffe.Module, collection: Any,
+                 public_modules: Sequence[str] = PUBLIC_MODULES,
+                 public_extra: Sequence[str] = PUBLIC_EXTRA):
         self.pkg = pkg
         self.collection = collection
+        self.public_modules, self.public_extra = public_modules, public_extra
         self.public, self.required = self._public_paths()
 
     # --- where things are rendered ------------------------------------------------------
@@ -84,7 +97,7 @@ class Rewriter:
         """Canonical path -> public path (a prefix map), and the public names themselves."""
         public: Dict[str, str] = {}
         required: Set[str] = set()
-        for module_path in PUBLIC_MODULES:
+        for module_path in self.public_modules:
             module = self._lookup(module_path)
             if module is None:
                 continue
@@ -97,7 +110,7 @@ class Rewriter:
                 required.add(path)
                 # the first public name wins: emqfast.ReplyLost over emqfast.errors.ReplyLost
                 public.setdefault(self.canonical(member), path)
-        for path in PUBLIC_EXTRA:
+        for path in self.public_extra:
             member = self._lookup(path)
             if member is not None:
                 required.add(path)
@@ -169,10 +182,9 @@ class Rewriter:
         matches.sort(key=lambda obj: -len(_common_prefix(obj.path, owner.path)))
         return matches[0] if matches else None
 
-    @staticmethod
-    def _outside(path: str) -> Optional[str]:
+    def _outside(self, path: str) -> Optional[str]:
         """``path`` if Python can import it (a module, or a name in one) and it is not ours."""
-        if path.split(".")[0] == PACKAGE:
+        if path.split(".")[0] == self.pkg.name:
             return None
         if "." not in path:
             if hasattr(builtins, path):
