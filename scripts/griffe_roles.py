@@ -6,9 +6,9 @@ package is loaded, so the reference shows links instead of the roles' literal te
 A role's target is found as Sphinx finds it: a dotted path from the top (``emqfast.…``,
 ``datetime.timedelta``), else a name seen from where the docstring is (its object's
 members, then its class's and module's, the module's imports included), or, with a
-leading dot, the one object of the package whose path ends so. The link text is the
-target as written (``~``: its last part), with ``()`` after a function or method, or the
-title of ``:meth:`title <target>```.
+leading dot, the object of the package whose path ends so (the nearest to the docstring).
+The link text is the target as written (``~``: its last part; no leading dot), with ``()``
+after a function or method, or the title of ``:meth:`title <target>```.
 
 Where a found object is rendered is its public path, not where it is defined:
 ``emqfast.core.errors.ReplyLost`` is shown as ``emqfast.ReplyLost``, a member inherited
@@ -214,7 +214,8 @@ class Rewriter:
         if titled:
             text = titled["title"]
         else:
-            text = target.lstrip(".").rpartition(".")[2] if body.startswith("~") else target
+            text = target.lstrip(".")
+            text = text.rpartition(".")[2] if body.startswith("~") else text
             text += "()" if role in CALLABLE_ROLES else ""
         code = f"<code>{html.escape(text)}</code>"
         if body.startswith("!"):  # Sphinx: no link wanted

@@ -156,6 +156,7 @@ def test_no_sphinx_role_text_in_the_reference(reference_html):
     leftover = sorted({m.group(0) + body[m.end():m.end() + 40].split("`")[0]
                        for m in ROLE_TEXT.finditer(body)})
     assert not leftover, f"Sphinx roles shown as text: {leftover[:20]}"
+    assert "&lt;autoref" not in reference_html, "a cross-reference shown as text (in code?)"
 
 
 def test_roles_link_to_the_public_entries(reference_html):
