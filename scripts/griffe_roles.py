@@ -132,8 +132,8 @@ class Rewriter:
         if obj.is_alias and obj.inherited:
             return f"{self.canonical(obj.parent)}.{obj.name}"
         if obj.is_alias:
-            return obj.final_target.path
-        return obj.path
+            return str(obj.final_target.path)
+        return str(obj.path)
 
     # --- finding a role's target --------------------------------------------------------
     def _lookup(self, path: str) -> Any:
@@ -205,6 +205,7 @@ class Rewriter:
 
     # --- writing the cross-reference ----------------------------------------------------
     def rewrite(self, owner: griffe.Object) -> str:
+        assert owner.docstring is not None
         return ROLE.sub(lambda match: self._reference(owner, match), owner.docstring.value)
 
     def _reference(self, owner: griffe.Object, match: "re.Match[str]") -> str:

@@ -14,12 +14,15 @@ mkdocs.yml next to ``griffe_roles.py``.
 from __future__ import annotations
 
 import builtins
-from typing import Any, Optional
+from typing import Any, Iterator, List, Optional
 
 import griffe
+from griffe import ParameterKind
 
 PACKAGE = "emqfast"
-KIND = griffe.ParameterKind
+# (griffe types the members of its enum as their str values: name them as the enum's)
+POSITIONAL = ParameterKind("positional or keyword")
+VAR_POSITIONAL = ParameterKind("variadic positional")
 
 
 class ConstructorSignatures(griffe.Extension):
@@ -35,7 +38,7 @@ class ConstructorSignatures(griffe.Extension):
                 cls.set_member("__init__", init)
 
 
-def _classes(obj: Any) -> Any:
+def _classes(obj: Any) -> Iterator[griffe.Class]:
     for member in obj.members.values():
         if member.is_alias:
             continue
@@ -45,18 +48,19 @@ def _classes(obj: Any) -> Any:
             yield from _classes(member)
 
 
-def _base_names(cls: griffe.Class) -> list:
+def _base_names(cls: griffe.Class) -> List[str]:
     return [str(base).rpartition(".")[2] for base in cls.bases]
 
 
 def _made_init(cls: griffe.Class) -> Optional[griffe.Function]:
     """The ``__init__`` Python gives ``cls`` when griffe sees none, else None."""
     if "NamedTuple" in _base_names(cls):
-        fields = [attr for attr in cls.members.values()
-                  if not attr.is_alias and attr.is_attribute and attr.annotation is not None
-                  and not attr.name.startswith("_")]
+        fields: List[Any] = [attr for attr in cls.members.values()
+                             if not attr.is_alias and attr.is_attribute
+                             and attr.annotation is not None  # type: ignore[union-attr]
+                             and not attr.name.startswith("_")]
         params = [griffe.Parameter(attr.name, annotation=attr.annotation, default=attr.value,
-                                   kind=KIND.positional_or_keyword) for attr in fields]
+                                   kind=POSITIONAL) for attr in fields]
         return _init(cls, params)
     try:
         if any("__init__" in c.members for c in [cls, *cls.mro()]):
@@ -64,7 +68,7 @@ def _made_init(cls: griffe.Class) -> Optional[griffe.Function]:
     except ValueError:  # an inconsistent MRO: leave it to griffe
         return None
     if _is_builtin_exception_subclass(cls):
-        return _init(cls, [griffe.Parameter("args", kind=KIND.var_positional)])
+        return _init(cls, [griffe.Parameter("args", kind=VAR_POSITIONAL)])
     return None
 
 
@@ -78,7 +82,7 @@ def _is_builtin_exception_subclass(cls: griffe.Class) -> bool:
     return False
 
 
-def _init(cls: griffe.Class, params: list) -> griffe.Function:
-    self_param = griffe.Parameter("self", kind=KIND.positional_or_keyword)
+def _init(cls: griffe.Class, params: List[griffe.Parameter]) -> griffe.Function:
+    self_param = griffe.Parameter("self", kind=POSITIONAL)
     return griffe.Function("__init__", parameters=griffe.Parameters(self_param, *params),
                            lineno=cls.lineno, endlineno=cls.lineno, parent=cls)
