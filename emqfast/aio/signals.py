@@ -21,7 +21,7 @@ class SignalFanout:
     first Worker installs the handler (remembering what the loop had before), every
     signal stops all registered Workers, and the last one to leave restores the previous
     handler. Signals reach only the main thread's loop: Workers on other loops or threads
-    are not registered (stop them with :meth:`Worker.stop`).
+    are not registered (stop them with :meth:`Worker.stop <emqfast.aio.Worker.stop>`).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)

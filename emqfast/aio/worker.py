@@ -15,19 +15,20 @@ shared with it; this driver awaits its requests), different machinery:
 - an idle worker blocks on the queue's wake marker (``BZPOPMIN``) until work is
   ready, the next delayed job is due or the next schedule runs, the end kept to
   the millisecond by :class:`emqfast.aio.wake.MarkerWaiter` (as in the sync Worker);
-- :meth:`stop` (before or during :meth:`run`), SIGTERM or SIGINT stop claiming (one
-  signal stops every Worker running in the process); in-flight handlers get
+- :meth:`Worker.stop` (before or during :meth:`Worker.run`), SIGTERM or SIGINT stop
+  claiming (one signal stops every Worker running in the process); in-flight handlers get
   ``shutdown_timeout_s`` to finish. Then coroutine handlers are cancelled, and a job is
   released only once its handler has really ended by that cancellation (it can no longer
   finish, so it never runs twice). A plain function running in the executor cannot be
   interrupted: its job is NOT released; its lease is kept (extended) until it returns and
   its outcome is written. Likewise a coroutine that swallows the cancellation and returns.
-- every way out of :meth:`run` ends the same way: :meth:`stop`, a signal, cancelling the
-  task that awaits it (once or again and again), or ``asyncio.run``'s teardown when
-  ``main()`` returns (which cancels every task: run, handlers, acker). Written outcomes
-  are flushed, handlers ended by cancellation have their jobs released, and no task,
-  lease or connection of the worker is left running. A further cancellation during that
-  shutdown only hurries it (handlers are cancelled at once instead of after the timeout).
+- every way out of :meth:`Worker.run` ends the same way: :meth:`Worker.stop`, a signal,
+  cancelling the task that awaits it (once or again and again), or ``asyncio.run``'s
+  teardown when ``main()`` returns (which cancels every task: run, handlers, acker).
+  Written outcomes are flushed, handlers ended by cancellation have their jobs released,
+  and no task, lease or connection of the worker is left running. A further cancellation
+  during that shutdown only hurries it (handlers are cancelled at once instead of after
+  the timeout).
 - a handler that raises ``CancelledError`` on its own (or awaits something that was
   cancelled) has failed, like any other exception; only a cancellation of the job's own
   task (our shutdown, or the loop's teardown) releases the job.
@@ -37,7 +38,7 @@ shared with it; this driver awaits its requests), different machinery:
   thread (``await asyncio.to_thread(f)``) or a process, or use a plain handler.
 - faults: every call is safe to re-send (see :class:`emqfast.Worker`): lost connections
   and replies, LOADING/BUSY/failover/OOM are waited out with backoff; PermissionDenied
-  stops the worker (:meth:`run` raises it); an evicting server is refused
+  stops the worker (:meth:`Worker.run` raises it); an evicting server is refused
   (:class:`~emqfast.errors.EvictionRisk`) unless ``allow_eviction=True``.
 """
 from __future__ import annotations

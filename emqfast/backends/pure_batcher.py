@@ -46,7 +46,7 @@ class Batcher:
 
         Error replies are returned in their slot as ``redis.ResponseError``; calls that
         met NOSCRIPT are re-sent once after ``SCRIPT LOAD``. Never re-sent after a lost
-        reply: see :func:`emqfast.scripts.send` (partial replies in
+        reply: see :func:`emqfast.backends.scripts.send` (partial replies in
         :class:`~emqfast.backends.transport.BatchCut`). ``wait``: as the C Batcher's.
         """
         if not calls:

@@ -174,7 +174,7 @@ class EvictionRisk(EmqError):
 class PartialBatch(EmqError):
     """A batch call failed part-way. Nothing it reports is guessed:
 
-    - ``landed``: the :class:`~emqfast.job.JobRef` s whose reply arrived (written);
+    - ``landed``: the :class:`~emqfast.JobRef` objects whose reply arrived (written);
     - ``unknown``: ids whose request was sent but whose reply was lost (may be written;
       re-sending them with the same ids is safe and never reports them wrongly);
     - ``not_sent``: ids that never reached Redis;
@@ -198,7 +198,7 @@ class PartialBatch(EmqError):
 class NotReplicated(EmqError):
     """A write a queue made with ``wait_replicas=n`` reached the master, but fewer than
     ``n`` replicas acknowledged it within ``wait_timeout_ms`` (Redis ``WAIT``). The jobs
-    ARE written (``landed``: their :class:`~emqfast.job.JobRef` s); they may be lost if
+    ARE written (``landed``: their :class:`~emqfast.JobRef` objects); they may be lost if
     the master fails before replicating them. ``acked``/``wanted``: replica counts."""
 
     code = "EMQREPL"

@@ -141,7 +141,7 @@ class QueueControl:
     def promote_job(self, job_id: str) -> Returns[bool]:
         """Make one job waiting on the delayed set (scheduled, or a retry waiting out its
         backoff) due now: it joins pending, or its group lane, with its priority score kept,
-        as :meth:`promote` moves a due job; True. Raises
+        as :meth:`promote <emqfast.Queue.promote>` moves a due job; True. Raises
         :class:`~emqfast.errors.JobStateError` naming the state of a job that is not
         waiting there and :class:`~emqfast.errors.JobNotFound` for an id the queue does
         not hold (nothing written either way)."""

@@ -55,7 +55,8 @@ def sends(n: int) -> Iterator[Send]:
 @dataclass
 class EnqueueBatch:
     """What one ``enqueue_many`` sends; kept on its PartialBatch so
-    :meth:`Queue.retry_partial` can re-send exactly the same jobs."""
+    :meth:`Queue.retry_partial <emqfast.Queue.retry_partial>` can re-send exactly the same
+    jobs."""
 
     jobs: List[Job]
     shared: Shared

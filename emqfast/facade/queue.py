@@ -289,8 +289,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
     @operation
     def promote(self, limit: int = 1000) -> Returns[int]:
         """Release up to ``limit`` due delayed jobs to pending (server clock); returns how
-        many moved. Reads the due ids :data:`DUE_BATCH` at a time and moves them in script
-        calls of at most :data:`PROMOTE_BATCH` jobs (bounded work per call)."""
+        many moved. Reads the due ids :data:`~emqfast.core.ops.DUE_BATCH` at a time and
+        moves them in script calls of at most :data:`~emqfast.core.ops.PROMOTE_BATCH` jobs
+        (bounded work per call)."""
         check_int(limit, "limit", 1, MAX_MOVE_LIMIT)
         moved: int = yield from promote_op(self.keys, limit)
         return moved

@@ -98,7 +98,7 @@ class Schedule:
         )
 
     def cadence_obj(self) -> Cadence:
-        """The :mod:`emqfast.cadence` object computing this schedule's slots."""
+        """The :mod:`emqfast.core.cadence` object computing this schedule's slots."""
         if self.cron is not None:
             return Cron(self.cron, self.tz or "UTC")
         assert self.every_ms is not None and self.anchor_ms is not None

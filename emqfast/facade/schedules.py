@@ -29,7 +29,7 @@ Guarantees:
 - **DST.** Cron cadences are evaluated in their IANA zone by croniter on
   zoneinfo datetimes: an appointment such as ``30 2 * * *`` runs once on the
   spring-forward day (at 03:00, the end of the gap) and once on the fall-back
-  day (at the first 02:30). See :mod:`emqfast.cadence`.
+  day (at the first 02:30). See :mod:`emqfast.core.cadence`.
 - **Server clock.** "Now" is Redis ``TIME`` read inside the scripts.
 - **Wake marker.** Each mint sets the queue's wake marker to the next run, so a
   blocked worker wakes then rather than on a polling tick.

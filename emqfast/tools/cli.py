@@ -14,7 +14,7 @@
 
 Redis: ``--url`` (before or after the command), else ``EMQ_REDIS_URL``, else the
 embedded server. A password in the URL is never printed: URLs are shown through
-:func:`emqfast.connection.redact`, and every error message through :func:`scrub`.
+:func:`emqfast.core.redaction.redact`, and every error message through :func:`scrub`.
 
 This module is the click group and the console-script entry :func:`main`; the commands
 live beside it by concern: ``cli_queues`` (stats, schedules, metrics), ``cli_jobs``

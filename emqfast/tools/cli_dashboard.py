@@ -113,7 +113,8 @@ def dashboard(host: str, port: int, read_only: bool, auth_token: Optional[str],
         from emqfast.web.app import check_server
     except ImportError as exc:
         raise click.ClickException(
-            f"the dashboard needs the web extra: pip install 'emqfast[web]' ({exc})") from None
+            "the dashboard needs the web extra: pip install -e '.[web]' in a checkout, or "
+            f"a built wheel with [web] ({exc})") from None
     state = current_state()
     _log_to_stderr(state.verbose)
     names = sorted(bound_names(host) | set(allowed_hosts))

@@ -3,7 +3,8 @@
     from emqfast.web import create_app
     app = create_app(emqfast.connect(), read_only=False, auth=None)   # a Starlette app
 
-Needs the ``web`` extra (``pip install 'emqfast[web]'``: Starlette, Jinja2, uvicorn).
+Needs the ``web`` extra (Starlette, Jinja2, uvicorn: ``pip install -e '.[web]'`` from a
+checkout, or a built wheel with ``[web]``).
 ``emqfast dashboard`` serves it. Pages read through the facade; actions go through
 :class:`emqfast.Queue` methods; nothing here writes a key itself."""
 from emqfast.web.factory import create_app

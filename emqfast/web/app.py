@@ -1,4 +1,4 @@
-"""The dashboard's ASGI app: :func:`create_app` and what every request goes through
+"""The dashboard's ASGI app: :func:`~emqfast.web.create_app` and what every request goes through
 (auth, the login throttle, CSRF cookie and cross-site checks, error pages, security
 headers, flash messages, links that work under any mount prefix)."""
 from __future__ import annotations

@@ -681,7 +681,7 @@ class WorkerMachine:
     def _ack_failed(self, batch: Sequence[Outcome], exc: BaseException) -> None:
         """A batch could not be written: forget its jobs (no longer extending their leases
         hands them to the reaper: re-run, never lost, never hung). A permanent error
-        stops the worker, and :meth:`run` raises it."""
+        stops the worker, and its ``run`` raises it."""
         error = typed(exc)
         log.error("%s: could not write %d outcomes (%s: %s); their leases will expire and "
                   "the reaper will re-run them", self._who, len(batch), type(error).__name__,

@@ -5,8 +5,8 @@ Force quit: the Worker stops waiting for its running handlers and hands every jo
 still holds back to pending at once (release.lua: the lease is dropped, the attempt not
 counted), so another worker can take them now instead of after their leases expire.
 Python cannot interrupt a thread: a handler still running goes on in the background and
-whatever it returns is refused (its lease is gone). :meth:`Worker.run` then raises
-``KeyboardInterrupt``; ``emqfast worker`` exits at once (code 130)."""
+whatever it returns is refused (its lease is gone). :meth:`Worker.run <emqfast.Worker.run>`
+then raises ``KeyboardInterrupt``; ``emqfast worker`` exits at once (code 130)."""
 from __future__ import annotations
 
 import logging

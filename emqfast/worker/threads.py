@@ -77,6 +77,22 @@ SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed
 class Worker(WorkerMachine):
     """Runs ``handler(job)`` for jobs of ``queue``.
 
+    - ``queue``: a :class:`~emqfast.Queue`, or a list of them: one Worker serving them
+      all, claiming by ``order`` (``"strict"``: the first queue with work ready;
+      ``"weighted"``: a share per queue by ``weights``, one per queue).
+    - ``handler``: a plain function of the :class:`~emqfast.Job`; what it returns is
+      the job's result.
+    - ``concurrency`` (8): handler threads; ``lease_ms`` (30 s): each claimed job's lease;
+      ``max_stalled`` (1): lease expiries a job survives before it fails as "stalled".
+    - ``batch_size`` (``max(concurrency, 256)``): most jobs claimed per round trip;
+      ``prefetch`` (None: sized from handler times; 0: off): claimed jobs waiting.
+    - ``keep_completed`` (1000), ``keep_failed`` (10,000), ``max_age_ms`` (None):
+      retention, applied as :meth:`Queue.trim <emqfast.Queue.trim>` on the Worker's beat.
+    - ``shutdown_timeout_s`` (30 s): running handlers' time to finish after a stop.
+    - ``name``: the Worker's name in Redis (default ``host:pid:random``).
+    - ``allow_eviction`` (False): run on a server that may evict keys.
+    - ``job_timeout_ms`` (None: none) and ``cancel_grace_ms`` (5 s): see below.
+
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
     ``lease_ms`` (extended while it runs); a job whose lease expires (worker
     died or froze) goes back to pending and, after ``max_stalled`` such stalls,
