@@ -396,11 +396,11 @@ def test_start_stop_100_times_leaves_no_task_connection_or_lease(redis_url, qnam
             await asyncio.sleep(0.02)  # claims, starts, handlers in flight
             if cycle % 2:
                 w.stop()
-                await asyncio.wait_for(task, 10)
+                await asyncio.wait_for(task, 30)
             else:
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
-                    await asyncio.wait_for(task, 10)
+                    await asyncio.wait_for(task, 30)
             peak = max(peak, _named_connections(r, name))
         others = list(asyncio.all_tasks() - before)
         leases = await q.redis.hlen(q.keys.leases)
@@ -408,7 +408,7 @@ def test_start_stop_100_times_leaves_no_task_connection_or_lease(redis_url, qnam
         conns = _named_connections(r, name)
         await q.aclose()
         return others, leases, active, conns, peak
-    # a hang is caught per cycle (10 s each, above); the whole run, ~8 s alone, may take
+    # a hang is caught per cycle (30 s each, above); the whole run, ~8 s alone, may take
     # many times that on a loaded 2-core machine: bounded only below pytest's own timeout
     others, leases, active, conns, peak = run(main(), timeout=280)
     assert others == [] and leases == 0 and active == 0

@@ -47,3 +47,15 @@ def test_retries_left_scheduled_are_said_and_wait_scheduled_runs_them(redis_url,
                                                                     wait_scheduled=True)
     assert again.completed == 2
     assert q.counts()["scheduled"] == 0 and q.counts()["completed"] == 10
+
+
+def test_a_job_scheduled_on_purpose_is_said_quietly(redis_url, qname, caplog):
+    """No retries of this Worker's among what is left: INFO, not a warning (a script that
+    schedules a reminder for later has nothing to be warned about)."""
+    q = make_queue(redis_url, qname)
+    q.enqueue_in({"remind": 7}, 30_000)
+    q.enqueue({"now": 1})
+    caplog.set_level(logging.INFO, logger="emqfast.worker")
+    assert emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30).completed == 1
+    said = [r for r in caplog.records if "scheduled jobs" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said)

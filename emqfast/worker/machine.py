@@ -299,8 +299,8 @@ class WorkerMachine:
         active = yield Cmd.of("ZCARD", self._keys.active)
         if active and self._wait_active:
             return True
-        if next_due != -1:  # a retry due within a minute is worth a warning
-            log.log(logging.WARNING if next_due - now < 60_000 else logging.INFO,
+        if next_due != -1:  # a warning when retries of this Worker's may be among them
+            log.log(logging.WARNING if self._stats.retried else logging.INFO,
                     "%s: queue %r is idle here; leaving its scheduled jobs (retries waiting "
                     "out their backoff, jobs due later; the next in %.1f s): wait_scheduled="
                     "True waits for them", self._who, self.queue.name, (next_due - now) / 1000)

@@ -226,7 +226,7 @@ class Worker(WorkerMachine):
         Worker did. What it leaves is logged:
 
         - jobs scheduled for later, **retries waiting out their backoff included** (a
-          warning when the next is due within a minute): ``wait_scheduled=True`` waits
+          warning when this Worker retried jobs, else INFO): ``wait_scheduled=True`` waits
           for them too, running each as it comes due (a job due next year then holds it
           until ``timeout_s``);
         - jobs active under other workers' leases (INFO, with when the earliest lease
