@@ -255,6 +255,24 @@ def test_the_beat_runs_its_steps_as_requests_and_then_the_hooks(machine):
     assert not any(isinstance(r, (WaitForRoom, WaitDrained)) for r in log)
 
 
+def test_a_stop_cuts_the_beat_short_and_the_turn_claims_nothing(machine):
+    """On a silent server each step of the beat would wait out a read deadline: a stop
+    that comes during one (SIGTERM in a partition) ends the beat and the turn there."""
+    machine._next_beat = 0.0
+    machine.beat_hooks.append(lambda: None)
+    log: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        if isinstance(r, WaitForRoom):
+            return (2, 2)
+        machine.stopping = True  # the stop arrives while the reap's read waits on the server
+        return {"due": [NOW, 0]}[name_of(r)]
+
+    assert drive(machine._turn(until_idle=False, wait_scheduled=False), answer, log) is False
+    names = [name_of(r) for r in log]
+    assert names == ["due", "WaitForRoom"], names  # no promote, heartbeat, hooks or claim
+
+
 def test_a_paused_claim_hands_back_what_it_holds(machine):
     machine.prefetch = 5
     answers = {"WaitForRoom": (0, 2), "claim": claim_reply(("JOBa", "w1:1"), status=0),

@@ -1,22 +1,17 @@
 """The worker state machine: one claim loop for both Workers, without I/O.
 
 :class:`WorkerMachine` holds a Worker's state and its logic as sans-IO generators that
-yield :mod:`emqfast.core.ops` requests (script calls, commands, pipelines) and waits
-(``Sleep``, ``WaitForRoom``, ``WaitDrained``, ``PopMarker``, ``Hook``): claim under leases
-(re-sent with the same request id after a lost reply), start the claimed jobs, promote due
-delayed jobs, block on the wake marker until work is ready, the beat
-(lease renewal, reaping, retention), and writing outcomes in batches. The
-facade's own operations (promote, reap, trim, the schedule sweep, the dependency settle)
-are composed with ``yield from``, so a test can script every I/O the machine does. A
-driver subclasses it and supplies only what differs between threads and asyncio:
-
-- ``_drive(logic)``: run a generator with :func:`emqfast.backends.drive.run` (threads) or
-  ``run_async`` (asyncio), its waits performed by the driver's ``perform``;
-- ``_hand_out(started)``: run the started ``(job, token)`` pairs' handlers, and
-  ``_take_held(peek)``: take back those whose handler has not begun (a paused queue);
-- ``_guard`` (a context manager around shared state) and ``_wake()`` (wake the claim
-  loop: a job ended or an outcome was written);
-- ``_stop_requested()`` and ``stop()``.
+yield :mod:`emqfast.core.ops` requests (calls, commands, pipelines) and waits (``Sleep``,
+``WaitForRoom``, ``WaitDrained``, ``PopMarker``, ``Hook``): claim under leases (re-sent
+with the same request id after a lost reply), start the claimed jobs, promote due ones,
+block on the wake marker, the beat (leases, reaping, retention), write outcomes in
+batches. The facade's operations are composed with ``yield from``, so a test can script
+every I/O the machine does. A driver subclasses it and supplies what differs between
+threads and asyncio: ``_drive(logic)`` (run a generator with
+:func:`emqfast.backends.drive.run` or ``run_async``, its waits by the driver's
+``perform``); ``_hand_out(started)`` and ``_take_held(peek)`` (run handlers, take back
+those not begun); ``_guard`` (a lock or a null context) and ``_wake()``;
+``_stop_requested()`` and ``stop()``.
 
 What a Worker shares with the other queues of a many-queue Worker (handler slots, claim
 order, wake-ups) it asks its crew (``_crew``: :data:`~emqfast.worker.leases.SOLO` alone).
@@ -28,8 +23,9 @@ import os
 import socket
 import time
 import uuid
-from itertools import islice
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple, Union
+from itertools import islice, takewhile
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set,
+                    Tuple, Union)
 
 from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
@@ -263,7 +259,7 @@ class WorkerMachine:
         if slots and self._held:  # a handler slot is free: start a job we hold
             yield from self._start_held(slots)
             return False
-        if room <= 0:
+        if room <= 0 or self._should_stop():  # stopped meanwhile (a beat): claim nothing
             return False
         # Idleness must be judged from before the claim: an outcome written after
         # it (a retry re-parked on the delayed set) is not in this claim's reply.
@@ -497,24 +493,27 @@ class WorkerMachine:
         if now < self._next_beat:
             return
         self._next_beat = now + self.beat_s
-        if self.renew_on_beat:
-            yield from self._renew_on_beat(now)
+        # a stop cuts the beat short: on a silent server each step would wait out a deadline
+        for step in takewhile(lambda _: not self._should_stop(), self._beat_steps(now)):
+            yield from step
+
+    def _beat_steps(self, now: float) -> Iterator[Logic]:
+        """The beat's steps in order, each made as it is reached."""
         queue = self.queue
-        yield from Queue.reap.op(queue, max_stalled=self.max_stalled)
+        if self.renew_on_beat:
+            yield self._renew_on_beat(now)
+        yield Queue.reap.op(queue, max_stalled=self.max_stalled)
         # due jobs are promoted on the beat too: a worker whose slots are all busy
         # does not claim, and the claim reply is where promotion is usually noticed
-        yield from Queue.promote.op(queue, limit=calls.PROMOTE_BATCH)
+        yield Queue.promote.op(queue, limit=calls.PROMOTE_BATCH)
         if now >= self._next_trim:
             self._next_trim = now + TRIM_EVERY_S
-            yield from Queue.trim.op(queue, keep_completed=self.keep_completed,
-                                     keep_failed=self.keep_failed, max_age_ms=self.max_age_ms)
-        yield from self._pump_schedules()
-        yield from self._check_paused()
-        yield from self._heartbeat.beat()
-        yield from self._deps.settle()
-        yield from self._recheck_cancels()  # a cancel message lost meanwhile
+            yield Queue.trim.op(queue, keep_completed=self.keep_completed,
+                                keep_failed=self.keep_failed, max_age_ms=self.max_age_ms)
+        yield from (self._pump_schedules(), self._check_paused(), self._heartbeat.beat(),
+                    self._deps.settle(), self._recheck_cancels())  # (a cancel message lost)
         for hook in self.beat_hooks:
-            yield Hook(hook)
+            yield _hook_step(hook)
 
     def _pump_schedules(self) -> Logic:
         """Mint due schedule occurrences; remember when the next one is due."""
@@ -839,6 +838,10 @@ class WorkerMachine:
             out.append(reply)
         self._forget(ended)
         return out
+
+
+def _hook_step(hook: Callable[[], Any]) -> Logic:
+    yield Hook(hook)  # (a step of its own: a stop may come between two hooks)
 
 
 class Heartbeat:
