@@ -75,6 +75,12 @@ def r(redis_url):
 
 
 @pytest.fixture
+def conn(r):
+    """The session server's client, under the name the dashboard tests give it."""
+    return r
+
+
+@pytest.fixture
 def qname():
     """A queue name no other test uses."""
     return "t-" + uuid.uuid4().hex[:12]

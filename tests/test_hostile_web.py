@@ -30,13 +30,6 @@ TOKEN = "Strong-token-9f3Kq2xZ"
 EVIL = {"Host": "evil.example"}
 
 
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
 def _pause_form(c: TestClient, qname: str, csrf=None) -> dict:
     return {"q": qname, "action": "pause", "csrf": csrf or c.cookies.get("emq_csrf")}
 

@@ -11,7 +11,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import redis
 
 from test_web_browser import CHROMIUM, DRIVER, LiveServer, text_of, webdriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -39,13 +38,6 @@ def browser():
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 class Attacker:

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -24,13 +23,6 @@ from waiting import wait_until  # noqa: E402
 from test_web_pages import fill, handler, text_of  # noqa: E402
 
 TOKEN = "tok-Qx7vR2mK9pLw4sTz"  # 16+ characters, not from a tiny alphabet
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

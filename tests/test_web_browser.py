@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import redis
 
 pytest.importorskip("uvicorn")
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -94,13 +93,6 @@ def browser():
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def shoot(driver, name: str) -> None:

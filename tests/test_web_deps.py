@@ -7,7 +7,6 @@ import html
 import re
 
 import pytest
-import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -15,13 +14,6 @@ from web_client import TestClient  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast.web import create_app  # noqa: E402
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def handler(job):

@@ -3,7 +3,6 @@ before scheduled, and the kept records of expired jobs a tab after cancelled."""
 from __future__ import annotations
 
 import pytest
-import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -11,13 +10,6 @@ from web_client import TestClient  # noqa: E402
 
 import emqfast  # noqa: E402
 from emqfast.web import create_app  # noqa: E402
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def test_queue_page_lists_jobs_waiting_for_dependencies(redis_url, conn, qname):

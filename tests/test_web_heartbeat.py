@@ -10,7 +10,6 @@ import socket
 import threading
 
 import pytest
-import redis
 
 import emqfast
 import emqfast.aio as emq
@@ -20,13 +19,6 @@ from emqfast.worker.calls import beat_call
 from conftest import dump_queue
 from engine_util import make_queue
 from waiting import wait_until, wait_until_async
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def test_a_thread_worker_beats_while_it_runs(redis_url, conn, qname):

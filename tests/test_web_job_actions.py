@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -20,13 +19,6 @@ from conftest import dump_queue  # noqa: E402
 from engine_util import claim  # noqa: E402
 from test_web_actions import flash_of, post  # noqa: E402
 from test_web_pages import fill  # noqa: E402
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

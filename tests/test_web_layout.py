@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-import redis
 
 import test_web_browser
 from test_web_browser import LiveServer
@@ -28,13 +27,6 @@ LONG_ERROR = ("ConnectionRefusedError: could not reach smtp.example.com:587 afte
 
 def fail(job):
     raise RuntimeError(LONG_ERROR)
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

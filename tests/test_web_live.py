@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-import redis
 
 import test_web_browser
 from test_web_browser import LiveServer, text_of
@@ -17,13 +15,6 @@ from emqfast.web import create_app  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 browser = test_web_browser.browser  # the module's Chromium (a fixture)
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def fail(job):

@@ -56,13 +56,6 @@ def fill(conn, name: str) -> Dict[str, str]:
 
 
 @pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def filled(conn, qname):
     return fill(conn, qname)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import redis
 
 pytest.importorskip("starlette")
 pytest.importorskip("httpx")
@@ -18,13 +17,6 @@ from emqfast.facade.job import STATES  # noqa: E402
 from emqfast.web import create_app  # noqa: E402
 
 TOKEN = "Strong-token-9f3Kq2xZ"
-
-
-@pytest.fixture
-def conn(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture
