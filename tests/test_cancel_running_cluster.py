@@ -1,4 +1,4 @@
-"""Issue 15 on a real Redis Cluster: a cancel published on the queue's master reaches the
+"""On a real Redis Cluster, a cancel published on the queue's master reaches the
 Worker's listener (subscribed on whichever node: cluster pub/sub is broadcast), for queues
 on every master, with the thread and the asyncio Worker; a timeout ends a run there too."""
 from __future__ import annotations
@@ -22,22 +22,29 @@ def cluster():
     c.stop()
 
 
-def _poll(job):
-    while not job.cancelled:
-        time.sleep(0.001)
-    job.raise_if_cancelled()
+def _polling_handler(running: threading.Event):
+    def poll(job):
+        if job.payload == "x":
+            running.set()
+        while not job.cancelled:
+            time.sleep(0.001)
+        job.raise_if_cancelled()
+    return poll
 
 
 def test_thread_worker_hears_cancels_on_every_master(cluster, qname):
     for name in names_over_masters(cluster, 1, qname):
         q = emqfast.Queue(name, emqfast.connect(cluster.url))
-        w = emqfast.Worker(q, _poll)
+        running = threading.Event()
+        w = emqfast.Worker(q, _polling_handler(running))
         t = threading.Thread(target=w.run, daemon=True)
         t.start()
         try:
             ref = q.enqueue("x", attempts=3)
             slow = q.enqueue("slow", timeout_ms=50, attempts=1)
-            wait_until(lambda: q.get(ref.id).state == "active", 30, "job running")
+            # "active" alone also covers a job claimed but still waiting for a handler
+            # slot, which a cancel ends at once (True): wait for the handler itself
+            assert running.wait(30), "handler running"
             asked = time.monotonic()
             assert q.cancel(ref.id) == "requested"
             wait_until(lambda: q.get(ref.id).state == "cancelled", 30, f"cancelled on {name}")
@@ -60,7 +67,10 @@ def test_aio_worker_hears_cancels_on_every_master(cluster, qname):
             for name in names:
                 q = emq_aio.Queue(name, client)
 
-                async def handler(job):
+                running = asyncio.Event()
+
+                async def handler(job, running=running):
+                    running.set()
                     await asyncio.sleep(600)
 
                 w = emq_aio.Worker(q, handler)
@@ -69,7 +79,7 @@ def test_aio_worker_hears_cancels_on_every_master(cluster, qname):
 
                 async def state(want, job_id=ref.id, q=q):
                     return (await q.get(job_id)).state == want
-                await wait_until_async(lambda: state("active"), 30, "job running")
+                await asyncio.wait_for(running.wait(), 30)  # the handler, not only the claim
                 assert await q.cancel(ref.id) == "requested"
                 await wait_until_async(lambda: state("cancelled"), 30, f"cancelled on {name}")
                 w.stop()
