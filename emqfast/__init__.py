@@ -29,10 +29,11 @@ from emqfast.core.version import KEYSPACE_VERSION, __version__
 from emqfast.core.errors import (BackendUnavailable, Cancelled, CertificateRejected,
     ConnectionFailed,
     DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput,
-    JobExpired, JobFailed, JobNotFound, JobStateError, JobTimeout, KeyTypeConflict, KindError, LeaseLost,
+    HandlerNotImportable, JobExpired, JobFailed, JobNotFound, JobStateError, JobTimeout,
+    KeyTypeConflict, KindError, LeaseLost,
     PartialBatch, PayloadError, PermissionDenied, PoolExhausted, QueueKeysGone, RangeError,
     ReplyLost, ServerBusy, ServerFull,
-    UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout)
+    UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout, WorkerCrashed)
 
 __all__ = [
     # the queue and its jobs
@@ -46,12 +47,12 @@ __all__ = [
     # errors
     "EmqError", "BackendUnavailable", "Cancelled", "CertificateRejected", "ConnectionFailed",
     "DependencyCycle",
-    "DependencyFailed", "EvictionRisk", "InputTypeError", "InvalidInput", "JobExpired",
+    "DependencyFailed", "EvictionRisk", "HandlerNotImportable", "InputTypeError", "InvalidInput", "JobExpired",
     "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
     "PayloadError", "PermissionDenied", "PoolExhausted", "QueueKeysGone", "RangeError",
     "ReplyLost", "ServerBusy", "ServerFull",
-    "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout",
+    "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout", "WorkerCrashed",
 ]
 
 # The public module names (``from emqfast.errors import ReplyLost``, ``emqfast.backend.use``,

@@ -229,6 +229,23 @@ class JobTimeout(Cancelled, TimeoutError):
     reason = "timeout"
 
 
+class WorkerCrashed(EmqError):
+    """A handler process of a ``Worker(processes=N)`` died while it ran the job (a signal,
+    ``os._exit``, the OOM killer): that attempt failed with it, and the job is retried per
+    its attempts. The error names the exit status and the job."""
+
+    code = "EMQCRASHED"
+
+
+class HandlerNotImportable(EmqError, ImportError):
+    """A ``Worker(processes=N)`` could not start its handler processes: a child failed to
+    import the handler by its path (the message holds the child's traceback), or did not
+    start in time. :meth:`Worker.run <emqfast.Worker.run>` raises it instead of
+    restarting children in a loop."""
+
+    code = "EMQHANDLERIMPORT"
+
+
 class KeyTypeConflict(EmqError, TypeError):
     """Redis refused a command because a key of the queue holds another type than emqfast
     keeps there (``WRONGTYPE``): something other than emqfast wrote under the queue's

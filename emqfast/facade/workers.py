@@ -9,7 +9,7 @@ One bounded, expiring record per worker under the queue's slot (``lua/heartbeat.
 - ``emq:{q}:workers`` zset: token -> last beat (server ms), trimmed of stale entries on
   every write, at most 10,000 entries, expiring with its last worker.
 
-The Worker writes them (``heartbeat.lua``, :class:`emqfast.worker.machine.Heartbeat`); this
+The Worker writes them (``heartbeat.lua``, :class:`emqfast.worker.heartbeat.Heartbeat`); this
 module reads them."""
 from __future__ import annotations
 

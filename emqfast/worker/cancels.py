@@ -5,7 +5,7 @@ A running job is *stopped* for a reason:
 
 - ``"cancelled"``: ``q.cancel(id)`` found it active; cancel.lua marked its hash
   (``cancel`` = 1) and published the id on the queue's cancel channel. The Worker's
-  listener (a thread, :class:`emqfast.worker.threads.CancelListener`; a task,
+  listener (a thread, :class:`emqfast.worker.cancel_listener.CancelListener`; a task,
   :mod:`emqfast.aio.cancel_listener`) hears it at once; the beat (and each re-subscribe)
   re-reads the marks of the running jobs, so a message lost meanwhile is caught.
 - ``"timeout"``: it ran past its ``timeout_ms`` (enqueue option ``"t"``, else the

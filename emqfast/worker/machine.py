@@ -27,8 +27,8 @@ from itertools import islice, takewhile
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
 
-from emqfast.core.errors import EmqError, EvictionRisk, PermissionDenied, VersionMismatch
-from emqfast.core.ops import (Batch, Cmd, Hook, Logic, Op, PopMarker, Returns, WaitDrained,
+from emqfast.core.errors import EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.core.ops import (Batch, Cmd, Hook, Logic, PopMarker, WaitDrained,
                               WaitForRoom)
 from emqfast.core.validation import check_int
 from emqfast.facade import tracing
@@ -40,6 +40,7 @@ from emqfast.worker import calls
 from emqfast.worker.calls import (AckPlan, JobRows, cancel_active_call, free_calls,
                                   metrics_call, run_times)
 from emqfast.worker.cancels import CANCELLED, Stop, check_timeouts, stop_outcome
+from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import SOLO, HeldLease, Prefetch, RunningJob, Solo
 from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats, forget_run,
                                      job_group, log_context, tally)
@@ -842,59 +843,3 @@ class WorkerMachine:
 
 def _hook_step(hook: Callable[[], Any]) -> Logic:
     yield Hook(hook)  # (a step of its own: a stop may come between two hooks)
-
-
-class Heartbeat:
-    """A beat hook of one Worker: ``hook()`` writes its heartbeat (sync), or returns the
-    awaitable doing it (an :mod:`emqfast.aio` Worker, whose queue drives coroutines)."""
-
-    def __init__(self, machine: Any):
-        self.machine = machine
-        self.host = socket.gethostname()
-
-    def fields(self) -> Dict[str, Any]:
-        """What the record says about the worker now."""
-        m = self.machine
-        queues, concurrency, in_hand = m._crew.presence(m)  # a many-queue Worker's: all
-        return {"host": self.host, "pid": os.getpid(), "queues": queues,
-                "concurrency": concurrency, "in_hand": in_hand,
-                "kind": "asyncio" if getattr(m.queue, "is_async", False) else "thread"}
-
-    def ttl_ms(self) -> int:
-        return max(calls.MIN_TTL_MS, int(self.machine.beat_s * 1000 * calls.BEATS_KEPT))
-
-    def op(self) -> Op:
-        """The heartbeat as an operation (driven by the worker's queue)."""
-        m = self.machine
-        return (yield calls.beat_call(m.queue.keys, m.name, self.ttl_ms(), self.fields()))
-
-    def sign_off_op(self) -> Returns[Any]:
-        """The worker stopped: its record goes now (it would linger until it expires)."""
-        m, keys = self.machine, self.machine.queue.keys
-        return (yield Batch([Cmd.of("DEL", keys.worker_record(m.name)),
-                             Cmd.of("ZREM", keys.workers, m.name)]))
-
-    def beat(self) -> Op:
-        """The heartbeat on the Worker's beat (run by its driver); a failure is logged."""
-        try:
-            yield from self.op()
-        except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not written: %s", self.machine.name, exc)
-
-    def sign_off(self) -> Any:
-        """Remove the record of a stopped worker (sync; the awaitable under asyncio)."""
-        queue = self.machine.queue
-        if getattr(queue, "is_async", False):
-            return self._sign_off_async()
-        try:
-            return queue._drive(self.sign_off_op())
-        except EmqError as exc:  # never stop a worker over its heartbeat
-            log.warning("heartbeat of %s not removed: %s", self.machine.name, exc)
-            return None
-
-    async def _sign_off_async(self) -> Any:
-        try:
-            return await self.machine.queue._drive(self.sign_off_op())
-        except EmqError as exc:
-            log.warning("heartbeat of %s not removed: %s", self.machine.name, exc)
-            return None

@@ -4,7 +4,7 @@ grow with its queues (a Worker over 200 queues holds about as many as one over 2
 - :class:`SharedMarkers`: one blocking connection waits on every queue's wake marker
   (:class:`~emqfast.backends.markers.ManyMarkers`, one ``BZPOPMIN`` over all the keys);
   each member's claim loop waits on its own slot of it, to the millisecond;
-- one cancel listener (:class:`~emqfast.worker.threads.CancelListener`) subscribed to
+- one cancel listener (:class:`~emqfast.worker.cancel_listener.CancelListener`) subscribed to
   every queue's cancel channel, each message routed to its queue's member;
 - :func:`gated`: a member's Redis requests pass a gate of a few at a time, so claim
   loops of many queues waking at once cannot take more of the client's pool than that.

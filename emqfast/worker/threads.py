@@ -29,7 +29,6 @@ from __future__ import annotations
 import inspect
 import logging
 import queue as queue_mod
-import socket
 import threading
 import time
 import traceback
@@ -40,13 +39,14 @@ from typing import (Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tu
 
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
+from emqfast.core.errors import InvalidInput
 from emqfast.core.ops import Hook, Logic, PopMarker, Sleep, Wait, WaitDrained, WaitForRoom
 from emqfast.facade.job import Job
 from emqfast.facade.queue import Queue
 from emqfast.server import eviction
 from emqfast.worker import signals
 from emqfast.worker.machine import ACK_BATCH
-from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT, Deadlines,
+from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT,
                                     timeout_ms_of)
 from emqfast.worker.crew_threads import ThreadCrew
 from emqfast.worker.machine import WorkerMachine
@@ -54,10 +54,11 @@ from emqfast.worker.many_shared import MemberMarkers, gated
 from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
                                      check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
-from emqfast.worker.resend import Backoff, typed
 from emqfast.worker.leases import SOLO, RunningJob, Solo
 from emqfast.worker.outcomes import WorkerStats
 from emqfast.worker.wake import MarkerWaiter
+from emqfast.worker.cancel_listener import CancelListener, TimeoutTimer
+from emqfast.worker.processes import ProcessPool, check_processes
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -68,9 +69,6 @@ Handler = Callable[[Job], Any]
 DEFAULT_BATCH = 256    # most jobs claimed per round trip, unless batch_size says otherwise
 GATHER = 64       # outcomes in hand that are worth a write without gathering more...
 GATHER_S = 0.001  # ...else gather for this long while more are coming
-# How long one cancel-channel read waits. close() does not wait for it to run out: it shuts
-# the listener's socket, which ends the read at once (a Worker's stop stays instant).
-_POLL_S = 5.0
 SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed already
 
 
@@ -82,7 +80,8 @@ class Worker(WorkerMachine):
       ``"weighted"``: a share per queue by ``weights``, one per queue).
     - ``handler``: a plain function of the :class:`~emqfast.Job`; what it returns is
       the job's result.
-    - ``concurrency`` (8): handler threads; ``lease_ms`` (30 s): each claimed job's lease;
+    - ``concurrency`` (8): handler threads; with ``processes``, per process (default 1);
+      ``lease_ms`` (30 s): each claimed job's lease;
       ``max_stalled`` (1): lease expiries a job survives before it fails as "stalled".
     - ``batch_size`` (``max(concurrency, 256)``): most jobs claimed per round trip;
       ``prefetch`` (None: sized from handler times; 0: off): claimed jobs waiting.
@@ -92,6 +91,13 @@ class Worker(WorkerMachine):
     - ``name``: the Worker's name in Redis (default ``host:pid:random``).
     - ``allow_eviction`` (False): run on a server that may evict keys.
     - ``job_timeout_ms`` (None: none) and ``cancel_grace_ms`` (5 s): see below.
+    - ``processes`` (None: handlers run in this process's threads): run handlers in that
+      many supervised child processes instead (:mod:`emqfast.worker.processes`): a run
+      past its timeout or cancel grace is killed, a crash fails only its own attempt, and
+      the shutdown timeout is kept. The handler is imported in each child by its name (a
+      module-level function; ``async def`` works too). ``max_jobs_per_child``,
+      ``max_memory_per_child_mb`` (RSS, checked between jobs) recycle children. Each
+      child is a fresh interpreter: nothing of the Worker's threads or locks is inherited.
 
     ``concurrency`` handlers run at once; each claimed job holds its own lease of
     ``lease_ms`` (extended while it runs); a job whose lease expires (worker
@@ -134,7 +140,10 @@ class Worker(WorkerMachine):
     :class:`emqfast.JobTimeout` (retried per its attempts/backoff). A handler still running
     ``cancel_grace_ms`` after either is abandoned: its outcome is written then (the lease
     ends), its late return is ignored, and its thread keeps its handler slot until it
-    returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`).
+    returns (a thread cannot be killed; see :mod:`emqfast.worker.cancels`). With
+    ``processes``, its process is killed instead, and the shutdown timeout is a bound:
+    handlers still running then are killed and their jobs go back to the queue, no attempt
+    counted.
     """
 
     _led: Optional[ThreadCrew] = None  # a many-queue Worker's crew (see __init__)
@@ -153,7 +162,7 @@ class Worker(WorkerMachine):
     _run_hooks: "ThreadRunHooks"
 
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
-                 concurrency: int = 8,
+                 concurrency: Optional[int] = None,
                  lease_ms: int = 30_000, max_stalled: int = 1, batch_size: Optional[int] = None,
                  prefetch: Optional[int] = None,
                  keep_completed: int = 1000, keep_failed: int = 10_000,
@@ -161,20 +170,29 @@ class Worker(WorkerMachine):
                  name: Optional[str] = None, allow_eviction: bool = False,
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
-                 order: str = "strict", weights: Optional[Sequence[int]] = None):
-        options: Dict[str, Any] = dict(concurrency=concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
+                 order: str = "strict", weights: Optional[Sequence[int]] = None,
+                 processes: Optional[int] = None, max_jobs_per_child: Optional[int] = None,
+                 max_memory_per_child_mb: Optional[int] = None):
+        children = check_processes(processes, concurrency, max_jobs_per_child,
+                                   max_memory_per_child_mb)
+        if processes is not None:
+            concurrency = processes * (concurrency or 1)
+        options: Dict[str, Any] = dict(concurrency=concurrency or 8, lease_ms=lease_ms, max_stalled=max_stalled,
                        batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
                        keep_failed=keep_failed, max_age_ms=max_age_ms,
                        shutdown_timeout_s=shutdown_timeout_s, name=name,
                        allow_eviction=allow_eviction, job_timeout_ms=job_timeout_ms,
                        cancel_grace_ms=cancel_grace_ms)
         if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
+            if children is not None:
+                raise InvalidInput("processes= serves one queue: run a Worker per queue")
             cls = type(self)
             self._led = ThreadCrew(lambda q, crew: cls._member(q, handler, crew, options),
                                   queue, order=order, weights=weights, name=name)
             self._lead(self._led)
             return
-        self._init_queue(cast(Queue, queue), handler, SOLO, **options)
+        self._procs: Optional[ProcessPool] = None
+        self._init_queue(cast(Queue, queue), handler, SOLO, children=children, **options)
 
     @classmethod
     def _member(cls, queue: Queue, handler: Handler, crew: Solo,
@@ -186,9 +204,12 @@ class Worker(WorkerMachine):
 
     def _init_queue(self, queue: Queue, handler: Handler, crew: Solo, *,
                     job_timeout_ms: Optional[int], cancel_grace_ms: int,
-                    **options: Any) -> None:
+                    children: Optional[Dict[str, Any]] = None, **options: Any) -> None:
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
-        refuse_async_handler(handler)
+        if children is None:
+            refuse_async_handler(handler)
+        else:  # handlers in child processes; the threads run no handler
+            self._procs = ProcessPool(self, handler, **children)
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
         self._setup(queue, handler, batch_floor=DEFAULT_BATCH, crew=crew, **options)
@@ -273,7 +294,10 @@ class Worker(WorkerMachine):
             self._fatal = None
             if not self._stop.is_set():
                 self._ack_until = None
-            self._pool = self._crew.handler_pool(self)
+            if self._procs is not None:
+                self._procs.start()  # HandlerNotImportable before anything is claimed
+            else:
+                self._pool = self._crew.handler_pool(self)
             self._acker = threading.Thread(target=self._ack_loop, name="emq-acker",
                                            daemon=True)
             self._acker.start()
@@ -399,6 +423,8 @@ class Worker(WorkerMachine):
                             "re-run those jobs", self._who, self.shutdown_timeout_s)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if self._procs is not None:
+            self._procs.close()
         # gone from the Workers page now, not when it expires
         self._within(max(end, time.monotonic() + SIGN_OFF_S), "signing off",
                      self._heartbeat.sign_off)
@@ -432,8 +458,12 @@ class Worker(WorkerMachine):
         warned = False
         next_beat = time.monotonic() + self.beat_s
         renewing: Optional[threading.Thread] = None
-        # a 2nd signal: hand back, stop waiting
-        while not (getattr(self, "_force_quit", False) and signals.abandon_if_forced(self)):
+        # a 2nd signal: hand back, stop waiting (handler processes: killed first)
+        while not (getattr(self, "_force_quit", False) and self._procs is None
+                   and signals.abandon_if_forced(self)):
+            if self._procs is not None and self._kill_children_if_due(end):
+                end = min(end, time.monotonic())  # (no warning about keeping leases)
+                warned = True
             with self._lock:
                 if not self._running and self._pending_acks == 0:
                     break
@@ -455,6 +485,24 @@ class Worker(WorkerMachine):
                 renewing = threading.Thread(target=self._renew_while_stopping, daemon=True,
                                             name="emq-renew")
                 renewing.start()
+
+    def _kill_children_if_due(self, end: float) -> bool:
+        """Handler processes: once ``end`` passed (or at a second signal), kill the
+        children still running handlers; their readers hand the jobs back (no attempt
+        counted) once each child is gone. True when it killed (once per stop)."""
+        assert self._procs is not None
+        forced = getattr(self, "_force_quit", False)
+        if (time.monotonic() < end and not forced) or self._procs.killing:
+            return False
+        self._procs.killing = True
+        killed = self._procs.kill_running("shutdown")
+        if killed:
+            log.warning("worker %s: %s; killed %d handler process(es) still running (jobs "
+                        "%s): their jobs go back to the queue, no attempt counted", self.name,
+                        "second signal" if forced else
+                        f"shutdown_timeout_s={self.shutdown_timeout_s} passed", killed,
+                        ", ".join(map(repr, sorted(self._running)[:10])))
+        return True
 
     def _handlers_running(self) -> int:
         """Handlers that have not returned, less the abandoned ones (their outcome is
@@ -503,16 +551,23 @@ class Worker(WorkerMachine):
         with self._lock:
             self._running.update(runs)
             for job, token in started:
-                if timed or job.extra:  # (once running: may fire at once)
+                # (once running: may fire at once; a handler process's clock starts as
+                # its child takes the job)
+                if (timed or job.extra) and self._procs is None:
                     self._arm_timeout(job, token, now)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._handed += len(started)
             self._ready.extend(started)
-            # Handler tasks take jobs from _ready until it is empty; start only the
-            # missing ones, so at most `concurrency` handlers ever run at once.
-            spawn = min(self.concurrency - self._drainers, len(self._ready))
+            if self._procs is not None:
+                spawn = 0
+            else:                # Handler tasks take jobs from _ready until it is empty; start only the
+                # missing ones, so at most `concurrency` handlers ever run at once.
+                spawn = min(self.concurrency - self._drainers, len(self._ready))
             self._drainers += spawn
             slots = [self._free_slots.pop() for _ in range(spawn)]
+        if self._procs is not None:
+            self._procs.dispatch()
+            return
         assert self._pool is not None
         for slot in slots:
             self._pool.submit(self._drain_ready, slot)
@@ -573,6 +628,49 @@ class Worker(WorkerMachine):
             return success(job, token, result)
         except BaseException as exc:  # noqa: BLE001 - an unserialisable result fails the job
             return failure(job, token, exc, traceback.format_exc())
+
+    # --- handler processes (processes=N): what their readers call --------------------
+    def _process_run_ended(self, index: int, outcome: Outcome, seconds: float,
+                           free: bool = True) -> None:
+        """A run in child ``index`` ended (its handler returned or raised, or its child
+        died): its outcome to the acker, and its slot free (``free``; a dead child's
+        slots come back when its replacement runs: :meth:`_slots_free`)."""
+        if self._stops:  # a stopped run ends by its stop
+            settled = self._settle_run(outcome)
+            if settled is None:
+                settled = outcome  # (abandoning is for threads: a child is killed instead)
+            outcome = settled
+        self._acks.put(outcome)
+        self._holding.observe(seconds)
+        if free:
+            self._slots_free(index, 1)
+
+    def _slots_free(self, index: int, n: int) -> None:
+        """``n`` runs of child ``index`` ended. Its reader thread is the one writer of
+        ``_ended[index]``."""
+        self._ended[index] += n
+        with self._lock:
+            self._lock.notify_all()
+
+    def _release_runs(self, index: int, held: List[Tuple[str, str, Optional[str]]]) -> None:
+        """Jobs of a killed child that must run again (shutdown, or beside a killed run):
+        back to the queue, their attempt not counted."""
+        try:
+            run(self._redis, self._releasing(held, time.monotonic() + self.shutdown_timeout_s))
+        finally:
+            self._ended[index] += len(held)
+            with self._lock:
+                self._lock.notify_all()
+
+    def _fail_fatally(self, error: BaseException) -> None:
+        """Stop the Worker; :meth:`run` raises ``error``."""
+        if self._fatal is None:
+            self._fatal = error
+        self.stop()
+
+    def _children_report(self) -> Optional[Dict[str, Any]]:
+        """The handler processes, for the heartbeat record (None: handlers in threads)."""
+        return None if self._procs is None else self._procs.report()
 
     def _hand_over(self, outcomes: List[Outcome]) -> None:
         """Queue outcomes for the acker (which counts and marks them as it takes them)."""
@@ -702,6 +800,10 @@ class Worker(WorkerMachine):
         """A deadline passed (timer thread): a run's timeout, or a stop's grace."""
         if kind == TIMEOUT:
             self._stopped(self._stop_run(job_id, TIMEOUT, token))
+        elif kind == ABANDON and self._procs is not None:
+            stop = self._stops.get(token)
+            if stop is not None:
+                self._procs.kill_for(job_id, token, stop.reason)
         elif kind == ABANDON:
             outcome = self._abandon_run(job_id, token)
             if outcome is not None:
@@ -711,6 +813,8 @@ class Worker(WorkerMachine):
         """A run was asked to stop (its handler sees ``job.cancelled``): abandon it if it
         has not ended within the grace."""
         timer = self._timer
+        if run is not None and self._procs is not None:
+            self._procs.ask_stop(run.job.id, run.token, run.job._stop_reason or "")
         if run is not None and timer is not None:
             timer.add(time.monotonic() + self.cancel_grace_ms / 1000.0, run.job.id,
                       run.token, ABANDON)
@@ -740,136 +844,3 @@ class ThreadRunHooks:
     def progress_async(self, job_id: str, token: Optional[str],
                        value: Any) -> Awaitable[None]:
         raise RuntimeError("progress_async() is only available to a running aio handler")
-
-
-class CancelListener:
-    """Hears the cancel channels on ``client`` (sync redis-py, or Cluster): ``routes`` maps
-    each channel to what hears its job ids (one connection for every queue of a Worker)."""
-
-    def __init__(self, client: Any, routes: Dict[str, Callable[[str], None]],
-                 on_subscribed: Callable[[], None], who: str):
-        self._client, self._routes = client, dict(routes)
-        self._channels = list(self._routes)
-        self._on_subscribed, self._who = on_subscribed, who
-        self._closed = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._pubsub: Any = None  # the live pub/sub, for close() to cut its read short
-        self._backoff = Backoff(0.05, 2.0)  # between re-subscribes after losses
-        self.subscribed = threading.Event()  # set while subscribed (tests wait on it)
-
-    def start(self) -> None:
-        self._closed.clear()
-        self._thread = threading.Thread(target=self._run, name="emq-cancels", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop listening (returns once the thread ended, or after a couple of seconds)."""
-        self._closed.set()
-        _cut(self._pubsub)
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=2.0)
-
-    def _run(self) -> None:
-        backoff = self._backoff
-        while not self._closed.is_set():
-            try:
-                self._listen()
-                return
-            except Exception as exc:  # noqa: BLE001 - re-subscribe; the beat covers the gap
-                self.subscribed.clear()
-                if self._closed.is_set():  # close() cut the connection: not a loss
-                    return
-                wait = backoff()
-                log.warning("%s: cancel listener lost its connection (%s); re-subscribing "
-                            "in %.2fs", self._who, type(typed(exc)).__name__, wait)
-                self._closed.wait(wait)
-
-    def _listen(self) -> None:
-        pubsub = self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        try:
-            if self._closed.is_set():  # closed while this connection was being made
-                return
-            pubsub.subscribe(*self._channels)
-            self._backoff.reset()  # a loss after this one waits the first step again
-            self.subscribed.set()
-            self._on_subscribed()
-            while not self._closed.is_set():
-                message = pubsub.get_message(timeout=_POLL_S)
-                if message and message.get("type") == "message":
-                    route = self._routes.get(_text(message["channel"]))
-                    if route is not None:
-                        route(_text(message["data"]))
-        finally:
-            self.subscribed.clear()
-            self._pubsub = None
-            try:
-                pubsub.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection
-                pass
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _cut(pubsub: Any) -> None:
-    """Shut the socket of ``pubsub``'s connection (from another thread): its blocked read
-    ends at once with a connection error, which the closed listener takes as its end."""
-    connection = getattr(pubsub, "connection", None) if pubsub is not None else None
-    sock = getattr(connection, "_sock", None)
-    if sock is None:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already closed
-        pass
-
-
-class TimeoutTimer:
-    """Hands each passed deadline ``(job id, token, kind)`` to ``on_due`` (its thread)."""
-
-    def __init__(self, on_due: Callable[[str, str, str], None]):
-        self._on_due = on_due
-        self._deadlines = Deadlines()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread: Optional[threading.Thread] = None
-
-    def add(self, at: float, job_id: str, token: str, kind: str) -> None:
-        """``on_due(job_id, token, kind)`` at ``at`` (monotonic s)."""
-        with self._cond:
-            if self._closed:
-                return
-            if self._deadlines.add(at, job_id, token, kind):
-                self._cond.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="emq-timeouts",
-                                                daemon=True)
-                self._thread.start()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=2.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                due: List[Tuple[str, str, str]] = []
-                while not self._closed and not due:
-                    due = self._deadlines.due(time.monotonic())
-                    if not due:
-                        nxt = self._deadlines.next_at()
-                        self._cond.wait(None if nxt is None else max(nxt - time.monotonic(), 0))
-                if self._closed:
-                    return
-            for job_id, token, kind in due:
-                try:
-                    self._on_due(job_id, token, kind)
-                except Exception:  # noqa: BLE001 - one job's stop must not end the timer
-                    log.exception("stopping timed-out job %r failed", job_id)
-

@@ -1,0 +1,499 @@
+"""The process executor of :class:`emqfast.Worker` ``(processes=N)``: handlers run in N
+supervised child processes, so a handler can be stopped for real and a crash takes only
+its own attempt.
+
+The Worker keeps everything else (claiming, leases, acks, the beat, cancels and
+timeouts); a :class:`ProcessPool` only runs the jobs it is handed (``Worker._ready``) in
+its children (:mod:`emqfast.worker.child`), one reader thread per child taking outcomes
+back to the Worker as they come. The rules, on top of the Worker's:
+
+- **kill after the grace**: a run asked to stop (its timeout, ``q.cancel``) that has not
+  ended ``cancel_grace_ms`` later is ended by killing its child (SIGKILL). Its outcome
+  is its stop's (a timeout failure, retried per its attempts; or cancelled), written
+  once: the child is gone before it is written, so no late result can follow. Jobs the
+  same child was running beside it (``threads`` > 1) go back to the queue, their
+  attempt not counted;
+- **a crash fails only its own attempt**: a child that dies by itself (a signal,
+  ``os._exit``, the OOM killer) fails the jobs it ran with
+  :class:`~emqfast.errors.WorkerCrashed`, retried per their attempts;
+- **a replacement before the slot is given back**: a dead or recycled child
+  (``max_jobs_per_child``, ``max_memory_per_child_mb``, checked between jobs) is
+  replaced, and only then takes jobs again; children that die young are restarted with
+  backoff, and one that cannot import the handler stops the Worker
+  (:class:`~emqfast.errors.HandlerNotImportable`) instead of spinning;
+- **shutdown keeps its word**: after ``shutdown_timeout_s`` the children still running
+  handlers are killed and their jobs go back to the queue (no attempt counted), never
+  while a child that could still finish is alive.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue as queue_mod
+import socket
+import subprocess
+import threading
+import time
+from multiprocessing.connection import Connection
+from collections import Counter
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from emqfast.core import errors
+from emqfast.core.validation import check_int
+from emqfast.facade.job import Job
+from emqfast.worker import child as child_mod
+from emqfast.worker.outcomes import Done, Failed, Outcome, job_group
+from emqfast.worker.resend import Backoff
+
+log = logging.getLogger("emqfast.worker")
+
+READY_TIMEOUT_S = 60.0  # a child that has not imported its handler by then is a failure
+YOUNG_S = 2.0  # a child dying sooner than this after its start: restarts back off
+EXIT_WAIT_S = 5.0  # a retired child's time to leave after "exit", then it is killed
+RELEASED = ("shutdown", "beside")  # why a killed child's job goes back unrun
+
+
+def check_processes(processes: Optional[int], concurrency: Optional[int],
+                    max_jobs_per_child: Optional[int], max_memory_per_child_mb: Optional[int]
+                    ) -> Optional[Dict[str, Any]]:
+    """The process executor's options, checked (typed errors), as :class:`ProcessPool`
+    takes them; None when handlers run in threads (``processes`` None)."""
+    if processes is None:
+        if (max_jobs_per_child, max_memory_per_child_mb) != (None, None):
+            raise errors.InvalidInput("max_jobs_per_child and max_memory_per_child_mb need "
+                                      "processes=N")
+        return None
+    check_int(processes, "processes", 1, 1024)
+    threads = 1 if concurrency is None else check_int(concurrency, "concurrency", 1, 10_000)
+    if max_jobs_per_child is not None:
+        check_int(max_jobs_per_child, "max_jobs_per_child", 1, 1 << 40)
+    if max_memory_per_child_mb is not None:
+        check_int(max_memory_per_child_mb, "max_memory_per_child_mb", 1, 1 << 30)
+    return dict(processes=processes, threads=threads, max_jobs_per_child=max_jobs_per_child,
+                max_memory_per_child_mb=max_memory_per_child_mb)
+
+
+def exit_text(code: Optional[int]) -> str:
+    """A child's exit status in words: ``signal 9 (SIGKILL)``, ``code 1``."""
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        import signal
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+class _Child:
+    """One supervised child: its process, pipe, and the runs it holds (job id ->
+    ``(job, token, began)``)."""
+
+    def __init__(self, index: int, process: Any, conn: Any):
+        self.index, self.process, self.conn = index, process, conn
+        self.pid: int = process.pid
+        self.send_lock = threading.Lock()
+        self.inflight: Dict[str, Tuple[Job, str, float]] = {}
+        self.kills: Dict[str, str] = {}  # token -> why its child was killed
+        self.jobs_run = 0
+        self.started_at = time.monotonic()
+        self.retiring = False  # recycled: takes no more jobs, leaves when it is empty
+        self.replaced = False  # its successor started: its death needs no replacement
+        self.reader: Optional[threading.Thread] = None
+
+    def send(self, message: bytes) -> bool:
+        """Send one message; False when the child is gone (its reader settles its runs)."""
+        try:
+            with self.send_lock:
+                self.conn.send_bytes(message)
+            return True
+        except (OSError, ValueError):
+            return False
+
+
+class ProcessPool:
+    """The children of one Worker and what they run. ``worker`` is the thread Worker
+    (its ``_ready`` jobs, its ``_process_run_ended`` / ``_release_runs`` /
+    ``_extend_run`` / ``_progress_run``)."""
+
+    def __init__(self, worker: Any, handler: Callable[..., Any], processes: int,
+                 threads: int, *, max_jobs_per_child: Optional[int],
+                 max_memory_per_child_mb: Optional[int]):
+        self._worker = worker
+        self.path = child_mod.handler_path(handler)
+        self.processes, self.threads = processes, threads
+        self.max_jobs = max_jobs_per_child
+        self.max_rss_kb = None if max_memory_per_child_mb is None \
+            else max_memory_per_child_mb * 1024
+        self._children: List[Optional[_Child]] = [None] * processes
+        self._where: Dict[str, _Child] = {}  # running job id -> its child
+        self._lock = threading.Lock()
+        self._closing = False
+        self.killing = False  # the shutdown's kill was done (once per run)
+        self._backoff = Backoff(0.1, 5.0)
+        self._spawner = _Spawner()
+        # restarts, crashes, recycled, and kills by reason ("kill:timeout", ...)
+        self.counts: "Counter[str]" = Counter()
+
+    # --- starting and stopping children ------------------------------------------------
+    def start(self) -> None:
+        """Start every child and wait until each has imported the handler; raise
+        :class:`~emqfast.errors.HandlerNotImportable` (children stopped) if one cannot."""
+        self._closing = self.killing = False
+        self._spawner.open()
+        pending = [self._spawn(i) for i in range(self.processes)]
+        try:
+            for index, (process, conn) in enumerate(pending):
+                self._install(self._await_ready(index, process, conn))
+        except BaseException:
+            self._closing = True
+            for process, conn in pending:
+                _kill(process)
+                conn.close()
+            self._spawner.close()
+            raise
+
+    def _spawn(self, index: int) -> Tuple[Any, Any]:
+        """Start child ``index`` from the spawner thread (see :class:`_Spawner`)."""
+        started: Tuple[Any, Any] = self._spawner.call(self._start_process)
+        return started
+
+    def _start_process(self) -> Tuple[Any, Any]:
+        """A fresh interpreter running :func:`emqfast.worker.child.main` (no lock or thread
+        of the Worker inherited, no main script re-run unless the handler lives there),
+        and our end of its socket."""
+        ours, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen(
+                child_mod.command(self.path, self.threads, theirs.fileno()),
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                env=child_mod.environment())
+        return process, Connection(ours.detach())
+
+    def _await_ready(self, index: int, process: Any, conn: Any) -> _Child:
+        """The started child, once it said ``ready``; HandlerNotImportable otherwise."""
+        why = f"did not start within {READY_TIMEOUT_S:.0f} s"
+        try:
+            if conn.poll(READY_TIMEOUT_S):
+                header, _ = child_mod.decode(conn.recv_bytes())
+                if header["k"] == "ready":
+                    return _Child(index, process, conn)
+                why = "could not import it:\n" + header.get("tb", "")
+        except (EOFError, OSError):
+            why = f"exited with {exit_text(_wait(process))} as it started"
+        raise errors.HandlerNotImportable(f"handler process for {self.path} {why}")
+
+    def _install(self, child: _Child) -> None:
+        self._children[child.index] = child
+        child.reader = threading.Thread(target=self._read, args=(child,), daemon=True,
+                                        name=f"emq-handler-{child.index}-reader")
+        child.reader.start()
+
+    def close(self) -> None:
+        """Ask every child to exit (their jobs ended), kill those that do not, and wait for
+        their readers."""
+        self._closing = True
+        children = [c for c in self._children if c is not None]
+        exit_message = child_mod.encode({"k": "exit"})
+        for child in children:
+            child.send(exit_message)
+        deadline = time.monotonic() + EXIT_WAIT_S
+        for child in children:
+            _wait(child.process, deadline - time.monotonic())
+            _kill(child.process)
+            if child.reader is not None and child.reader is not threading.current_thread():
+                child.reader.join(EXIT_WAIT_S)
+        self._spawner.close()
+
+    def kill_running(self, why: str = "shutdown") -> int:
+        """Kill every child running a handler (the shutdown bound passed, or a second
+        signal): their jobs go back to the queue, no attempt counted. How many."""
+        self._closing = True
+        killed = 0
+        for child in list(self._children):
+            if child is not None and child.inflight:
+                for _, token, _ in list(child.inflight.values()):
+                    child.kills.setdefault(token, why)
+                self.counts[f"kill:{why}"] += 1
+                _kill(child.process, wait=False)
+                killed += 1
+        return killed
+
+    # --- handing out jobs ----------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Send the Worker's ready jobs to children with room, in order."""
+        ready = self._worker._ready
+        with self._lock:
+            for child in self._children:
+                if child is None or child.retiring:
+                    continue
+                while ready and len(child.inflight) < self.threads:
+                    job, token = ready.popleft()
+                    child.inflight[job.id] = (job, token, time.perf_counter())
+                    self._where[job.id] = child
+                    if not child.send(self._run_frame(job, token)):
+                        child.kills[token] = "beside"  # never reached it: back unrun
+                        break  # dead: its reader settles what it held
+                    # its timeout counts from here: never while it waited for a child
+                    self._worker._arm_timeout(job, token, time.monotonic())
+
+    @staticmethod
+    def _run_frame(job: Job, token: str) -> bytes:
+        return child_mod.job_frame(job, token)
+
+    def ask_stop(self, job_id: str, token: str, reason: str) -> None:
+        """Tell the child running ``job_id`` that it was asked to stop (``job.cancelled``)."""
+        child = self._where.get(job_id)
+        if child is not None:
+            child.send(child_mod.encode({"k": "stop", "id": job_id, "tok": token,
+                                         "why": reason}))
+
+    def kill_for(self, job_id: str, token: str, reason: str) -> bool:
+        """The grace after a stop passed and ``job_id`` still runs: kill its child. Jobs
+        beside it in that child go back to the queue. False when it ended meanwhile."""
+        child = self._where.get(job_id)
+        if child is None:
+            return False
+        with self._lock:
+            run = child.inflight.get(job_id)
+            if run is None or run[1] != token:
+                return False
+            child.kills[token] = reason
+            for _, other, _ in child.inflight.values():
+                child.kills.setdefault(other, "beside")
+        self.counts[f"kill:{reason}"] += 1
+        log.warning("%s: job %r did not stop within cancel_grace_ms of its %s: killing its "
+                    "handler process (pid %d)", self._worker._who, job_id, reason, child.pid)
+        _kill(child.process, wait=False)
+        return True
+
+    # --- a child's reader thread ---------------------------------------------------------
+    def _read(self, child: _Child) -> None:
+        """Take the child's messages until it is gone, then settle what it held and
+        replace it."""
+        try:
+            while True:
+                try:
+                    header, body = child_mod.decode(child.conn.recv_bytes())
+                except (EOFError, OSError):
+                    break
+                kind = header["k"]
+                if kind in ("done", "fail"):
+                    self._ended(child, header, body)
+                elif kind in ("extend", "progress"):
+                    self._answer(child, header, body)
+        finally:
+            self._died(child)
+
+    def _ended(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
+        with self._lock:
+            run = child.inflight.pop(header["id"], None)
+            if run is not None and self._where.get(header["id"]) is child:
+                del self._where[header["id"]]
+        if run is None:
+            return
+        job, token, began = run
+        child.kills.pop(token, None)
+        outcome: Outcome = Done(job, token, body) if header["k"] == "done" else \
+            Failed(job, token, _remote(header["t"], header["m"]), header["tb"],
+                   header["retry"])
+        child.jobs_run += 1
+        self._worker._process_run_ended(child.index, outcome, time.perf_counter() - began)
+        if child.retiring or self._worn_out(child):
+            self._retire(child)
+        self.dispatch()
+
+    def _answer(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
+        """A handler's ``job.extend_lease`` / ``job.progress``: performed under its run's
+        token, answered with the error it raised, if any."""
+        reply: Dict[str, Any] = {"k": "re", "n": header["n"]}
+        try:
+            if header["k"] == "extend":
+                self._worker._extend_run(header["id"], header["tok"], header["ms"])
+            else:
+                self._worker._progress_run(header["id"], header["tok"],
+                                           json.loads(body))
+        except Exception as exc:  # noqa: BLE001 - raised in the handler instead
+            reply.update(t=type(exc).__name__, m=str(exc))
+        child.send(child_mod.encode(reply))
+
+    def _died(self, child: _Child) -> None:
+        """The child is gone: settle each run it held by why it died, then replace it."""
+        code = _wait(child.process)
+        with self._lock:
+            held, child.inflight = child.inflight, {}
+            for job_id in held:
+                if self._where.get(job_id) is child:
+                    del self._where[job_id]
+            if self._children[child.index] is child:
+                self._children[child.index] = None
+        back: List[Tuple[str, str, Optional[str]]] = []
+        for job, token, began in held.values():
+            why = child.kills.get(token)
+            if why in RELEASED:
+                back.append((job.id, token, job_group(job)))
+                continue
+            if why is None:
+                self.counts["crash"] += 1
+                log.error("%s: handler process (pid %d) exited with %s while running job "
+                          "%r", self._worker._who, child.pid, exit_text(code), job.id)
+            crash = errors.WorkerCrashed(f"child exited with {exit_text(code)} while "
+                                         f"running {job.id}")
+            self._worker._process_run_ended(child.index, Failed(job, token, crash, "", True),
+                                            time.perf_counter() - began, free=False)
+        if back:
+            self._worker._release_runs(child.index, back)
+        if not self._closing and not child.replaced:
+            by_itself = not held or any(t not in child.kills for _, t, _ in held.values())
+            self._replace(child, by_itself)
+        # the slots come back once the replacement runs (or the pool is closing)
+        self._worker._slots_free(child.index, len(held) - len(back))
+
+    # --- replacing children ------------------------------------------------------------
+    def _worn_out(self, child: _Child) -> bool:
+        """Recycle after ``max_jobs_per_child`` jobs, or once its RSS passed the limit."""
+        if self.max_jobs is not None and child.jobs_run >= self.max_jobs:
+            self.counts["recycled:jobs"] += 1
+            return True
+        if self.max_rss_kb is not None and (rss_kb(child.pid) or 0) > self.max_rss_kb:
+            self.counts["recycled:memory"] += 1
+            return True
+        return False
+
+    def _retire(self, child: _Child) -> None:
+        """Recycle ``child``: it takes no more jobs; once the ones it runs ended, a
+        replacement starts, then it leaves."""
+        with self._lock:
+            child.retiring = True
+            if child.inflight:
+                return  # (checked again as each of its jobs ends)
+        child.replaced = True
+        self._replace(child)
+        if child.send(child_mod.encode({"k": "exit"})):
+            threading.Thread(target=_reap, args=(child.process,), daemon=True).start()
+
+    def _replace(self, old: _Child, died_by_itself: bool = False) -> None:
+        """Start the child that takes ``old``'s place (backing off while children die
+        young by themselves); an import failure stops the Worker."""
+        if died_by_itself and time.monotonic() - old.started_at < YOUNG_S:
+            time.sleep(self._backoff())
+        else:
+            self._backoff.reset()
+        while not self._closing:
+            try:
+                process, conn = self._spawn(old.index)
+                new = self._await_ready(old.index, process, conn)
+            except errors.HandlerNotImportable as exc:
+                log.error("%s: %s; stopping", self._worker._who, exc)
+                self._worker._fail_fatally(exc)
+                return
+            except OSError as exc:  # out of processes or memory: try again later
+                log.error("%s: cannot start a handler process (%s)", self._worker._who, exc)
+                time.sleep(self._backoff())
+                continue
+            self.counts["restarts"] += 1
+            self._install(new)
+            self.dispatch()
+            return
+
+    # --- what the Worker reports ----------------------------------------------------------
+    def report(self) -> Dict[str, Any]:
+        """The children now (pid, jobs run, RSS in KiB, the jobs they run) and the
+        counters: for the Worker's heartbeat record."""
+        children = [{"pid": c.pid, "jobs": c.jobs_run, "rss_kb": rss_kb(c.pid),
+                     "running": sorted(c.inflight)} for c in self._children if c is not None]
+        return {"children": children, "child_events": dict(self.counts)}
+
+
+class _Spawner:
+    """The one thread that starts children. On Linux a child is killed when the *thread*
+    that started it ends (``PR_SET_PDEATHSIG``): children started from a reader thread,
+    which ends with its child, would die at once. This thread lives as long as the pool."""
+
+    def __init__(self) -> None:
+        self._requests: "queue_mod.SimpleQueue[Any]" = queue_mod.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def open(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, daemon=True,
+                                            name="emq-handler-spawner")
+            self._thread.start()
+
+    def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._requests.put(None)
+            thread.join(EXIT_WAIT_S)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run on the spawner thread; its error raised here."""
+        answer: "queue_mod.SimpleQueue[Tuple[bool, Any]]" = queue_mod.SimpleQueue()
+        self._requests.put((fn, answer))
+        ok, value = answer.get()
+        if not ok:
+            raise value
+        return value
+
+    def _serve(self) -> None:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            fn, answer = request
+            try:
+                answer.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller
+                answer.put((False, exc))
+
+
+def rss_kb(pid: int) -> Optional[int]:
+    """The resident memory of process ``pid`` in KiB (Linux's /proc), else None."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_REMOTE: Dict[str, type] = {}
+
+
+def _remote(name: str, message: str) -> BaseException:
+    """An exception raised in a child, rebuilt for the outcome's record: the same type
+    name and message (``"ValueError: bad input"``), never the unpickled object."""
+    known = getattr(errors, name, None)
+    if isinstance(known, type) and issubclass(known, BaseException):
+        return known(message)
+    cls = _REMOTE.get(name)
+    if cls is None:
+        cls = _REMOTE[name] = type(name, (Exception,), {"__module__": "emqfast.remote"})
+    error: BaseException = cls(message)
+    return error
+
+
+def _wait(process: "subprocess.Popen[bytes]", seconds: float = EXIT_WAIT_S) -> Optional[int]:
+    """The child's exit status once it exited (negative: the signal), waiting up to
+    ``seconds``; None while it runs."""
+    try:
+        return process.wait(max(seconds, 0.0))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _kill(process: "subprocess.Popen[bytes]", wait: bool = True) -> None:
+    if process.poll() is None:
+        try:
+            process.kill()
+        except OSError:  # exited meanwhile
+            pass
+    if wait:
+        _wait(process)
+
+
+def _reap(process: "subprocess.Popen[bytes]") -> None:
+    """A retired child: give it its time to leave, then kill it."""
+    _wait(process)
+    _kill(process)
