@@ -28,6 +28,7 @@ import queue as queue_mod
 import signal
 import sys
 import threading
+import time
 import traceback
 import types
 from multiprocessing.connection import Connection
@@ -50,6 +51,25 @@ def decode(message: bytes) -> Frame:
     """``(header, body)`` of a message :func:`encode` made."""
     cut = message.index(b"\n")
     return json.loads(message[:cut]), message[cut + 1:]
+
+
+def bundle(messages: List[bytes]) -> bytes:
+    """Several messages as one (one write, one wake-up of the reader): a ``many``
+    header with their sizes, then the messages one after another."""
+    if len(messages) == 1:
+        return messages[0]
+    return encode({"k": "many", "n": [len(m) for m in messages]}, b"".join(messages))
+
+
+def unbundle(header: Dict[str, Any], body: bytes) -> List[Frame]:
+    """The messages of a ``many`` message (see :func:`bundle`), or the one message."""
+    if header["k"] != "many":
+        return [(header, body)]
+    out, at = [], 0
+    for size in header["n"]:
+        out.append(decode(body[at:at + size]))
+        at += size
+    return out
 
 
 def handler_path(handler: Callable[..., Any]) -> str:
@@ -90,8 +110,9 @@ def resolve(path: str, main: str = "") -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def job_frame(job: Job, token: str) -> bytes:
-    """The ``run`` message of a started job (its payload re-encoded as stored)."""
+def job_frame(job: Job, token: str, say_begin: bool = False) -> bytes:
+    """The ``run`` message of a started job (its payload re-encoded as stored);
+    ``say_begin``: the child sends ``began`` as its handler starts."""
     payload = job.payload
     is_bytes = isinstance(payload, (bytes, bytearray))
     body = bytes(payload) if is_bytes else codec.encode_result(payload)
@@ -103,7 +124,7 @@ def job_frame(job: Job, token: str) -> bytes:
                                                        backoff.full],
                    "c": job.created_ms, "r": job.run_at_ms, "s": job.started_ms,
                    "x": job.extra, "b": is_bytes, "dr": job._dep_results,
-                   "stop": job._stop_reason}, body)
+                   "stop": job._stop_reason, "sb": say_begin}, body)
 
 
 def _job_of(header: Dict[str, Any], body: bytes) -> Job:
@@ -151,7 +172,11 @@ class Child:
 
     def __init__(self, conn: Any, handler: Callable[..., Any], threads: int):
         self._conn, self._handler = conn, handler
-        self._send_lock = threading.Lock()
+        # what goes to the Worker: one sender thread writes whatever has gathered as
+        # one message, so a busy child costs the Worker one read per batch, not per job
+        self._outbox: "queue_mod.SimpleQueue[Optional[bytes]]" = queue_mod.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                        name="emq-child-sender")
         self._jobs: "queue_mod.SimpleQueue[Optional[Tuple[Dict[str, Any], bytes]]]" = \
             queue_mod.SimpleQueue()
         self._running: Dict[str, Tuple[Job, Optional[asyncio.AbstractEventLoop],
@@ -166,9 +191,29 @@ class Child:
                                           name=f"emq-child-{i}") for i in range(threads)]
 
     def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
-        message = encode(header, body)
-        with self._send_lock:
-            self._conn.send_bytes(message)
+        """Queue one message for the Worker (sent in order by the sender thread)."""
+        self._outbox.put(encode(header, body))
+
+    def _send_loop(self) -> None:
+        get, more = self._outbox.get, self._outbox.get_nowait
+        while True:
+            first = get()
+            if first is None:
+                return
+            batch = [first]
+            try:
+                while len(batch) < 256:
+                    item = more()
+                    if item is None:
+                        self._outbox.put(None)
+                        break
+                    batch.append(item)
+            except queue_mod.Empty:
+                pass
+            try:
+                self._conn.send_bytes(bundle(batch))
+            except OSError:
+                os._exit(0)  # the Worker is gone
 
     def ask(self, header: Dict[str, Any], body: bytes = b"") -> None:
         """Send a request to the Worker and wait for its answer; its error raised here."""
@@ -184,29 +229,37 @@ class Child:
 
     def serve(self) -> None:
         """Read and route messages until ``exit`` or the Worker's end of the pipe closes."""
+        self._sender.start()
         for thread in self._threads:
             thread.start()
         try:
-            while True:
-                header, body = decode(self._conn.recv_bytes())
-                kind = header["k"]
-                if kind == "run":
-                    self._jobs.put((header, body))
-                elif kind == "stop":
-                    self._stop(header["id"], header["tok"], header["why"])
-                elif kind == "re":
-                    with self._lock:
-                        waiting = self._answers.pop(header["n"], None)
-                    if waiting is not None:
-                        waiting.put((header, body))
-                elif kind == "exit":
-                    break
+            while self._route(*decode(self._conn.recv_bytes())):
+                pass
         except (EOFError, OSError):
             os._exit(0)  # the Worker is gone: nothing left to report to
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join()
+        self._outbox.put(None)  # after the last outcome
+        self._sender.join()
+
+    def _route(self, header: Dict[str, Any], body: bytes) -> bool:
+        """Act on one message from the Worker; False: ``exit``."""
+        for header, body in unbundle(header, body):
+            kind = header["k"]
+            if kind == "run":
+                self._jobs.put((header, body))
+            elif kind == "stop":
+                self._stop(header["id"], header["tok"], header["why"])
+            elif kind == "re":
+                with self._lock:
+                    waiting = self._answers.pop(header["n"], None)
+                if waiting is not None:
+                    waiting.put((header, body))
+            elif kind == "exit":
+                return False
+        return True
 
     def _stop(self, job_id: str, token: str, reason: str) -> None:
         with self._lock:
@@ -229,12 +282,16 @@ class Child:
                 if loop is not None:
                     loop.close()
                 return
-            job = _job_of(*item)
+            header, body = item
+            job = _job_of(header, body)
             job._run = self._hooks
+            if header["sb"]:
+                self.send({"k": "began", "id": job.id})
             with self._lock:
                 self._running[job.id] = (job, None, None)
                 early = self._early.pop((job.id, job._run_token or ""), None)
                 job._stop_reason = job._stop_reason or early
+            began = time.perf_counter()
             try:
                 job.raise_if_cancelled()  # stopped before it began: never handed to it
                 result = self._handler(job)
@@ -243,9 +300,10 @@ class Child:
                     result = self._await(loop, job, result)
                 body = codec.encode_handler_result(result) if result is not None else b"null"
             except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
-                self._report_failure(job, exc)
+                self._report_failure(job, exc, time.perf_counter() - began)
             else:
-                self._finish(job.id, {"k": "done", "id": job.id}, body)
+                self._finish(job.id, {"k": "done", "id": job.id,
+                                      "s": time.perf_counter() - began}, body)
 
     def _await(self, loop: asyncio.AbstractEventLoop, job: Job, coro: Any) -> Any:
         task = loop.create_task(coro)
@@ -255,13 +313,13 @@ class Child:
             task.cancel()
         return loop.run_until_complete(task)
 
-    def _report_failure(self, job: Job, exc: BaseException) -> None:
+    def _report_failure(self, job: Job, exc: BaseException, seconds: float) -> None:
         if isinstance(exc, asyncio.CancelledError) and job._stop_reason is not None:
             exc = errors.JobTimeout("timeout") if job._stop_reason == "timeout" \
                 else errors.Cancelled(f"job {job.id} was cancelled")
         header = {"k": "fail", "id": job.id, "t": type(exc).__name__, "m": str(exc),
                   "tb": traceback.format_exc(),
-                  "retry": not isinstance(exc, (Unrecoverable, PayloadError))}
+                  "retry": not isinstance(exc, (Unrecoverable, PayloadError)), "s": seconds}
         self._finish(job.id, header)
 
     def _finish(self, job_id: str, header: Dict[str, Any], body: bytes = b"") -> None:

@@ -43,6 +43,7 @@ from emqfast.core import errors
 from emqfast.core.validation import check_int
 from emqfast.facade.job import Job
 from emqfast.worker import child as child_mod
+from emqfast.worker.cancels import timeout_ms_of
 from emqfast.worker.outcomes import Done, Failed, Outcome, job_group
 from emqfast.worker.resend import Backoff
 
@@ -52,6 +53,10 @@ READY_TIMEOUT_S = 60.0  # a child that has not imported its handler by then is a
 YOUNG_S = 2.0  # a child dying sooner than this after its start: restarts back off
 EXIT_WAIT_S = 5.0  # a retired child's time to leave after "exit", then it is killed
 RELEASED = ("shutdown", "beside")  # why a killed child's job goes back unrun
+# Jobs a child may hold queued beyond its busy threads: the next one is there as one ends
+# (no round trip between jobs, and no wait for this process's GIL). A timed job queued
+# there is reported as it begins: its timeout counts from then.
+QUEUED = 32
 
 
 def check_processes(processes: Optional[int], concurrency: Optional[int],
@@ -224,24 +229,29 @@ class ProcessPool:
     # --- handing out jobs ----------------------------------------------------------------
     def dispatch(self) -> None:
         """Send the Worker's ready jobs to children with room, in order."""
-        ready = self._worker._ready
+        ready, worker = self._worker._ready, self._worker
         with self._lock:
             for child in self._children:
                 if child is None or child.retiring:
                     continue
-                while ready and len(child.inflight) < self.threads:
+                frames, sent = [], []
+                while ready and len(child.inflight) < self.threads + QUEUED:
                     job, token = ready.popleft()
+                    timed = timeout_ms_of(job, worker.job_timeout_ms)
+                    # a free thread starts it now; else the child says when it begins
+                    queued = len(child.inflight) >= self.threads
                     child.inflight[job.id] = (job, token, time.perf_counter())
                     self._where[job.id] = child
-                    if not child.send(self._run_frame(job, token)):
-                        child.kills[token] = "beside"  # never reached it: back unrun
-                        break  # dead: its reader settles what it held
-                    # its timeout counts from here: never while it waited for a child
-                    self._worker._arm_timeout(job, token, time.monotonic())
-
-    @staticmethod
-    def _run_frame(job: Job, token: str) -> bytes:
-        return child_mod.job_frame(job, token)
+                    frames.append(child_mod.job_frame(job, token, bool(timed and queued)))
+                    if timed and not queued:
+                        sent.append((job, token))
+                if frames and not child.send(child_mod.bundle(frames)):
+                    for _, token, _ in child.inflight.values():
+                        child.kills.setdefault(token, "beside")  # never reached it
+                    continue  # dead: its reader settles what it held
+                now = time.monotonic()
+                for job, token in sent:  # its timeout counts from its start
+                    worker._arm_timeout(job, token, now)
 
     def ask_stop(self, job_id: str, token: str, reason: str) -> None:
         """Tell the child running ``job_id`` that it was asked to stop (``job.cancelled``)."""
@@ -276,16 +286,26 @@ class ProcessPool:
         try:
             while True:
                 try:
-                    header, body = child_mod.decode(child.conn.recv_bytes())
+                    message = child_mod.decode(child.conn.recv_bytes())
                 except (EOFError, OSError):
                     break
-                kind = header["k"]
-                if kind in ("done", "fail"):
-                    self._ended(child, header, body)
-                elif kind in ("extend", "progress"):
-                    self._answer(child, header, body)
+                for header, body in child_mod.unbundle(*message):
+                    self._take(child, header, body)
+                self.dispatch()
         finally:
             self._died(child)
+
+    def _take(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
+        """One message from ``child``."""
+        kind = header["k"]
+        if kind in ("done", "fail"):
+            self._ended(child, header, body)
+        elif kind == "began":  # a timed job that waited in the child: its clock starts
+            run = child.inflight.get(header["id"])
+            if run is not None:
+                self._worker._arm_timeout(run[0], run[1], time.monotonic())
+        elif kind in ("extend", "progress"):
+            self._answer(child, header, body)
 
     def _ended(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
         with self._lock:
@@ -294,16 +314,17 @@ class ProcessPool:
                 del self._where[header["id"]]
         if run is None:
             return
-        job, token, began = run
+        job, token, _ = run
         child.kills.pop(token, None)
         outcome: Outcome = Done(job, token, body) if header["k"] == "done" else \
             Failed(job, token, _remote(header["t"], header["m"]), header["tb"],
                    header["retry"])
         child.jobs_run += 1
-        self._worker._process_run_ended(child.index, outcome, time.perf_counter() - began)
+        # the handler's own time (not its wait in the child's queue): the Worker sizes
+        # how many jobs it starts ahead from it
+        self._worker._process_run_ended(child.index, outcome, header["s"])
         if child.retiring or self._worn_out(child):
             self._retire(child)
-        self.dispatch()
 
     def _answer(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
         """A handler's ``job.extend_lease`` / ``job.progress``: performed under its run's
@@ -330,9 +351,10 @@ class ProcessPool:
             if self._children[child.index] is child:
                 self._children[child.index] = None
         back: List[Tuple[str, str, Optional[str]]] = []
-        for job, token, began in held.values():
+        for place, (job, token, began) in enumerate(held.values()):
             why = child.kills.get(token)
-            if why in RELEASED:
+            # jobs start in the order sent: past the first `threads` still held, none began
+            if why in RELEASED or (why is None and place >= self.threads):
                 back.append((job.id, token, job_group(job)))
                 continue
             if why is None:

@@ -649,8 +649,9 @@ class Worker(WorkerMachine):
         """``n`` runs of child ``index`` ended. Its reader thread is the one writer of
         ``_ended[index]``."""
         self._ended[index] += n
-        with self._lock:
-            self._lock.notify_all()
+        if self._awaiting:  # a claim loop waits for a slot (see _drain_ready)
+            with self._lock:
+                self._lock.notify_all()
 
     def _release_runs(self, index: int, held: List[Tuple[str, str, Optional[str]]]) -> None:
         """Jobs of a killed child that must run again (shutdown, or beside a killed run):
