@@ -23,9 +23,11 @@ import asyncio
 import ctypes
 import importlib
 import json
+import mmap
 import os
 import queue as queue_mod
 import signal
+import struct
 import sys
 import threading
 import time
@@ -110,9 +112,10 @@ def resolve(path: str, main: str = "") -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def job_frame(job: Job, token: str, say_begin: bool = False) -> bytes:
-    """The ``run`` message of a started job (its payload re-encoded as stored);
-    ``say_begin``: the child sends ``began`` as its handler starts."""
+def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> bytes:
+    """The ``run`` message of a started job (its payload re-encoded as stored), the
+    ``place``-th sent to this child; ``say_begin``: the child sends ``began`` as its
+    handler starts."""
     payload = job.payload
     is_bytes = isinstance(payload, (bytes, bytearray))
     body = bytes(payload) if is_bytes else codec.encode_result(payload)
@@ -124,7 +127,7 @@ def job_frame(job: Job, token: str, say_begin: bool = False) -> bytes:
                                                        backoff.full],
                    "c": job.created_ms, "r": job.run_at_ms, "s": job.started_ms,
                    "x": job.extra, "b": is_bytes, "dr": job._dep_results,
-                   "stop": job._stop_reason, "sb": say_begin}, body)
+                   "stop": job._stop_reason, "sb": say_begin, "p": place}, body)
 
 
 def _job_of(header: Dict[str, Any], body: bytes) -> Job:
@@ -170,8 +173,13 @@ class Child:
     ``threads`` handler threads run jobs (a coroutine handler in an event loop of its
     thread's own)."""
 
-    def __init__(self, conn: Any, handler: Callable[..., Any], threads: int):
+    def __init__(self, conn: Any, handler: Callable[..., Any], threads: int,
+                 begun: Optional[mmap.mmap] = None):
         self._conn, self._handler = conn, handler
+        # shared with the Worker: how many jobs were taken (by their place in the order
+        # sent), written before each handler is called, so after a crash the Worker knows
+        # which jobs may have begun (their attempt counts) and which never did
+        self._begun, self._taken = begun, 0
         # what goes to the Worker: one sender thread writes whatever has gathered as
         # one message, so a busy child costs the Worker one read per batch, not per job
         self._outbox: "queue_mod.SimpleQueue[Optional[bytes]]" = queue_mod.SimpleQueue()
@@ -283,6 +291,7 @@ class Child:
                     loop.close()
                 return
             header, body = item
+            self._take(header["p"])
             job = _job_of(header, body)
             job._run = self._hooks
             if header["sb"]:
@@ -304,6 +313,13 @@ class Child:
             else:
                 self._finish(job.id, {"k": "done", "id": job.id,
                                       "s": time.perf_counter() - began}, body)
+
+    def _take(self, place: int) -> None:
+        with self._lock:
+            if place >= self._taken:
+                self._taken = place + 1
+                if self._begun is not None:
+                    struct.pack_into("<Q", self._begun, 0, self._taken)
 
     def _await(self, loop: asyncio.AbstractEventLoop, job: Job, coro: Any) -> Any:
         task = loop.create_task(coro)
@@ -341,15 +357,16 @@ def _die_with_parent() -> None:
 _SYS_PATH = "EMQFAST_CHILD_SYS_PATH"
 
 
-def command(path: str, threads: int, fd: int) -> List[str]:
-    """The command line starting a child of this process on socket ``fd``."""
+def command(path: str, threads: int, fd: int, begun_fd: int) -> List[str]:
+    """The command line starting a child of this process on socket ``fd``, counting the
+    jobs it takes in the shared file ``begun_fd``."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     name = getattr(spec, "name", None)
     main_ref = name if name and name != "__main__" else getattr(main, "__file__", "") or ""
     return [sys.executable, "-c", "from emqfast.worker.child import cli; cli()",
             str(fd), path, str(threads), str(os.getpid()), os.path.abspath(main_ref)
-            if main_ref.endswith(".py") else main_ref]
+            if main_ref.endswith(".py") else main_ref, str(begun_fd)]
 
 
 def environment() -> Dict[str, str]:
@@ -360,12 +377,15 @@ def environment() -> Dict[str, str]:
 
 def cli() -> None:
     """The child's ``python -c`` entry (see :func:`command`)."""
-    fd, path, threads, parent, main_ref = sys.argv[1:6]
+    fd, path, threads, parent, main_ref, begun_fd = sys.argv[1:7]
     sys.path[:] = json.loads(os.environ.pop(_SYS_PATH, "[]")) or sys.path
-    main(Connection(int(fd)), path, int(threads), int(parent), main_ref)
+    begun = mmap.mmap(int(begun_fd), 8)
+    os.close(int(begun_fd))
+    main(Connection(int(fd)), path, int(threads), int(parent), main_ref, begun)
 
 
-def main(conn: Any, path: str, threads: int, parent_pid: int, main_ref: str = "") -> None:
+def main(conn: Any, path: str, threads: int, parent_pid: int, main_ref: str = "",
+         begun: Optional[mmap.mmap] = None) -> None:
     """A child's life: import the handler, say ``ready`` (or ``fatal`` with the
     traceback), then serve until told to exit or the Worker (``parent_pid``) is gone."""
     _die_with_parent()
@@ -378,7 +398,7 @@ def main(conn: Any, path: str, threads: int, parent_pid: int, main_ref: str = ""
         conn.send_bytes(encode({"k": "fatal", "tb": traceback.format_exc(limit=8)}))
         return
     conn.send_bytes(encode({"k": "ready", "pid": os.getpid()}))
-    Child(conn, handler, threads).serve()
+    Child(conn, handler, threads, begun).serve()
 
 
 __all__: List[str] = []

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import queue as queue_mod
+import struct
+import tempfile
 import socket
 import subprocess
 import threading
@@ -57,6 +60,7 @@ RELEASED = ("shutdown", "beside")  # why a killed child's job goes back unrun
 # (no round trip between jobs, and no wait for this process's GIL). A timed job queued
 # there is reported as it begins: its timeout counts from then.
 QUEUED = 32
+QUEUE_BUDGET_S = 0.002
 
 
 def check_processes(processes: Optional[int], concurrency: Optional[int],
@@ -96,17 +100,25 @@ class _Child:
     """One supervised child: its process, pipe, and the runs it holds (job id ->
     ``(job, token, began)``)."""
 
-    def __init__(self, index: int, process: Any, conn: Any):
+    def __init__(self, index: int, process: Any, conn: Any, begun: "mmap.mmap"):
         self.index, self.process, self.conn = index, process, conn
         self.pid: int = process.pid
         self.send_lock = threading.Lock()
-        self.inflight: Dict[str, Tuple[Job, str, float]] = {}
+        # job id -> (job, token, its place in the order sent): jobs begin in that order
+        self.inflight: Dict[str, Tuple[Job, str, int]] = {}
+        self.sent = 0
+        self.begun = begun  # shared memory: how many jobs the child has taken (may have begun)
         self.kills: Dict[str, str] = {}  # token -> why its child was killed
         self.jobs_run = 0
         self.started_at = time.monotonic()
         self.retiring = False  # recycled: takes no more jobs, leaves when it is empty
         self.replaced = False  # its successor started: its death needs no replacement
         self.reader: Optional[threading.Thread] = None
+
+    def taken(self) -> int:
+        """How many jobs the child took to run, as it wrote before calling each handler
+        (read after it died: exact, whatever it managed to send)."""
+        return int(struct.unpack_from("<Q", self.begun, 0)[0])
 
     def send(self, message: bytes) -> bool:
         """Send one message; False when the child is gone (its reader settles its runs)."""
@@ -148,43 +160,47 @@ class ProcessPool:
         :class:`~emqfast.errors.HandlerNotImportable` (children stopped) if one cannot."""
         self._closing = self.killing = False
         self._spawner.open()
-        pending = [self._spawn(i) for i in range(self.processes)]
+        pending = [self._spawn() for _ in range(self.processes)]
         try:
-            for index, (process, conn) in enumerate(pending):
-                self._install(self._await_ready(index, process, conn))
+            for index, started in enumerate(pending):
+                self._install(self._await_ready(index, *started))
         except BaseException:
             self._closing = True
-            for process, conn in pending:
+            for process, conn, _ in pending:
                 _kill(process)
                 conn.close()
             self._spawner.close()
             raise
 
-    def _spawn(self, index: int) -> Tuple[Any, Any]:
-        """Start child ``index`` from the spawner thread (see :class:`_Spawner`)."""
-        started: Tuple[Any, Any] = self._spawner.call(self._start_process)
+    def _spawn(self) -> Tuple[Any, Any, "mmap.mmap"]:
+        """Start a child from the spawner thread (see :class:`_Spawner`)."""
+        started: Tuple[Any, Any, "mmap.mmap"] = self._spawner.call(self._start_process)
         return started
 
-    def _start_process(self) -> Tuple[Any, Any]:
+    def _start_process(self) -> Tuple[Any, Any, "mmap.mmap"]:
         """A fresh interpreter running :func:`emqfast.worker.child.main` (no lock or thread
         of the Worker inherited, no main script re-run unless the handler lives there),
-        and our end of its socket."""
+        our end of its socket, and the 8 bytes of memory it shares with us (the count of
+        jobs it took: :meth:`_Child.taken`)."""
         ours, theirs = socket.socketpair()
-        with theirs:
+        with theirs, tempfile.TemporaryFile() as shared:
+            shared.truncate(8)
+            begun = mmap.mmap(shared.fileno(), 8)
             process = subprocess.Popen(
-                child_mod.command(self.path, self.threads, theirs.fileno()),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                child_mod.command(self.path, self.threads, theirs.fileno(), shared.fileno()),
+                pass_fds=(theirs.fileno(), shared.fileno()), stdin=subprocess.DEVNULL,
                 env=child_mod.environment())
-        return process, Connection(ours.detach())
+        return process, Connection(ours.detach()), begun
 
-    def _await_ready(self, index: int, process: Any, conn: Any) -> _Child:
+    def _await_ready(self, index: int, process: Any, conn: Any,
+                     begun: "mmap.mmap") -> _Child:
         """The started child, once it said ``ready``; HandlerNotImportable otherwise."""
         why = f"did not start within {READY_TIMEOUT_S:.0f} s"
         try:
             if conn.poll(READY_TIMEOUT_S):
                 header, _ = child_mod.decode(conn.recv_bytes())
                 if header["k"] == "ready":
-                    return _Child(index, process, conn)
+                    return _Child(index, process, conn, begun)
                 why = "could not import it:\n" + header.get("tb", "")
         except (EOFError, OSError):
             why = f"exited with {exit_text(_wait(process))} as it started"
@@ -228,30 +244,52 @@ class ProcessPool:
 
     # --- handing out jobs ----------------------------------------------------------------
     def dispatch(self) -> None:
-        """Send the Worker's ready jobs to children with room, in order."""
-        ready, worker = self._worker._ready, self._worker
+        """Send the Worker's ready jobs to children, in order: first to free handler
+        threads, then queued in the children as deep as their handlers' speed makes worth
+        it (a queued job should start within ~2 ms; slow handlers queue nothing)."""
+        ready = self._worker._ready
+        if not ready:
+            return
         with self._lock:
-            for child in self._children:
-                if child is None or child.retiring:
-                    continue
-                frames, sent = [], []
-                while ready and len(child.inflight) < self.threads + QUEUED:
-                    job, token = ready.popleft()
-                    timed = timeout_ms_of(job, worker.job_timeout_ms)
-                    # a free thread starts it now; else the child says when it begins
-                    queued = len(child.inflight) >= self.threads
-                    child.inflight[job.id] = (job, token, time.perf_counter())
-                    self._where[job.id] = child
-                    frames.append(child_mod.job_frame(job, token, bool(timed and queued)))
-                    if timed and not queued:
-                        sent.append((job, token))
-                if frames and not child.send(child_mod.bundle(frames)):
-                    for _, token, _ in child.inflight.values():
-                        child.kills.setdefault(token, "beside")  # never reached it
-                    continue  # dead: its reader settles what it held
-                now = time.monotonic()
-                for job, token in sent:  # its timeout counts from its start
-                    worker._arm_timeout(job, token, now)
+            live = [c for c in self._children if c is not None and not c.retiring]
+            out: Dict[_Child, List[Tuple[Job, str, bool]]] = {c: [] for c in live}
+            for depth in (self.threads, self.threads + self._queue_depth()):
+                for child in live:  # round robin: one job per child per pass
+                    while ready and self._room(child, len(out[child])) and \
+                            len(child.inflight) + len(out[child]) < depth:
+                        job, token = ready.popleft()
+                        out[child].append((job, token, depth > self.threads))
+            for child, jobs in out.items():
+                if jobs:
+                    self._send_jobs(child, jobs)
+
+    def _queue_depth(self) -> int:
+        avg = self._worker._holding.handler_s
+        return 0 if avg is None else min(QUEUED, int(QUEUE_BUDGET_S / max(avg, 1e-7)))
+
+    def _room(self, child: _Child, adding: int) -> bool:
+        """``child`` may take one more job (it is not due for recycling by job count)."""
+        return self.max_jobs is None or child.sent + adding < self.max_jobs
+
+    def _send_jobs(self, child: _Child, jobs: List[Tuple[Job, str, bool]]) -> None:
+        """Send ``jobs`` to ``child`` in one message (under the pool's lock). A timed job
+        sent to a free thread starts its clock now; one queued there, when the child says
+        it began."""
+        timeout_of, default = timeout_ms_of, self._worker.job_timeout_ms
+        frames, timed_now = [], []
+        for job, token, queued in jobs:
+            timed = timeout_of(job, default) is not None
+            child.inflight[job.id] = (job, token, child.sent)
+            child.sent += 1
+            self._where[job.id] = child
+            frames.append(child_mod.job_frame(job, token, child.sent - 1, timed and queued))
+            if timed and not queued:
+                timed_now.append((job, token))
+        if not child.send(child_mod.bundle(frames)):
+            return  # dead: its reader settles what it held (none of these began)
+        now = time.monotonic()
+        for job, token in timed_now:
+            self._worker._arm_timeout(job, token, now)
 
     def ask_stop(self, job_id: str, token: str, reason: str) -> None:
         """Tell the child running ``job_id`` that it was asked to stop (``job.cancelled``)."""
@@ -350,11 +388,12 @@ class ProcessPool:
                     del self._where[job_id]
             if self._children[child.index] is child:
                 self._children[child.index] = None
+        taken = child.taken()
+        child.begun.close()
         back: List[Tuple[str, str, Optional[str]]] = []
-        for place, (job, token, began) in enumerate(held.values()):
+        for job, token, place in held.values():
             why = child.kills.get(token)
-            # jobs start in the order sent: past the first `threads` still held, none began
-            if why in RELEASED or (why is None and place >= self.threads):
+            if why in RELEASED or place >= taken:  # (the latter never began)
                 back.append((job.id, token, job_group(job)))
                 continue
             if why is None:
@@ -364,11 +403,12 @@ class ProcessPool:
             crash = errors.WorkerCrashed(f"child exited with {exit_text(code)} while "
                                          f"running {job.id}")
             self._worker._process_run_ended(child.index, Failed(job, token, crash, "", True),
-                                            time.perf_counter() - began, free=False)
+                                            0.0, free=False)
         if back:
             self._worker._release_runs(child.index, back)
         if not self._closing and not child.replaced:
-            by_itself = not held or any(t not in child.kills for _, t, _ in held.values())
+            by_itself = not held or any(t not in child.kills for _, t, p in held.values()
+                                        if p < taken)
             self._replace(child, by_itself)
         # the slots come back once the replacement runs (or the pool is closing)
         self._worker._slots_free(child.index, len(held) - len(back))
@@ -405,8 +445,7 @@ class ProcessPool:
             self._backoff.reset()
         while not self._closing:
             try:
-                process, conn = self._spawn(old.index)
-                new = self._await_ready(old.index, process, conn)
+                new = self._await_ready(old.index, *self._spawn())
             except errors.HandlerNotImportable as exc:
                 log.error("%s: %s; stopping", self._worker._who, exc)
                 self._worker._fail_fatally(exc)
