@@ -1,4 +1,4 @@
-"""Cancel latency across processes (issue 15): a Worker process runs a long handler, this
+"""Cancel latency across processes: a Worker process runs a long handler, this
 process calls ``q.cancel(id)``; how long until the handler sees it? Target: p99 <= 100 ms.
 
     python bench/cancel_latency.py [redis://localhost:6379/0] [--n 200]

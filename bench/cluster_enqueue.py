@@ -1,5 +1,5 @@
 """enqueue_many and a one-Worker drain on a 3-master Redis Cluster against one standalone
-server, in one run (issue 12's Cluster target: >= 0.9x both), under each backend.
+server, in one run (target: >= 0.9x both), under each backend.
 
     python -m bench.cluster_enqueue [--n 20000] [--reps 3]
 

@@ -1,4 +1,4 @@
-"""How fast the web dashboard's pages are with many queues (issue 14).
+"""How fast the web dashboard's pages are with many queues.
 
     python bench/dashboard.py [--url URL] [--queues 1000] [--big] [--rounds 15]
 

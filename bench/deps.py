@@ -1,4 +1,4 @@
-"""What dependencies cost (issue 15), as ratios measured in one run.
+"""What dependencies cost, as ratios measured in one run.
 
     python bench/deps.py [redis://localhost:6379/0] [--n 500] [--rounds 5]
 

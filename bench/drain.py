@@ -3,7 +3,7 @@ jobs/s, every job completed exactly once (each with its own lease and token).
 
 Also the asyncio Worker (``async def`` no-op handler, default settings) against the sync
 Worker, the two alternating in one run: target >= 0.8x; and the sync Worker's client CPU
-per job (the median run's): target <= 10 µs (issue 12)."""
+per job (the median run's): target <= 10 µs."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +16,7 @@ from .common import (Ctx, CpuUse, Result, check, cpu_use, fresh_queue, median, p
     rate, stopwatch)
 
 TARGET_JOBS_S = 25_000.0
-TARGET_CPU_US = 10.0  # the worker process's CPU per drained job (issue 12)
+TARGET_CPU_US = 10.0  # the worker process's CPU per drained job
 
 # The worker as a user would configure it for short jobs; keep_completed only so
 # the completed set can be checked against every enqueued id afterwards.
@@ -98,7 +98,7 @@ def run(ctx: Ctx) -> List[Result]:
             Result(workload="drain", name="drain, client CPU per job (sync Worker, median run)",
                    value=cpu_us, unit="µs/job", reference=TARGET_CPU_US,
                    reference_label="target", ratio=TARGET_CPU_US / cpu_us,  # lower is better
-                   target="<= 10 µs/job (issue 12)", ok=cpu_us <= TARGET_CPU_US,
+                   target="<= 10 µs/job", ok=cpu_us <= TARGET_CPU_US,
                    verified=f"{n}/{n} completed exactly once",
                    details={"runs_client_cpu_us_per_job": [c.process_s / n * 1e6
                                                            for c in cpus]}),

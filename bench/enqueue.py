@@ -101,7 +101,7 @@ def aio_enqueue_once(ctx: Ctx, n: int, data: List[bytes]) -> float:
 
 def aio_vs_sync(ctx: Ctx, n: int, data: List[bytes]) -> Result:
     """``emqfast.aio`` enqueue_many against the sync path (the live backend) in one run,
-    alternating: issue 12's target >= 0.8x."""
+    alternating: target >= 0.8x."""
     aio_times, sync_times = [], []
     for rep in range(ctx.reps):
         ctx.progress(f"enqueue_many asyncio vs sync: rep {rep + 1}/{ctx.reps}")

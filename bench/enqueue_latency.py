@@ -1,4 +1,4 @@
-"""Single-enqueue latency, the web-request path (issue 12): one ``q.enqueue(payload)``
+"""Single-enqueue latency, the web-request path: one ``q.enqueue(payload)``
 per request, one at a time, against a bare ``EVALSHA`` of a script doing only HSET+ZADD
 over the same redis-py client, the two alternating in blocks in one run.
 Target: ``q.enqueue`` p50 <= 1.2x the bare round trip.

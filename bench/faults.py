@@ -1,4 +1,4 @@
-"""A longer fault soak than CI runs (issue 11), from a source checkout:
+"""A longer fault soak than CI runs, from a source checkout:
 
     .venv/bin/python bench/faults.py                       # 4 variants x 1 run x 50,000 jobs
     .venv/bin/python bench/faults.py --jobs 100000 --runs 3 --variants sync-c,aio-python

@@ -1,8 +1,8 @@
-"""Promote: (a) 1,000,000 due delayed jobs released to pending (target <= 5 s, issue 12);
+"""Promote: (a) 1,000,000 due delayed jobs released to pending (target <= 5 s);
 (b) 10,000 queues x 1-3 due jobs released by ``emqfast.promote_many`` in a few pipelined
 round trips vs ``Queue.promote`` queue by queue (target >= 5x faster: the regime where
 round trips dominate); (c) 1,000 queues x 100 due jobs, the same comparison where server
-work dominates (no target since issue 12: both paths do the same server work)."""
+work dominates (no target: both paths do the same server work)."""
 from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple

@@ -6,8 +6,8 @@
     emqfast bench --json out.json # machine-readable results as well as the table
     emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
     emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
-    emqfast bench --only scheduling  # due jobs behind a backlog, lanes, spin, caps (issue 18)
-    emqfast bench --only server   # Redis CPU per job vs floor scripts (issue 12)
+    emqfast bench --only scheduling  # due jobs behind a backlog, lanes, spin, caps
+    emqfast bench --only server   # Redis CPU per job vs floor scripts
 
 It starts its own redis-server (persistence off) unless ``EMQ_REDIS_URL`` (or
 ``--url``) names one, verifies every job it counts before reporting a number,
@@ -44,7 +44,7 @@ from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "enqueue": enqueue.run,
-    "latency": enqueue_latency.run,  # one q.enqueue at a time vs a bare EVALSHA (issue 12)
+    "latency": enqueue_latency.run,  # one q.enqueue at a time vs a bare EVALSHA
     "backends": backends.run,
     "drain": drain.run,
     "wake": wake.run,
@@ -58,8 +58,8 @@ WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "server": server_cost.run,
 }
 # only with --peers (or --only peers); slowlog (a 1M-job backlog, minutes) only with --only
-OPTIONAL = {"peers", "slowlog", "scheduling", "server"}  # scheduling: issue 18's figures,
-# server: issue 12's Redis CPU per job vs the floor scripts (python -m bench.server_cost
+OPTIONAL = {"peers", "slowlog", "scheduling", "server"}  # scheduling: due jobs under load;
+# server: Redis CPU per job vs the floor scripts (python -m bench.server_cost
 # adds --compare REF), both opt-in
 
 

@@ -1,4 +1,4 @@
-"""Scheduling promises under load (issue 18): the figures behind tests/test_scheduling_load.py.
+"""Scheduling promises under load: the figures behind tests/test_scheduling_load.py.
 
 - due: a job delayed 800 ms (and a retry with 100 ms backoff) behind a 6,000-job backlog at
   the same priority: how many runs started after it was due before it ran.

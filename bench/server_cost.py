@@ -1,4 +1,4 @@
-"""The ``server`` workload (issue 12): Redis CPU per job of enqueue_many, the job
+"""The ``server`` workload: Redis CPU per job of enqueue_many, the job
 lifecycle (claim + start + complete, a Worker draining with a no-op handler) and
 promote, beside floor scripts measured in the same run, and optionally the same
 workloads on an earlier commit (``--compare REF``), all against one private server.

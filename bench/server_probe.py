@@ -1,7 +1,7 @@
 """One measured workload of the ``server`` benchmark, run in its own process so the same
 driver can time any checkout of emqfast (``PYTHONPATH`` picks the tree: the working tree,
-or a ``git worktree`` of an earlier commit for ``--compare``). Uses only the public API
-every commit since issue 11 has (``Queue.enqueue_many``, ``Worker``, ``Queue.promote``).
+or a ``git worktree`` of an earlier commit for ``--compare``). Uses only public API an
+earlier commit has too (``Queue.enqueue_many``, ``Worker``, ``Queue.promote``).
 
     python bench/server_probe.py URL WORKLOAD N     # prints one JSON line
 

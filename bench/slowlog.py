@@ -1,4 +1,4 @@
-"""Bounded work per call (issue 11): with a 1,000,000-job backlog (pending, delayed due,
+"""Bounded work per call: with a 1,000,000-job backlog (pending, delayed due,
 expired leases, then completed and failed jobs to trim), run every kind of emqfast call
 (enqueue, promote, reap, claim/drain, trim) and report the slowest emqfast command
 Redis recorded in its SLOWLOG. Target: <= 20 ms, i.e. no single call blocks Redis for

@@ -1,5 +1,5 @@
 """``enqueue_many`` over TLS against plain TCP, in one run, on one redis-server that listens
-on both (issue 17; target: TLS >= 0.8x TCP under the C backend).
+on both (target: TLS >= 0.8x TCP under the C backend).
 
     python bench/tls.py [--n 50000] [--reps 5]      # or: python -m emqfast.bench.tls
 

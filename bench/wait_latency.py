@@ -1,4 +1,4 @@
-"""What ``ref.wait()`` costs against polling for a result (issue 15), in one run.
+"""What ``ref.wait()`` costs against polling for a result, in one run.
 
     python bench/wait_latency.py [redis://localhost:6379/0] [--n 200] [--work-ms 20]
 

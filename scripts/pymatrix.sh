@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python matrix (issue 17): for every CPython the package claims (pyproject:
+# The Python matrix: for every CPython the package claims (pyproject:
 # requires-python >= 3.9, so 3.9 ... 3.13) that this machine has, in sequence: a fresh
 # venv, the package installed from a snapshot of this tree with its C core required
 # (EMQFAST_REQUIRE_C=1: hiredis compiled in, TLS), then a compat subset of the suite on
@@ -41,7 +41,7 @@ COMPAT=(
   # the asyncio Worker: its cancellation bookkeeping differs before 3.11 (aio/cancels.py)
   tests/test_aio_worker.py
   tests/test_aio_lifecycle.py
-  # issue 15's parts where they meet: dependencies, cancel, waits, the finish hook
+  # where dependencies, cancel, waits and the finish hook meet
   tests/test_flow_edges.py
   tests/test_finish_hook.py
   tests/test_multi_queue_order.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The server matrix (issue 17): a compat subset of the suite (every Lua script, both
+# The server matrix: a compat subset of the suite (every Lua script, both
 # backends, sync and asyncio) against each server emqfast claims, each started by the
 # tests themselves (tests/conftest.py runs $EMQ_REDIS_SERVER):
 #   redis-7.0  Debian's redis-server (the default everywhere else)

@@ -1,4 +1,4 @@
-"""Static reading of the Lua scripts and of emqfast's Python sources (issue 11): which Redis
+"""Static reading of the Lua scripts and of emqfast's Python sources: which Redis
 commands each can send, and where a script's first write falls. Used by
 tests/test_script_safety.py; no Redis needed.
 

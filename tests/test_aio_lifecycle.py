@@ -1,4 +1,4 @@
-"""The asyncio Worker's lifecycle (issue 19): cancellation, loop teardown, signals, a Queue
+"""The asyncio Worker's lifecycle: cancellation, loop teardown, signals, a Queue
 reused across event loops, stop before run, lease renewals racing acks, loop stalls.
 
 Signals and ``asyncio.run``'s teardown are tested in subprocesses."""
@@ -44,7 +44,7 @@ def _spawn(path, *args):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-# --- item 1: a handler raising CancelledError -----------------------------------------------
+# --- a handler raising CancelledError -------------------------------------------------------
 
 async def _raises(job):
     raise asyncio.CancelledError()
@@ -88,7 +88,7 @@ def test_thread_worker_records_a_cancelled_error_as_a_failure_too(redis_url, qna
     assert stats.failed == 3 and q.counts()["active"] == 0
 
 
-# --- item 2: main() returning: asyncio.run's teardown cancels everything ---------------------
+# --- main() returning: asyncio.run's teardown cancels everything -----------------------------
 
 _TEARDOWN = """
     import asyncio, sys, time
@@ -157,7 +157,7 @@ def test_main_returning_writes_outcomes_and_releases_in_flight(redis_url, qname,
         assert counts["pending"] == jobs and counts["completed"] == 0, counts
 
 
-# --- item 3: cancelling run() twice -------------------------------------------------------------
+# --- cancelling run() twice ---------------------------------------------------------------------
 
 def _named_connections(r, name):
     return sum(1 for c in r.client_list() if c.get("name") == name)
@@ -198,7 +198,7 @@ def test_cancelling_run_twice_leaves_nothing_running(redis_url, qname, r):
     assert marker_conns == [] and leases == 0
 
 
-# --- item 4: several Workers, one SIGTERM -------------------------------------------------------
+# --- several Workers, one SIGTERM ---------------------------------------------------------------
 
 _MANY = """
     import asyncio, signal, sys
@@ -244,7 +244,7 @@ def test_one_sigterm_stops_every_worker_gracefully(redis_url, qname, tmp_path):
     assert q.counts()["active"] == 0
 
 
-# --- item 5: one Queue, several event loops -----------------------------------------------------
+# --- one Queue, several event loops -------------------------------------------------------------
 
 _NEEDS_LOOP_39 = pytest.mark.skipif(
     sys.version_info < (3, 10),
@@ -288,7 +288,7 @@ def test_an_uncopiable_client_fails_on_another_loop_before_sending(redis_url, qn
     assert emqfast.Queue(qname, r).counts()["pending"] == 1
 
 
-# --- item 6: stop() before run() --------------------------------------------------------------
+# --- stop() before run() ----------------------------------------------------------------------
 
 def test_stop_before_run_is_honoured_by_both_workers(redis_url, qname):
     async def main():
@@ -308,7 +308,7 @@ def test_stop_before_run_is_honoured_by_both_workers(redis_url, qname):
     assert not t.is_alive()
 
 
-# --- item 7: no false "lease lost" warnings ------------------------------------------------------
+# --- no false "lease lost" warnings --------------------------------------------------------------
 
 def test_no_lease_lost_warning_for_a_job_being_acked(redis_url, qname, caplog, monkeypatch):
     original = scripts.Script.call_async
@@ -355,7 +355,7 @@ def test_thread_worker_gives_no_lease_lost_warning_for_a_job_being_acked(redis_u
     assert not [r for r in caplog.records if "was lost" in r.getMessage()]
 
 
-# --- item 8: a handler blocking the loop ---------------------------------------------------------
+# --- a handler blocking the loop -----------------------------------------------------------------
 
 def test_a_handler_blocking_the_loop_is_named_in_a_warning(redis_url, qname, caplog):
     async def handler(job):

@@ -215,3 +215,47 @@ def test_the_documented_layers_are_the_tested_ones():
 def test_lua_reads_at_100_columns(path):
     long = [n for n, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
     assert not long, f"{path.name}: lines over 100 columns: {long} (wrap the header or comment)"
+
+
+# The sources say what the code does; its history (which tracker item asked for what) lives in
+# the commit log. CHANGELOG.md and BENCHMARKS.md's dated runs are history and are not read;
+# neither is vendored code, which keeps its upstream's comments.
+ROOT = PACKAGE.parent
+HISTORY_FREE_DIRS = ["emqfast", "lua", "csrc", "tests", "bench", "scripts", "docs"]
+HISTORY_FREE_FILES = ["README.md", "Makefile", "pyproject.toml", "setup.py", "mkdocs.yml"]
+TEXT_SUFFIXES = {".py", ".pyi", ".lua", ".c", ".h", ".sh", ".md", ".html", ".js", ".css",
+                 ".toml", ".yml", ".yaml", ".cfg", ".txt", ".in"}
+ISSUE_TAG = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+
+
+def _history_free_sources() -> List[Path]:
+    found = [ROOT / name for name in HISTORY_FREE_FILES if (ROOT / name).exists()]
+    for folder in HISTORY_FREE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if (path.is_file() and path.suffix in TEXT_SUFFIXES and "vendor" not in parts
+                    and "__pycache__" not in parts):
+                found.append(path)
+    return found
+
+
+def _issue_tags(text: str) -> List[Tuple[int, str]]:
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
+            if ISSUE_TAG.search(line)]
+
+
+def test_no_issue_tags_in_code_tests_bench_scripts_or_docs():
+    tagged = [f"{path.relative_to(ROOT)}:{n}: {line}"
+              for path in _history_free_sources()
+              for n, line in _issue_tags(path.read_text(encoding="utf-8", errors="replace"))]
+    assert not tagged, ("say what the code does, not which issue asked for it (the commit log "
+                        "keeps that):\n" + "\n".join(tagged))
+
+
+def test_the_issue_tag_scan_sees_tests_bench_and_scripts_and_finds_a_tag():
+    scanned = {path.relative_to(ROOT).parts[0] for path in _history_free_sources()}
+    assert {"emqfast", "tests", "bench", "scripts"} <= scanned
+    tag = "Iss" + "ue 12"  # spelled apart so this file does not carry one itself
+    assert _issue_tags(f"x = 1\n# {tag}: a note\n\"\"\"({tag.lower()}'s fast path)\"\"\"\n") == [
+        (2, f"# {tag}: a note"), (3, f"\"\"\"({tag.lower()}'s fast path)\"\"\"")]
+    assert _issue_tags("see " + "iss" + "ue #43") and not _issue_tags("an issue with 3 jobs")

@@ -1,4 +1,4 @@
-"""The asyncio Workers' handler slots (issue 12: asyncio.Semaphore with a synchronous fast
+"""The asyncio Workers' handler slots (asyncio.Semaphore with a synchronous fast
 path): never more holders than slots, waiting tasks served first come first served, and
 a task cancelled while it waits (even as a slot is handed to it) takes none and loses
 none."""

@@ -1,4 +1,4 @@
-"""Issue 3: moves across many queues in a few round trips (``emqfast.promote_many``)
+"""Moves across many queues in a few round trips (``emqfast.promote_many``)
 and the Batcher transport the worker's acks use (``emqfast.backends.drive.run_calls``)."""
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_promote_many_respects_the_limit_per_queue(client, qname, backend):
 
 def test_promote_many_reads_past_one_calls_id_budget_in_later_rounds(client, qname, backend):
     """due_many.lua reads at most 4,000 ids per call: queues whose limit no longer fits
-    are left unread and read in the next round, none lost, none twice (issue 12)."""
+    are left unread and read in the next round, none lost, none twice."""
     queues = _queues(client, qname, 3)
     run_at = server_ms(client) + 2_000
     for q in queues:

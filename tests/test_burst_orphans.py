@@ -1,5 +1,5 @@
 """A burst worker (run_until_idle / ``emqfast worker --burst``) and jobs left active by a
-worker that died (issue 16 item 6): by default it says what it leaves and when the
+worker that died: by default it says what it leaves and when the
 earliest lease ends; with ``wait_active`` it waits, and re-runs the orphan once its lease
 lapses."""
 from __future__ import annotations

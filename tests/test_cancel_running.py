@@ -1,4 +1,4 @@
-"""Issue 15: cancelling running jobs. ``q.cancel(id)`` on an active job marks it and tells
+"""Cancelling running jobs. ``q.cancel(id)`` on an active job marks it and tells
 the Worker running it (pub/sub, any process); the handler stops (a coroutine's task is
 cancelled, a sync handler sees ``job.cancelled``), and the job ends in a kept
 ``cancelled`` state, never retried, whatever the handler does next. No timed asserts:

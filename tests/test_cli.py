@@ -87,7 +87,7 @@ def test_stats_shows_counts_next_due_and_discovers_queues(redis_url, populated, 
 def test_stats_watch_refreshes_then_stops(redis_url, populated, qname):
     out = emq("--url", redis_url, "stats", qname, "--watch", "--interval", "0.1", "--count", "3")
     assert out.returncode == 0, out.stderr
-    # piped: one plain line per refresh (issue 16 item 4; the table is for terminals)
+    # piped: one plain line per refresh (the table is for terminals)
     lines = out.stdout.splitlines()
     assert len(lines) == 3 and all(f"queue={qname} " in line for line in lines)
     assert all(" pending=2 " in line for line in lines) and out.stdout.endswith("\n")
@@ -131,7 +131,7 @@ def test_retry_and_cancel(redis_url, populated, qname, r):
     scheduled = q.job_ids("scheduled")[0]
     out = emq("--url", redis_url, "cancel", qname, scheduled)
     assert out.returncode == 0, out.stderr
-    # a cancelled job keeps a record (issue 16 item 7)
+    # a cancelled job keeps a record
     assert q.get(scheduled).state == "cancelled" and q.counts()["scheduled"] == 0
     again = emq("--url", redis_url, "cancel", qname, scheduled)
     assert again.returncode == 1 and "cannot cancel" in again.stderr
@@ -301,7 +301,7 @@ def test_schedules_lists_next_runs_in_each_schedules_zone(redis_url, qname):
     assert f"did you mean {qname}" in empty.stderr
 
 
-# --- issue 20: clear errors ---------------------------------------------------------
+# --- clear errors -------------------------------------------------------------------
 
 @pytest.fixture
 def locked_server():
@@ -343,7 +343,7 @@ def test_worker_fails_fast_on_permanent_errors(locked_server, qname, tmp_path, u
         return  # stats reads without scripts: that user may run it
     out = emq("--url", url, "stats", qname)
     assert out.returncode == 1 and says in out.stderr and "Traceback" not in out.stderr
-    if not userinfo:  # item 9: say how to pass one, not "HELLO must be called ..."
+    if not userinfo:  # say how to pass one, not "HELLO must be called ..."
         assert "redis://:PASSWORD@HOST:PORT/0" in out.stderr and "HELLO" not in out.stderr
 
 
@@ -512,7 +512,7 @@ def test_cancel_says_running_or_finished(redis_url, qname, r):
     assert [job_id for job_id, _token in held] == [running.id]
     assert q.get(running.id).state == "active"
     out = emq("--url", redis_url, "cancel", qname, running.id)
-    # issue 15: a running job's worker is asked to stop it (it ends cancelled)
+    # a running job's worker is asked to stop it (it ends cancelled)
     assert out.returncode == 0 and "it is running" in out.stdout, out.stderr
     assert "cancel requested" in out.stdout and q.get(running.id).state == "active"
 

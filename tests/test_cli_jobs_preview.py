@@ -1,4 +1,4 @@
-"""``emqfast jobs QUEUE JOB`` on a big job (issue 16 item 3): the table shows a capped
+"""``emqfast jobs QUEUE JOB`` on a big job: the table shows a capped
 preview and the payload's size; ``--full`` prints everything; ``--json`` stays whole."""
 from __future__ import annotations
 

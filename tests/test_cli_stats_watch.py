@@ -1,6 +1,6 @@
-"""``emqfast stats`` where a newcomer points it (issue 16 item 4): ``--watch`` into a file
-or a pipe writes plain lines (it wrote 0 bytes, or no final newline), and at 80 columns
-every header is whole (it showed ``sche…``, ``pen…``)."""
+"""``emqfast stats`` where a newcomer points it: ``--watch`` into a file or a pipe
+writes plain lines (some bytes, and a final newline), and at 80 columns every header is
+whole (never cut to ``sche…``, ``pen…``)."""
 from __future__ import annotations
 
 import os

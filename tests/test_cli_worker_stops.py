@@ -1,4 +1,4 @@
-"""`emqfast worker --job-timeout-ms` (issue 15): the CLI worker stops runs that take too
+"""`emqfast worker --job-timeout-ms`: the CLI worker stops runs that take too
 long, as Worker(job_timeout_ms=...) does; a job's own timeout_ms wins."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16 item 10: emqfast takes the client an app already has.
+"""emqfast takes the client an app already has.
 
 Most apps build ``redis.Redis(..., decode_responses=True)``. A Queue given one works in
 bytes mode on a twin of it (same host, db, auth, TLS, protocol, client name, timeouts),

@@ -198,7 +198,7 @@ def test_cancel_pause_resume(conn, names):
         now_job, later_job = q.enqueue("a"), q.enqueue_in("b", delay_ms=60_000)
         assert q.cancel(now_job.id) and q.cancel(later_job.id)
         assert not q.cancel(now_job.id)
-        # cancelled jobs keep a record (issue 16 item 7)
+        # cancelled jobs keep a record
         assert q.get(now_job.id).state == q.get(later_job.id).state == "cancelled"
         ref = q.enqueue("c")
         q.pause()
@@ -280,7 +280,7 @@ def test_leaderboard_on_cluster(cluster, conn, names):
 
 def test_enqueue_many_on_cluster_goes_to_the_slot_master_over_the_c_core(conn, names, backend,
                                                                         cluster, caplog):
-    """Issue 12: under C the bulk runs on the C core's own connection to the queue's slot
+    """Under C the bulk runs on the C core's own connection to the queue's slot
     master (redis-py's slot map), under Python through redis-py's ClusterPipeline; a plain
     single-node C Batcher still refuses a cluster client (that is the ClusterBatcher's job).
     Nothing falls back, so nothing is logged."""
@@ -361,7 +361,7 @@ def test_cli_stats_and_jobs_on_cluster(cluster, conn):
         assert out.exit_code == 0 and ref.id in out.output, out.output
 
 
-# --- failover: a master SIGKILLed mid-run, its replica takes over (issue 11) ------------
+# --- failover: a master SIGKILLed mid-run, its replica takes over -----------------------
 
 @pytest.fixture(scope="module")
 def replicated_cluster():

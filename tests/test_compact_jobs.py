@@ -1,4 +1,4 @@
-"""Compact job hashes (issue 3): fields holding their defaults are not stored.
+"""Compact job hashes: fields holding their defaults are not stored.
 
 A job whose options equal the library defaults has no ``opts``, a JSON payload no
 ``enc``, a job never started no ``attempts``; every reader supplies them. Hashes in

@@ -190,7 +190,7 @@ def test_promote_many_across_queues(facade, qname, r):
 def test_cancel_pause_resume(q):
     pending, scheduled = q.enqueue("p"), q.enqueue_in("s", 3_600_000)
     assert q.cancel(pending.id) and q.cancel(scheduled.id)
-    assert not q.cancel(pending.id)  # cancelled already: its record stays (issue 16)
+    assert not q.cancel(pending.id)  # cancelled already: its record stays
     assert q.get(pending.id).state == "cancelled"
     assert not q.is_paused()
     q.pause()

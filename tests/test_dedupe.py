@@ -1,4 +1,4 @@
-"""Deduplication (issue 15): ``enqueue(..., dedupe_key=, dedupe_ms=, dedupe=)`` and
+"""Deduplication: ``enqueue(..., dedupe_key=, dedupe_ms=, dedupe=)`` and
 ``enqueue_many(..., dedupe_keys=)`` on both facades and both backends. ``drop`` writes
 nothing while the key's job waits or runs (and within its window), naming that job;
 ``extend`` restarts the window; ``replace`` debounces a waiting job (new payload and run-at)

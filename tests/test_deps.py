@@ -1,4 +1,4 @@
-"""Issue 15, dependencies: ``enqueue(..., depends_on=[...], on_dep_failure=...)`` under both
+"""Dependencies: ``enqueue(..., depends_on=[...], on_dep_failure=...)`` under both
 facades (sync ``emqfast`` and ``emqfast.aio``), against a real Redis.
 
 Each runs under both facades; the main paths also under both backends (C and Python).

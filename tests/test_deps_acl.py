@@ -1,4 +1,4 @@
-"""Issue 15 under the README's least-privilege ACL rule: dependencies and flows (enqueue,
+"""Under the README's least-privilege ACL rule, dependencies and flows (enqueue,
 links, the drain, the cascade, the repair) run as a user restricted to ``emq:*`` keys and
 the documented commands, and nothing is refused; a user lacking a command a dependency
 script writes with gets a typed PermissionDenied and the script writes nothing."""

@@ -1,4 +1,4 @@
-"""Issue 15: dependencies under racing processes. Four producers enqueue graphs (three
+"""Dependencies under racing processes. Four producers enqueue graphs (three
 roots, a dependent on another queue, a dependent of that one back on the first) while
 four workers (thread and asyncio, two per queue) run them: every job runs exactly once,
 and every dependent begins only after each of its dependencies' handlers ended (the

@@ -1,4 +1,4 @@
-"""Issue 2 contract: the embedded default. ``connect()`` with no URL starts one real
+"""Engine contract: the embedded default. ``connect()`` with no URL starts one real
 redis-server on a unix socket in EMQ_STATE_DIR, every process of the user shares it, its
 data survives a stop + restart (AOF), and wipe() deletes it. Every test stops the server
 it started (fixture finaliser), pass or fail, so nothing is left running."""

@@ -1,11 +1,11 @@
-"""Issue 20: the embedded server's socket, data dir and start-up, tried adversarially.
+"""The embedded server's socket, data dir and start-up, tried adversarially.
 
-Item 1: long state dirs each get their own socket (never a shared /tmp one), in a
-per-user dir we verify we own (0700); a dir pre-created by someone else is refused.
-Item 3: a deleted socket never leads to a second server on the same data dir.
-Item 4: a socket left by ``kill -9`` is probed once, without retries.
-Item 8: a bad state dir, or a redis-server that fails to start, is a ConnectionFailed
-saying what failed, where and what to do.
+- long state dirs each get their own socket (never a shared /tmp one), in a per-user
+  dir we verify we own (0700); a dir pre-created by someone else is refused;
+- a deleted socket never leads to a second server on the same data dir;
+- a socket left by ``kill -9`` is probed once, without retries;
+- a bad state dir, or a redis-server that fails to start, is a ConnectionFailed saying
+  what failed, where and what to do.
 
 Every test stops what it started. The per-user socket root is a private directory
 (never the real /tmp/emqfast-UID, which other runs on this machine may use)."""

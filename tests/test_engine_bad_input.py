@@ -1,4 +1,4 @@
-"""Issue 2 contract: bad input raises a typed emqfast error and leaves Redis byte-for-byte
+"""Engine contract: bad input raises a typed emqfast error and leaves Redis byte-for-byte
 unchanged, on an empty queue and on one that already holds jobs in every state."""
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_cancel_of_unknown_or_started_jobs_writes_nothing(r, redis_url, qname):
     before = dump_queue(r, qname)
     for job_id in (ids["completed"], ids["failed"]):
         assert q.cancel(job_id) is False
-    for job_id in (UNKNOWN, UNKNOWN + "2"):  # the missing-id rule (issue 16 item 7)
+    for job_id in (UNKNOWN, UNKNOWN + "2"):  # the missing-id rule
         with pytest.raises(JobNotFound):
             q.cancel(job_id)
     assert dump_queue(r, qname) == before

@@ -1,4 +1,4 @@
-"""Issue 2 contract: connect() takes a client, a URL or EMQ_REDIS_URL, and never lets a
+"""Engine contract: connect() takes a client, a URL or EMQ_REDIS_URL, and never lets a
 password out in an error message."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 2 contract: job ids, delayed and priority scores, enqueue_in on the server clock,
+"""Engine contract: job ids, delayed and priority scores, enqueue_in on the server clock,
 promotion. Everything runs against the real redis-server from conftest."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 2 contract: the boot fence. A queue whose meta hash records another keyspace major
+"""Engine contract: the boot fence. A queue whose meta hash records another keyspace major
 refuses every writing call with VersionMismatch and nothing is written."""
 from __future__ import annotations
 

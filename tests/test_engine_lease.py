@@ -1,4 +1,4 @@
-"""Issue 2 contract: leases and the reaper. Only the lease holder finishes a job; expired
+"""Engine contract: leases and the reaper. Only the lease holder finishes a job; expired
 leases return jobs to pending on the server clock; repeated stalls fail the job."""
 from __future__ import annotations
 

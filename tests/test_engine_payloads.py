@@ -1,4 +1,4 @@
-"""Issue 2 contract: payloads are bytes or JSON, round-trip exactly, never pickle."""
+"""Engine contract: payloads are bytes or JSON, round-trip exactly, never pickle."""
 from __future__ import annotations
 
 import math

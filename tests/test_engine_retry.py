@@ -1,4 +1,4 @@
-"""Issue 2 contract: retries with backoff, the failed set, Unrecoverable, Queue.retry."""
+"""Engine contract: retries with backoff, the failed set, Unrecoverable, Queue.retry."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 2 contract: the Worker. Wake marker, concurrency, graceful SIGTERM, results,
+"""Engine contract: the Worker. Wake marker, concurrency, graceful SIGTERM, results,
 retention, pause/resume, cancel."""
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def test_cancel_scheduled_and_pending(r, q):
     keep = q.enqueue("keep")
     assert q.cancel(later.id) is True
     assert q.cancel(now.id) is True
-    # a cancelled job keeps a record (issue 16 item 7): state, cancelled set, counts
+    # a cancelled job keeps a record: state, cancelled set, counts
     assert q.get(later.id).state == "cancelled" and q.get(now.id).state == "cancelled"
     assert sorted(q.job_ids("cancelled")) == sorted([later.id, now.id])
     assert q.counts()["cancelled"] == 2
@@ -226,10 +226,10 @@ def test_cancel_refuses_finished_jobs_and_only_marks_active_ones(r, q, qname):
     claim(q, "w", lease_ms=60_000)
     before = dump_queue(r, qname)
     assert q.cancel(done.id) is False
-    with pytest.raises(emqfast.JobNotFound):  # the missing-id rule (issue 16 item 7)
+    with pytest.raises(emqfast.JobNotFound):  # the missing-id rule
         q.cancel("JOB-never-existed")
     assert dump_queue(r, qname) == before
-    # issue 15: an active job is only marked and its worker told (the lease holder ends
+    # an active job is only marked and its worker told (the lease holder ends
     # it); it stays active here, with its lease
     assert q.cancel(running.id) == emqfast.CancelResult.REQUESTED
     assert r.hget(q.keys.job(running.id), "cancel") == b"1"
@@ -287,7 +287,7 @@ def test_sigterm_finishes_in_flight_jobs_and_never_releases_a_running_one(r, red
         wait_until(lambda: all(q.get(refs[p]).state == "completed" for p in ("a", "b")),
                    what="a and b recorded")
         # past shutdown_timeout_s the slow handler still runs: its job is NOT released (it
-        # would run twice, issue 11): it stays active under this worker's lease
+        # would run twice): it stays active under this worker's lease
         time.sleep(2.0)
         slow = q.get(refs["slow"])
         assert (slow.state, slow.attempts) == ("active", 1)

@@ -1,4 +1,4 @@
-"""Issue 12: enqueue_many.lua admits a chunk of jobs per call exactly as one enqueue.lua
+"""enqueue_many.lua admits a chunk of jobs per call exactly as one enqueue.lua
 call per job would (fields, counter values, scores, replies, events), both backends frame
 the same calls (identical Redis state), bad input refuses the whole call before any write,
 and a re-sent call writes nothing twice."""
@@ -163,7 +163,7 @@ def test_each_admitted_job_has_its_enqueued_event(backend, r, qname, monkeypatch
 
 
 def test_ids_minted_together_share_an_entry_per_hundred_jobs(backend, r, qname):
-    """The bulk path's events cost one XADD per 100 jobs (issue 12), and read back as one
+    """The bulk path's events cost one XADD per 100 jobs, and read back as one
     event per admitted job, in job order, whatever ids a batch holds."""
     q = Queue(qname, r)
     refs = q.enqueue_many(jobs(250))  # minted together: one head, 4-character tails

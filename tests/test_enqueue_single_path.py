@@ -1,4 +1,4 @@
-"""The single-enqueue path (issue 12): one ``q.enqueue`` goes through the Batcher (the
+"""The single-enqueue path: one ``q.enqueue`` goes through the Batcher (the
 calling thread's hiredis connection under C), with the queue's default options encoded
 once and the id head cached per millisecond. What users rely on stays the same under
 both backends: the job is written exactly as before, defaults changed after the first

@@ -1,5 +1,5 @@
-"""Every error a user can hit from the public Queue API is an ``emqfast.EmqError`` (issue 16
-'Also'): the common wrong inputs, tried on every public method of ``Queue``, its
+"""Every error a user can hit from the public Queue API is an ``emqfast.EmqError``:
+the common wrong inputs, tried on every public method of ``Queue``, its
 ``schedules`` and ``groups``, in both facades, raise typed errors with a message (some
 also subclass ValueError/TypeError/LookupError, as Python would have raised); a key that
 another program wrote with another type and an unreachable server are typed too."""

@@ -1,4 +1,4 @@
-"""Batched events (issue 12): promote.lua, start.lua and complete.lua write one stream entry
+"""Batched events: promote.lua, start.lua and complete.lua write one stream entry
 per 16 jobs, and every reader still sees one event per job, with its own fields, in order."""
 from __future__ import annotations
 

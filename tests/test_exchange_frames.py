@@ -1,5 +1,5 @@
 """emqfast frames its script calls with hiredis (C) on redis.asyncio connections too,
-whose own packer is pure Python (issue 12: the asyncio Worker's drain). The bytes on the
+whose own packer is pure Python (the asyncio Worker's drain runs on them). The bytes on the
 wire must be exactly what the connection would have sent, and what redis-py refuses stays
 refused."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Expiry (issue 15): ``enqueue(..., expires_ms=E)`` on both facades and both backends. A
+"""Expiry: ``enqueue(..., expires_ms=E)`` on both facades and both backends. A
 job not started within E of becoming due (its run-at, or its enqueue when due at once) is
 never run: a running Worker's start (start.lua) ends it as ``expired`` — its kept record on
 the expired set, an ``expired`` event, the metrics counter, ``counts()``,

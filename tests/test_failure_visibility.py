@@ -1,4 +1,4 @@
-"""Failures are visible by default (issue 16 item 1): a retried failure logs at INFO, a
+"""Failures are visible by default: a retried failure logs at INFO, a
 final one at WARNING (shown by a plain script), the same in both drivers; `emqfast worker`
 prints one line per failed job."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 3 (throughput) guarantees of the worker's fast path: batch claims and
+"""Throughput guarantees of the worker's fast path: batch claims and
 prefetch keep one lease and one token per job, never run more than
 ``concurrency`` handlers at once, complete each job exactly once, hand
 never-started jobs back on stop; the marker wait ends on our own deadline."""

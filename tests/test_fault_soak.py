@@ -4,13 +4,13 @@ worker drains 10,000 jobs. Both backends, sync and aio facades; plus a reply-los
 (server->client cuts only, every 20-60 ms, the Worker started after the producers so its
 own replies are cut) and self-tests of the proxy.
 
-What must hold (issue 11, "the fault harness"):
+What must hold:
 
 - every job enqueued (producers retry a failed call with the SAME ids, so a retry is
   idempotent) is completed, and its handler ran exactly once (counted in-process);
 - ``attempts == 1`` and no stall on every job (the lease is long: none really expires);
 - nothing is left active, ``counts()`` add up;
-- every error a producer saw is one of emqfast's typed errors (issue 11, defect 9).
+- every error a producer saw is one of emqfast's typed errors.
 
 Each variant prints one ``[fault counts]`` line (``pytest -s``); set ``EMQ_FAULT_REPORT``
 to a file path to get one JSON line per variant appended there. bench/faults.py runs

@@ -344,7 +344,7 @@ def test_killed_and_restarted_pumps_mint_each_occurrence_exactly_once(redis_url,
     def sweep_jobs() -> None:
         for job_id in q.job_ids("pending") + q.job_ids("scheduled"):
             if q.cancel(job_id):
-                # a cancelled job keeps a record (issue 16); drop it, so a re-mint of the
+                # a cancelled job keeps a record; drop it, so a re-mint of the
                 # same occurrence would land again and show up as a second cancel
                 r.delete(q.keys.job(job_id))
                 r.zrem(q.keys.cancelled, job_id)

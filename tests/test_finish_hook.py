@@ -1,4 +1,4 @@
-"""The finish hook (lua/includes/finished.lua, issue 15): a job that ends for good tells its
+"""The finish hook (lua/includes/finished.lua): a job that ends for good tells its
 waiters on its done channel and queues its dependents' release on the outbox, in the same
 script that ends it; a queue where nothing waits or depends pays no per-job work."""
 from __future__ import annotations

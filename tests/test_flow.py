@@ -1,4 +1,4 @@
-"""Issue 15, flows: ``emqfast.Flow`` / ``emqfast.aio.Flow`` admit a DAG of jobs across
+"""Flows: ``emqfast.Flow`` / ``emqfast.aio.Flow`` admit a DAG of jobs across
 queues in topological order, so no job runs while a dependency is missing; a re-run after a
 crash completes the same graph; cycles, unknown dependencies and wrong types are typed
 errors that write nothing. Real Redis, both facades."""

@@ -1,4 +1,4 @@
-"""Issue 15 on a real 3-master Redis Cluster: a flow whose queues live on three masters
+"""Flows on a real 3-master Redis Cluster: a flow whose queues live on three masters
 (every step crosses slots). A producer SIGKILLed between writing a waiting job (its slot)
 and linking it to its dependency (another slot) leaves nothing that runs early; the next
 Worker's repair sends the missing link and the job runs after its dependency; a re-run of

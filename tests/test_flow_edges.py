@@ -1,6 +1,6 @@
-"""Where issue 15's parts meet the older moves: cancelling or deleting a job that waits for
-its dependencies, and a job the reaper fails for good (stalled) telling its waiters and
-dependents at once."""
+"""Where dependencies and waiters meet cancel, delete and the reaper: cancelling or
+deleting a job that waits for its dependencies, and a job the reaper fails for good
+(stalled) telling its waiters and dependents at once."""
 from __future__ import annotations
 
 import threading

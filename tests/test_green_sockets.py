@@ -1,7 +1,7 @@
 """Apps under gevent (or eventlet) patch ``socket.socket`` for cooperative I/O. The C
 core's hiredis socket is a plain blocking one, so emqfast must not use it there: each
 round trip would stall every greenlet of the process. Such apps get redis-py's
-Batcher, which talks through the patched sockets (issue 12, the single-enqueue path)."""
+Batcher, which talks through the patched sockets (the single-enqueue path)."""
 from __future__ import annotations
 
 import socket

@@ -161,7 +161,7 @@ def test_cancel_removes_a_grouped_job_from_its_lane(redis_url, qname, r):
     keep = q.enqueue("keep", group="g1")
     gone = q.enqueue("gone", group="g1")
     assert q.cancel(gone.id)
-    assert q.get(gone.id).state == "cancelled"  # its record stays (issue 16 item 7)
+    assert q.get(gone.id).state == "cancelled"  # its record stays
     assert r.zrange(q.keys.group_pending("g1"), 0, -1) == [keep.id.encode()]
     assert not q.cancel(gone.id)
 
@@ -234,7 +234,7 @@ def test_released_grouped_job_returns_to_its_lane(redis_url, qname, r):
     wait_until(lambda: w.stats.claimed >= 2, what="held job claimed")
     w.stop()
     wait_until(lambda: w.stats.released == 1, what="held job released")
-    gate.set()  # a running handler is never released (issue 11): let "busy" finish
+    gate.set()  # a running handler is never released (it would run twice): let "busy" finish
     t.join(30)
     assert w.stats.released == 1
     assert r.zrange(q.keys.group_pending("g1"), 0, -1) == [ref.id.encode()]

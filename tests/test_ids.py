@@ -1,8 +1,8 @@
-"""Issue 11, defect 11: forked producers must never mint the same job ids.
+"""Forked producers must never mint the same job ids.
 
-The process nonce used to be 16 bits drawn once at import, so processes forked after
-import minted identical ids in the same millisecond, and the second enqueue of such an
-id was a silent ``duplicate``: the job was never stored."""
+A process nonce drawn once at import (or one of few bits) is shared by processes forked
+after import: they mint identical ids in the same millisecond, and the second enqueue of
+such an id is a silent ``duplicate``: the job is never stored."""
 from __future__ import annotations
 
 import multiprocessing

@@ -216,7 +216,7 @@ def test_key_flow_check_catches_built_keys():
 
 
 def test_key_flow_takes_a_range_of_keys_but_not_of_argv():
-    """enqueue_many.lua's EXISTS over a chunk of KEYS (issue 12) passes; ARGV does not."""
+    """enqueue_many.lua's EXISTS over a chunk of KEYS passes; ARGV does not."""
     src = "redis.call('EXISTS', unpack(KEYS, 7, 9))\nredis.call('DEL', unpack(ARGV, 1, 2))\n"
     flow = _KeyFlow(src)
     assert [flow.is_key(args[1]) for args in _redis_calls(src)] == [True, False]
@@ -335,7 +335,7 @@ def _exercise_engine(redis_url: str, qname: str, r) -> None:
     q.retry(failed[0])
     q.trim(keep_completed=0, keep_failed=0)
     # release: a worker stopped with a job claimed that its handler has not begun (a
-    # running handler is never released: issue 11)
+    # running handler is never released: it would run twice)
     q.enqueue("busy")
     q.enqueue("held")
     gate = threading.Event()

@@ -1,4 +1,4 @@
-"""One missing-id rule across the by-id methods of both facades (issue 16 item 7):
+"""One missing-id rule across the by-id methods of both facades:
 reading a job that is not there answers None (``q.get``); acting on one (``cancel``,
 ``retry``) raises ``emqfast.JobNotFound`` naming the id and the queue; an id without the
 JOB brand is a ``KindError`` for all of them. A refused call names the job's state and
@@ -99,7 +99,7 @@ def test_cancel_refuses_finished_and_cancelled_jobs_and_asks_for_started_ones(ca
         assert call(q, "cancel", ids[state]) is False
         assert call(q, "get", ids[state]).state == state  # what to tell the user
     assert dump_queue(r, qname) == before
-    # issue 15: an active job's worker is asked to stop it; it stays active until then
+    # an active job's worker is asked to stop it; it stays active until then
     assert call(q, "cancel", ids["active"]) == emqfast.CancelResult.REQUESTED
     assert call(q, "get", ids["active"]).state == "active"
 

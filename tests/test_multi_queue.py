@@ -1,4 +1,4 @@
-"""One worker, many queues (issue 15): ``Worker([q_high, q_default, q_low], handler)``
+"""One worker, many queues: ``Worker([q_high, q_default, q_low], handler)``
 with ``order="strict"`` or ``order="weighted"``, blocking on every queue's marker at once;
 each queue keeps its own leases, pause, stats and heartbeat record."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One worker, many queues on a real Redis Cluster (issue 15): the queues' slots on
+"""One worker, many queues on a real Redis Cluster: the queues' slots on
 different masters, each member blocking on its own queue's marker there."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A many-queue worker (issue 15) stops as one: SIGTERM lets every queue's running job
+"""A many-queue worker stops as one: SIGTERM lets every queue's running job
 finish and write its outcome; a second SIGINT force-quits, handing back the jobs of every
 queue at once."""
 from __future__ import annotations

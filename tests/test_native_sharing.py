@@ -1,6 +1,6 @@
-"""Issue 20, item 6: the C Batcher's connection is shared per (process, thread, server),
-not held one per Queue object. An app with many live queues used to hold one extra
-server connection per Queue (2,000 queues -> 2,001 clients)."""
+"""The C Batcher's connection is shared per (process, thread, server), not held one per
+Queue object: an app with many live queues must not hold one extra server connection
+per Queue (2,000 queues -> 2,001 clients)."""
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,4 @@
-"""A second Ctrl-C force-quits (issue 16 item 5), for the thread Worker, the asyncio Worker
+"""A second Ctrl-C force-quits, for the thread Worker, the asyncio Worker
 and ``emqfast worker``: the first SIGINT stops gracefully (a running job keeps its
 lease), the second ends the worker at once and hands back what it held, so another worker
 takes the job now instead of after its lease expires. The start line stays one line."""

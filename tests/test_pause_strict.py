@@ -1,4 +1,4 @@
-"""pause() pauses, across worker processes (issue 18 item 8).
+"""pause() pauses, across worker processes.
 
 The promise: once ``pause()`` has returned, no job is started anywhere (start.lua, which
 stamps a job's ``started`` time on the server clock, is fenced by the pause), and jobs a

@@ -1,4 +1,4 @@
-"""Promote one scheduled job now and delete one job (issue 14): ``q.promote_job(id)`` and
+"""Promote one scheduled job now and delete one job: ``q.promote_job(id)`` and
 ``q.delete(id)`` on both facades and both backends. A promoted job moves to pending (or its
 group lane) as promote.lua moves a due job, keeping its priority score; a delete removes the
 hash and its set membership. A refusal (wrong state, unknown id, malformed id) is typed and

@@ -1,4 +1,4 @@
-"""promote_many.lua (issue 12): the due jobs of many queues of one standalone server move in
+"""promote_many.lua: the due jobs of many queues of one standalone server move in
 one call per 500 queues, exactly as promote.lua moves them queue by queue (pending scores,
 run-at stamps, 'promoted' events), and a call that cannot be carried out in full writes
 nothing for any of its queues. Also the popped head of promote.lua's few-id path: a head

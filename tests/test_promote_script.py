@@ -1,4 +1,4 @@
-"""Issue 3: promote.lua batches its set commands (one ZRANGEBYSCORE / ZMSCORE / ZREM / ZADD
+"""promote.lua batches its set commands (one ZRANGEBYSCORE / ZMSCORE / ZREM / ZADD
 per chunk of ids) yet keeps the per-job contract: a released job rejoins pending with its
 own 'ps' score, a stale / undue / missing / repeated id is skipped, and every released job
 gets one 'promoted' event. The script is called directly here, with lists due.lua would
@@ -75,7 +75,7 @@ def test_a_due_id_whose_hash_is_gone_leaves_delayed_unreleased(redis_url, qname,
 
 
 def test_thousands_of_ids_move_with_their_own_scores(redis_url, qname, r):
-    """8,000 jobs (a call takes at most 4,000 ids, issue 11): the first call lists only
+    """8,000 jobs (a call takes at most 4,000 ids): the first call lists only
     ids outside the due head (every fallback runs), then Queue.promote the head itself."""
     q = make_queue(redis_url, qname)
     q.configure_events(1 << 20)  # keep every event, to count them
@@ -112,7 +112,7 @@ def test_promoted_events_respect_the_cap_or_are_off(redis_url, qname, r):
 
 def test_a_head_whose_last_score_repeats_after_it_moves_only_itself(redis_url, qname, r):
     """Past 4,096 jobs in one ms the delayed slot saturates: the members after a head
-    share its last score, so the head must not go by score (issue 12's fast path)."""
+    share its last score, so the fast path must not find the head by score."""
     q = make_queue(redis_url, qname)
     ids, run_at = _park(q, 4_200, 3_000)
     wait_server_past(r, run_at)

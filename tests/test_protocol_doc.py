@@ -1,4 +1,4 @@
-"""docs/protocol.md is a working spec (issue 17): its example, read from the page, enqueues
+"""docs/protocol.md is a working spec: its example, read from the page, enqueues
 through raw EVALSHA exactly as written (the script expanded and loaded as the page says,
 no emqfast code on the producer side), and a real emqfast Worker runs the job."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md runs as written (issue 16 item 1).
+"""Every ```python block of README.md runs as written.
 
 A reader pastes the README's examples into a file and runs them: each block must end on
 its own, with exit status 0, no traceback, and no handler failure it did not intend. The

@@ -1,4 +1,4 @@
-"""Issue 16 item 2: what a handler may return.
+"""What a handler may return.
 
 bytes results are stored like bytes payloads and read back as the same bytes; JSON
 results as before; a result that is neither (a set, a datetime) fails the job for good

@@ -1,4 +1,4 @@
-"""Scheduling promises under load (issue 18): due jobs run on time behind a backlog, the
+"""Scheduling promises under load: due jobs run on time behind a backlog, the
 flat pending set takes turns with group lanes, idle workers do not spin on rate-limited
 groups, a freed cap slot wakes a worker, a new group is found past many capped groups,
 priority holds within a lane (lanes take turns), and job_ids agrees with counts.
@@ -48,7 +48,7 @@ class RunLog:
         return max(i for i, (jid, _) in enumerate(self.runs) if jid == job_id)
 
 
-# --- item 1: due jobs do not wait behind a backlog ----------------------------------------
+# --- due jobs do not wait behind a backlog ------------------------------------------------
 
 # The delayed job is enqueued first: promoted, it keeps its arrival place at the head of
 # priority 0. Its delay must outlast enqueueing the backlog (else it is due before any job
@@ -140,7 +140,7 @@ def test_due_delayed_job_behind_a_backlog_aio_worker(redis_url, qname):
     assert log.position(delayed) < BACKLOG // 2
 
 
-# --- item 2: the flat pending set takes turns with group lanes -----------------------------
+# --- the flat pending set takes turns with group lanes -------------------------------------
 
 def _first_grouped_run(order: List[str]) -> int:
     return next(i for i, g in enumerate(order) if g is not None)
@@ -180,7 +180,7 @@ def test_ungrouped_backlog_does_not_starve_group_lanes_aio_worker(redis_url, qna
     assert _first_grouped_run(order) <= 4, order[:10]
 
 
-# --- item 3: idle workers sleep while every group's window is full --------------------------
+# --- idle workers sleep while every group's window is full ----------------------------------
 
 def test_idle_worker_does_not_spin_on_many_full_group_windows(redis_url, qname, monkeypatch):
     from emqfast.worker import calls as worker_core
@@ -205,7 +205,7 @@ def test_idle_worker_does_not_spin_on_many_full_group_windows(redis_url, qname, 
     assert q.counts()["pending"] == 40
 
 
-# --- item 4: a freed slot of a capped group wakes a worker --------------------------------
+# --- a freed slot of a capped group wakes a worker ----------------------------------------
 
 def test_capped_group_runs_at_its_cap_woken_by_freed_slots(redis_url, qname, monkeypatch):
     from emqfast.worker import wake
@@ -232,7 +232,7 @@ def test_capped_group_runs_at_its_cap_woken_by_freed_slots(redis_url, qname, mon
 
 
 
-# --- item 5: a new group is found past any number of capped groups -------------------------
+# --- a new group is found past any number of capped groups ---------------------------------
 
 def _raw_claim(q: emqfast.Queue, worker: str, groups: List[str], n: int = 1000):
     """One claim.lua call as a Worker makes it: (pairs, the ready groups it names next)."""
@@ -268,7 +268,7 @@ def test_new_group_is_found_past_a_thousand_capped_groups(redis_url, qname):
     assert q.counts()["pending"] == len(capped)  # parked lanes still count as pending
 
 
-# --- item 10: priority orders jobs within a lane; lanes take turns -------------------------
+# --- priority orders jobs within a lane; lanes take turns ----------------------------------
 
 def test_priority_holds_within_a_lane_and_lanes_take_turns(redis_url, qname):
     q = make_queue(redis_url, qname)
@@ -287,7 +287,7 @@ def test_priority_holds_within_a_lane_and_lanes_take_turns(redis_url, qname):
     assert sorted(order) == sorted(["A9"] * 3 + ["C9"] * 3 + ["B0", "A1"])
 
 
-# --- item 11: job_ids("pending") agrees with counts()["pending"] ---------------------------
+# --- job_ids("pending") agrees with counts()["pending"] ------------------------------------
 
 def test_pending_job_ids_include_grouped_jobs(redis_url, qname):
     q = make_queue(redis_url, qname)
@@ -305,7 +305,7 @@ def test_pending_job_ids_include_grouped_jobs(redis_url, qname):
     assert q.job_ids("pending", 7, 3) == []
 
 
-# --- item 6: a capped group's active count is kept by the finishing jobs ------------------
+# --- a capped group's active count is kept by the finishing jobs --------------------------
 
 def test_finished_jobs_leave_their_capped_groups_active_count(redis_url, qname, r):
     q = make_queue(redis_url, qname)
@@ -317,7 +317,7 @@ def test_finished_jobs_leave_their_capped_groups_active_count(redis_url, qname, 
     assert r.zcard(q.keys.gactive) == 0
 
 
-# --- item 8 (part): a job claimed before pause() is not started after it -------------------
+# --- a job claimed before pause() is not started after it ----------------------------------
 
 def test_start_after_pause_hands_claimed_jobs_back(redis_url, qname):
     from emqfast.worker import calls as worker_core

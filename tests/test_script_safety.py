@@ -1,13 +1,13 @@
-"""Issue 11: invariants of the Lua scripts that keep jobs safe, enforced statically and
+"""Invariants of the Lua scripts that keep jobs safe, enforced statically and
 against a real Redis.
 
 - **Least privilege**: the set of Redis commands every script can call (its includes
   expanded, ``redis.call('CMD', ...)`` with literal names only) and every command the
   Python side sends is inside the README's least-privilege ACL rule, so the rule cannot
-  fall behind the code again (it once lacked claim.lua's ZLEXCOUNT / ZRANGEBYLEX).
+  fall behind the code (a command a script gains and the rule lacks fails here).
 - **Check before the first write**: in every script, each argument check that can end
   in an error reply, and the boot fence, come before the first write.
-- **Bounded work per call** (defect 7): promote / reap / trim / promote_many with a
+- **Bounded work per call**: promote / reap / trim / promote_many with a
   backlog bigger than one call go in calls of a bounded count (seen in MONITOR), and the
   scripts refuse more than 4,000 ids or a due limit above 4,000, touching nothing.
 - **Bad input**: non-integer, negative or huge limits are a typed InvalidInput before

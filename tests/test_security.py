@@ -333,7 +333,7 @@ def test_tls_enqueue_and_worker_through_redis_py(tls_server, qname, backend, cap
     backend_mod._refusals_logged.clear()
     conn = emqfast.connect(tls_server)
     assert issubclass(conn.connection_pool.connection_class, redis.SSLConnection)
-    if backend == "c":  # issue 17: the C Batcher speaks TLS too (more in tests/test_tls_c.py)
+    if backend == "c":  # the C Batcher speaks TLS too (more in tests/test_tls_c.py)
         backend_mod._native.Batcher.from_redis(conn).close()
     q = Queue(qname, conn)
     one = q.enqueue({"n": 0})
@@ -352,7 +352,7 @@ def test_tls_enqueue_and_worker_through_redis_py(tls_server, qname, backend, cap
     conn.close()
 
 
-# --- issue 20 item 2: redaction does not depend on URL parsing ------------------------
+# --- redaction does not depend on URL parsing -----------------------------------------
 
 MALFORMED = [
     "default:Hunter2Secret@127.0.0.1:P",            # scheme missing
@@ -424,7 +424,8 @@ def test_cli_never_echoes_a_malformed_urls_password(url, monkeypatch, capsys, tm
 
 
 def test_a_missing_password_says_so_and_how_to_pass_one(server_factory, backend):
-    """Issue 20 item 9: not "HELLO must be called with the client already authenticated"."""
+    """It names the missing password, not "HELLO must be called with the client already
+    authenticated"."""
     _, port, _ = server_factory()
     redis.Redis(port=port).config_set("requirepass", SECRET)
     q = Queue("needs-auth", emqfast.connect(f"redis://127.0.0.1:{port}/0"))

@@ -1,4 +1,4 @@
-"""The server matrix (issue 17): scripts/servermatrix.sh runs a compat subset of the suite
+"""The server matrix: scripts/servermatrix.sh runs a compat subset of the suite
 against Redis 7.0, Redis 6.2 and Valkey (``EMQ_REDIS_SERVER`` names the binary the session
 fixture starts, ``EMQ_EXPECT_SERVER`` what it must be), this module last.
 
@@ -103,7 +103,7 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
 
 
 def _tour_flows(q: emqfast.Queue) -> None:
-    """Issue 15's moves: dependencies, waiting for results, cancelling a running job."""
+    """Dependencies, waiting for results, cancelling a running job."""
     first = q.enqueue({"n": "dep"})
     after = q.enqueue({"n": "after"}, depends_on=[first])       # dep_enqueue + dep_link
     doomed = q.enqueue({"n": "doomed"}, depends_on=[first])

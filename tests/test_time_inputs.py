@@ -1,5 +1,5 @@
-"""Python's own time types and the silent mistakes around times and names (issue 16,
-items 8 and 11), through both facades against a real Redis.
+"""Python's own time types and the silent mistakes around times and names,
+through both facades against a real Redis.
 
 - an aware ``datetime`` is taken wherever a run-at is (``enqueue_at``, ``run_at_ms=``,
   schedules' ``start_at_ms=``) and lands at the same run-at as the equivalent epoch ms;

@@ -1,4 +1,4 @@
-"""Issue 15: timeouts. ``enqueue(..., timeout_ms=N)`` (or the Worker's ``job_timeout_ms``):
+"""Timeouts. ``enqueue(..., timeout_ms=N)`` (or the Worker's ``job_timeout_ms``):
 an async handler is cancelled at N; a sync handler is signalled as for a cancel
 (``job.cancelled``, reason ``timeout``) and, if it keeps running past the grace, its run is
 abandoned; the job fails (or retries) with error ``timeout``, and the lease is never left

@@ -1,4 +1,4 @@
-"""TLS on the C path (issue 17): ``rediss://`` bulk calls run on the C Batcher (hiredis'
+"""TLS on the C path: ``rediss://`` bulk calls run on the C Batcher (hiredis'
 ssl.c, compiled into the core) instead of falling back to redis-py, with the settings
 redis-py takes (CA file, client certificate and key, verification, host name check),
 and land exactly what the Python path lands.

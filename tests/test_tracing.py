@@ -1,4 +1,4 @@
-"""Tracing (issue 17, the ``otel`` extra): enqueue stamps the producer's W3C traceparent in
+"""Tracing (the ``otel`` extra): enqueue stamps the producer's W3C traceparent in
 the job's options; both Workers run the handler in a CONSUMER span that is its child (retries
 too, with a link), carrying queue, job id, attempt and outcome. Checked with the SDK's
 in-memory exporter against a real redis-server, under both backends (sync) and asyncio."""

@@ -1,4 +1,4 @@
-"""Issue 11, the transport and enqueue layer: lost replies are never re-sent blindly,
+"""The transport and enqueue layer under faults: lost replies are never re-sent blindly,
 partial batches are reported, connection failures are typed, a full server is a partial
 batch, WAIT durability, and enqueue scripts check everything before their first write.
 
@@ -102,7 +102,7 @@ def _only_link(proxy: FaultProxy, client=None) -> None:
                interval=0.01)
 
 
-# --- defect 3: a lost reply is never re-sent ---------------------------------------------
+# --- a lost reply is never re-sent -------------------------------------------------------
 
 def test_lost_reply_is_reported_not_resent(backend, proxy, r, qname):
     """redis-py's default Retry would send the EVALSHA again (a duplicate ref, two runs)."""
@@ -156,7 +156,7 @@ def test_aio_lost_reply_is_not_resent(proxy, r, qname):
     asyncio.run(main())
 
 
-# --- defect 9: typed connection errors ---------------------------------------------------
+# --- typed connection errors -------------------------------------------------------------
 
 def _dead_url() -> str:
     with socket.socket() as s:
@@ -196,7 +196,7 @@ def test_connect_builds_clients_without_command_retry():
     assert aclient.connection_pool.connection_kwargs["retry"].get_retries() == 0
 
 
-# --- defect 4: mid-batch disconnects are partial results ---------------------------------
+# --- mid-batch disconnects are partial results -------------------------------------------
 
 MANY_LANDED = 200  # enqueue_many.lua: the chunks whose whole reply fits 1000 bytes
 
@@ -273,7 +273,7 @@ def test_aio_mid_batch_cut_reports_what_landed(proxy, r, qname, monkeypatch):
     asyncio.run(main())
 
 
-# --- defect 13: a full server ------------------------------------------------------------
+# --- a full server -----------------------------------------------------------------------
 
 @pytest.fixture
 def full_server():
@@ -412,7 +412,7 @@ def test_enqueue_denied_a_write_command_writes_nothing(r, redis_url, qname):
         r.acl_deluser(user)
 
 
-# --- defect 12: connect() warns about an evicting server -----------------------------------
+# --- connect() warns about an evicting server ----------------------------------------------
 
 def test_connect_warns_loudly_on_an_evicting_server(full_server, caplog):
     import logging

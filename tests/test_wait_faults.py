@@ -1,4 +1,4 @@
-"""ref.wait where the wire is not simple (issue 15): a pub/sub connection killed while
+"""ref.wait where the wire is not simple: a pub/sub connection killed while
 waiting (re-subscribed, and the job re-read: an end while it was down is not missed), a
 real 3-master Redis Cluster (queues on every master, the waiter's pub/sub connection on
 one node: PUBLISH is broadcast), and TLS, on both facades."""

@@ -1,4 +1,4 @@
-"""Waiting for a result (issue 15): ``ref.wait(timeout_s)``, ``q.wait_many``, ``wait_all``
+"""Waiting for a result: ``ref.wait(timeout_s)``, ``q.wait_many``, ``wait_all``
 on both facades and both backends. A worker in another process ends the jobs while the
 waiters wait (registered first: the test sees their counts in the waiters hash), so every
 answer comes from the job's own end on its done channel; the scripts and the finish hook
@@ -296,7 +296,7 @@ def test_an_unreachable_server_is_typed_not_a_hang(facade):
             emqfast.Queue("t-dead", "redis://127.0.0.1:1/0").ref("JOB" + "1" * 23).wait()
 
 
-# --- the other endings of issue 15: expiry, dependencies, dedupe -------------------------
+# --- the other endings: expiry, dependencies, dedupe -------------------------------------
 
 def test_real_endings_expired_dependency_failed_and_deduplicated(facade, redis_url, qname, r):
     q = emqfast.Queue(qname, redis_url)

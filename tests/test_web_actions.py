@@ -1,4 +1,4 @@
-"""Issue 14: the dashboard's actions over HTTP against the real Redis: each goes through a
+"""The dashboard's actions over HTTP against the real Redis: each goes through a
 Queue method and shows in Redis; a wrong-state action shows the typed error and changes
 nothing; POST + CSRF token for every action; read-only mode hides and refuses them; the
 auth token by header or login form."""
@@ -225,7 +225,7 @@ def test_a_short_token_is_refused():
 
 
 def test_cancel_a_running_job_asks_its_worker_and_stays_on_its_page(client, conn, qname):
-    """issue 15: the dashboard's Cancel on a running job asks its worker (q.cancel answers
+    """The dashboard's Cancel on a running job asks its worker (q.cancel answers
     'requested'); the page stays on the job, which ends cancelled once the worker stops it."""
     q = emqfast.Queue(qname, conn)
     started = threading.Event()

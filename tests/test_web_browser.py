@@ -1,4 +1,4 @@
-"""Issue 14: the dashboard in a real browser (Debian's chromium + chromium-driver, driven
+"""The dashboard in a real browser (Debian's chromium + chromium-driver, driven
 by selenium; scripts/system-deps.sh installs them): click from the overview into a queue,
 open a failed job, press Retry and see the state change in the page and in Redis; live
 updates without a reload; hostile names and payloads render as text (no alert, no

@@ -1,4 +1,4 @@
-"""Issue 14: ``emqfast dashboard``: serves the app and prints its address; a host others can
+"""``emqfast dashboard`` serves the app and prints its address; a host others can
 reach is refused without an auth token, with a typed error that says why."""
 from __future__ import annotations
 

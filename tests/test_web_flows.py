@@ -1,5 +1,6 @@
-"""The dashboard shows issue 15's states: jobs waiting for their dependencies get a tab
-before scheduled, and the kept records of expired jobs a tab after cancelled."""
+"""The dashboard shows the dependency and expiry states: jobs waiting for their
+dependencies get a tab before scheduled, and the kept records of expired jobs a tab after
+cancelled."""
 from __future__ import annotations
 
 import pytest

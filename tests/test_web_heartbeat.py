@@ -1,4 +1,4 @@
-"""Issue 14: worker heartbeats (lua/heartbeat.lua, emqfast/facade/workers.py), what the
+"""Worker heartbeats (lua/heartbeat.lua, emqfast/facade/workers.py), what the
 dashboard's Workers page lists: both Workers write one on their beat; the record is
 bounded and expires by itself; stale registry entries are trimmed; bad input is typed
 and writes nothing."""

@@ -1,4 +1,4 @@
-"""Issue 14: the dashboard's per-job "Promote now" (scheduled jobs) and "Delete" (jobs that
+"""The dashboard's per-job "Promote now" (scheduled jobs) and "Delete" (jobs that
 are not active), on the job page and the queue page's rows, over HTTP against the real
 Redis: POST + CSRF like every action, each through ``Queue.promote_job`` / ``Queue.delete``;
 a wrong-state action shows the typed error and changes nothing; read-only mode hides the

@@ -1,4 +1,4 @@
-"""Issue 14: the web dashboard's pages, over HTTP (Starlette's TestClient) against the
+"""The web dashboard's pages, over HTTP (Starlette's TestClient) against the
 real Redis of the session: every page, the JSON its script polls, paging and search,
 404/400 pages, escaping of hostile names and payloads, links under a mount prefix, no
 password in any page, and the pipelined reads (web/lockstep.py)."""

@@ -1,4 +1,4 @@
-"""The release wheel carries its C core whole (issue 17): ``scripts/build-wheel.sh`` (what
+"""The release wheel carries its C core whole: ``scripts/build-wheel.sh`` (what
 ``make wheel`` runs) builds the sdist and, from it, a manylinux wheel; installed into a
 fresh virtualenv, that wheel runs the C backend with no libhiredis from the system: hiredis
 is compiled into the extension and OpenSSL is grafted into the wheel.

@@ -1,4 +1,4 @@
-"""The worker's script path under faults (issue 11): claim -> start -> complete/fail,
+"""The worker's script path under faults: claim -> start -> complete/fail,
 leases, and what both Workers do around them.
 
 - big claims lose nothing (claim.lua chunks every unpack; bad counts refused before a pop);

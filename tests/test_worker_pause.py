@@ -1,4 +1,4 @@
-"""A paused queue starts no held job (issue 18 item 8): jobs a worker claimed beyond its
+"""A paused queue starts no held job: jobs a worker claimed beyond its
 running ones are held unstarted (start.lua runs only into a free handler slot, and a
 pause fences it), and go back to the queue instead of running after ``pause()``."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sync Worker's hot path (issue 12): a Job built from a start.lua row is the Job the
+"""The sync Worker's hot path: a Job built from a start.lua row is the Job the
 dataclass constructor builds, and handler slots counted without a lock per run still bound
 the handlers to ``concurrency`` and hand each freed slot to the next held job."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from waiting import wait_until
 
 
 def _by_constructor(queue: str, job_id: str, row: List[Any]) -> Job:
-    """What rows.py built before issue 12: the dataclass __init__ with every field."""
+    """The plain dataclass __init__ with every field: what rows.job must equal."""
     attempts, payload, enc, opts, created, run_at, started = row
     undecodable = None
     try:
