@@ -7,7 +7,9 @@ shared with it; this driver awaits its requests), different machinery:
   ``batch_size`` jobs per round trip, holding those beyond the running ones claimed but
   unstarted (``prefetch``, sized as for the sync Worker) and starting them as slots free;
 - each job runs in its own task, bounded by a semaphore of ``concurrency``;
-  coroutine handlers are awaited, plain functions run in the default executor;
+  coroutine handlers are awaited, plain functions run in the Worker's own executor of
+  ``concurrency`` threads (a many-queue Worker's one, shared as its slots are), so a plain
+  handler given a slot starts at once; made when a run starts, shut down at its end;
 - outcomes are written in pipelined batches by one acker task;
 - leases are extended by a background task (every ``beat_s``), so a handler that
   runs longer than ``lease_ms`` keeps its job;
@@ -19,7 +21,7 @@ shared with it; this driver awaits its requests), different machinery:
   claiming (one signal stops every Worker running in the process); in-flight handlers get
   ``shutdown_timeout_s`` to finish. Then coroutine handlers are cancelled, and a job is
   released only once its handler has really ended by that cancellation (it can no longer
-  finish, so it never runs twice). A plain function running in the executor cannot be
+  finish, so it never runs twice). A plain function running in its thread cannot be
   interrupted: its job is NOT released; its lease is kept (extended) until it returns and
   its outcome is written. Likewise a coroutine that swallows the cancellation and returns.
 - every way out of :meth:`Worker.run` ends the same way: :meth:`Worker.stop`, a signal,
@@ -55,7 +57,7 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, List, Optional, S
 
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
-from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
+from emqfast.aio.handlers import AioRunHooks, HandlerPool, call_plain, first_step
 from emqfast.aio.crew import AioCrew
 from emqfast.aio.many_shared import AioMemberMarkers
 from emqfast.aio.queue import Queue
@@ -97,6 +99,12 @@ class Worker(WorkerMachine):
     attempts). A handler that has not ended ``cancel_grace_ms`` later (it swallowed the
     cancellation, or runs in a thread) is abandoned: its outcome is written, its task keeps
     its slot until it ends (see :mod:`emqfast.aio.cancel_listener`).
+
+    Plain handlers run on the Worker's own executor of ``concurrency`` threads, one per
+    slot; an abandoned plain handler keeps its thread and its slot until it returns, so no
+    more than ``concurrency`` plain handlers ever run at once. The executor is shut down
+    at the end of a run without waiting for abandoned threads (the process still waits
+    for them at exit, as for the thread Worker).
     """
 
     _label = "aio worker"
@@ -156,6 +164,7 @@ class Worker(WorkerMachine):
         self._cancels_before = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._sem: Optional[AsyncSlots] = None
+        self._pool: Optional[HandlerPool] = None  # plain handlers' threads (see _begin)
         self._changed: Optional[asyncio.Event] = None   # a job finished / an outcome written
         self._ack_ready: Optional[asyncio.Event] = None
         self._hurry: Optional[asyncio.Event] = None  # set: cancel handlers now, no grace
@@ -282,9 +291,18 @@ class Worker(WorkerMachine):
             finally:  # after the shutdown: a cancel still stops a handler it waits for
                 await self._stop_listening()
         finally:
+            self._close_pool()
             if shared is not None:
                 await shared.markers.close()
         self._raise_fatal()
+
+    def _close_pool(self) -> None:
+        """The run is over: its handler threads exit. Not waited for: an abandoned handler
+        (its outcome written) keeps its thread until it returns, and must not hold the
+        loop."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _connections_suspect(self) -> None:
         """A call met a lost connection: the client's idle pooled connections are dropped
@@ -314,6 +332,8 @@ class Worker(WorkerMachine):
         self._loop = asyncio.get_running_loop()
         self._fatal = None
         self._sem = self._crew.handler_slots(self)  # a many-queue Worker's: shared
+        # a thread per slot: every plain handler given a slot starts at once
+        self._pool = None if self._is_coro else self._crew.handler_pool(self)
         self._changed = asyncio.Event()
         self._ack_ready = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -517,8 +537,8 @@ class Worker(WorkerMachine):
             slots.give()
 
     async def _handle_plain(self, job: Job) -> Any:
-        """A plain handler's result: run in the executor (and what it returns awaited
-        when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
+        """A plain handler's result: run in the Worker's executor (and what it returns
+        awaited when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
         check_decodable(job)
         result = await self._in_executor(job)
         if inspect.isawaitable(result):  # a plain function returning a coroutine
@@ -566,11 +586,14 @@ class Worker(WorkerMachine):
                     seconds, self.lease_ms)
 
     async def _in_executor(self, job: Job) -> Any:
-        """A plain handler in the default executor. Its thread cannot be stopped: cancelled
-        (shutdown ran out of time, loop teardown, again and again), this still waits for
-        it, so the job is not released while its handler may finish (it would run twice).
-        The handler's exception is raised here as it raised it."""
-        future = asyncio.get_running_loop().run_in_executor(None, call_plain, self.handler, job)
+        """A plain handler in the Worker's executor (a thread per slot, so it starts at
+        once). Its thread cannot be stopped: cancelled (shutdown ran out of time, loop
+        teardown, again and again), this still waits for it, so the job is not released
+        while its handler may finish (it would run twice). The handler's exception is
+        raised here as it raised it."""
+        pool = self._pool
+        assert pool is not None
+        future = asyncio.wrap_future(pool.submit(call_plain, self.handler, job))
         warned = False
         while True:
             try:
