@@ -1,6 +1,7 @@
 """What the asyncio Worker runs its handlers with: coroutine steps timed (a step that blocks
 the loop is named in a warning), plain functions in the Worker's own executor (their
-exceptions carried as values), the job's lease/progress hooks."""
+exceptions carried as values, their start told to the loop), the job's lease/progress
+hooks."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -83,11 +84,19 @@ class HandlerPool(Protocol):
         ...
 
 
-def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
-    """Run a plain handler (in the executor thread): ``(True, result)`` or ``(False, exc)``.
-    Its exception travels as a value: a wrapped future would turn a
-    ``concurrent.futures.CancelledError`` into a cancellation of the awaiting task."""
+def call_plain(handler: Callable[[Job], Any], job: Job,
+               began: Optional[Callable[[float], None]]) -> Tuple[bool, Any]:
+    """Run a plain handler (in an executor thread): ``(True, result)`` or ``(False, exc)``.
+    ``began(monotonic s)`` is told just before the handler is called: the job's timeout
+    clock starts there, not while it waited for this thread. A job stopped before it began
+    (cancelled) is never handed to the handler. Its exception travels as a value: a
+    wrapped future would turn a ``concurrent.futures.CancelledError`` into a cancellation
+    of the awaiting task."""
     try:
+        if job._stop_reason is not None:
+            job.raise_if_cancelled()
+        if began is not None:
+            began(time.monotonic())
         return True, handler(job)
     except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
         return False, exc
