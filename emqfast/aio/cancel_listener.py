@@ -5,9 +5,11 @@ A task of the Worker listens on its queues' cancel channels (one pub/sub connect
 re-made with backoff after a loss; after each subscribe, and on the beat, the cancel
 marks of the running jobs are re-read, so a message lost meanwhile is caught). A
 coroutine handler's task is cancelled (``CancelledError`` at its next ``await``); a plain
-handler in the executor sees ``job.cancelled``. Timeouts and the graces after a stop are
-``loop.call_later`` timers. A handler still running ``cancel_grace_ms`` after its stop is
-abandoned: its outcome is written then, its task keeps its slot until it ends.
+handler in its executor thread sees ``job.cancelled`` (a job still waiting for a slot has
+its task cancelled: its handler never runs). Timeouts, armed when a handler starts, and
+the graces after a stop are ``loop.call_later`` timers. A handler still running
+``cancel_grace_ms`` after its stop is abandoned: its outcome is written then, its task
+keeps its slot until it ends.
 """
 from __future__ import annotations
 

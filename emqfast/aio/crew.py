@@ -5,6 +5,9 @@ cancellation of the task awaiting it; a member that stops on a permanent error s
 others, and ``run()`` raises it. ``run_until_idle()`` returns when all queues are idle
 at once (rounds repeat until one in which no queue claimed anything).
 
+The members share one set of ``concurrency`` handler slots and, for plain handlers, one
+executor of ``concurrency`` threads (made for each ``run()`` or round of
+``run_until_idle()``, shut down at its end).
 Members on one single-server ``redis.asyncio`` client share :class:`SharedParts`
 (:meth:`AioCrew.shared`): one marker wait, one cancel listener, a gate on their
 requests, one eviction check.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence
 
 import redis.asyncio as aredis
@@ -88,7 +92,15 @@ class AioCrew(Crew):
         self.order.reset()
         self._share()
         self.slots = AsyncSlots(self.concurrency)
-        results = await asyncio.gather(*(one(m) for m in self.members), return_exceptions=True)
+        if not self.members[0]._is_coro:  # plain handlers: one thread per shared slot
+            self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
+        try:
+            results = await asyncio.gather(*(one(m) for m in self.members),
+                                           return_exceptions=True)
+        finally:  # every member has waited for its handlers, but for abandoned ones
+            pool, self.pool = self.pool, None
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

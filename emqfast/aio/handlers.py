@@ -1,11 +1,13 @@
 """What the asyncio Worker runs its handlers with: coroutine steps timed (a step that blocks
-the loop is named in a warning), plain functions in the executor (their exceptions carried
-as values), the job's lease/progress hooks."""
+the loop is named in a warning), plain functions in the Worker's own executor (their
+exceptions carried as values, their start told to the loop), the job's lease/progress
+hooks."""
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
-from typing import Any, Awaitable, Callable, Optional, Tuple
+from typing import Any, Awaitable, Callable, Optional, Protocol, Tuple
 
 from emqfast.facade.job import Job
 
@@ -70,11 +72,31 @@ def first_step(coro: Any, on_step: Callable[[str, float], None], job_id: str) ->
     return False, Timed(coro, on_step, job_id, yielded)
 
 
-def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
-    """Run a plain handler (in the executor thread): ``(True, result)`` or ``(False, exc)``.
-    Its exception travels as a value: run_in_executor would turn a
-    ``concurrent.futures.CancelledError`` into a cancellation of the awaiting task."""
+class HandlerPool(Protocol):
+    """The executor plain handlers run on: a ``ThreadPoolExecutor`` of ``concurrency``
+    threads, or a many-queue Worker's one pool as a member holds it
+    (:class:`emqfast.worker.crew.SharedPool`)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> "concurrent.futures.Future[Any]":
+        ...
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        ...
+
+
+def call_plain(handler: Callable[[Job], Any], job: Job,
+               began: Optional[Callable[[float], None]]) -> Tuple[bool, Any]:
+    """Run a plain handler (in an executor thread): ``(True, result)`` or ``(False, exc)``.
+    ``began(monotonic s)`` is told just before the handler is called: the job's timeout
+    clock starts there, not while it waited for this thread. A job stopped before it began
+    (cancelled) is never handed to the handler. Its exception travels as a value: a
+    wrapped future would turn a ``concurrent.futures.CancelledError`` into a cancellation
+    of the awaiting task."""
     try:
+        if job._stop_reason is not None:
+            job.raise_if_cancelled()
+        if began is not None:
+            began(time.monotonic())
         return True, handler(job)
     except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
         return False, exc
@@ -83,7 +105,7 @@ def call_plain(handler: Callable[[Job], Any], job: Job) -> Tuple[bool, Any]:
 class AioRunHooks:
     """``Job._run`` of the jobs an asyncio Worker runs (:class:`emqfast.facade.job.RunHooks`):
     the awaitable writes for coroutine handlers, and the blocking ones for plain handlers
-    in the executor (run on the Worker's loop)."""
+    in the Worker's executor (run on the Worker's loop)."""
 
     __slots__ = ("_worker",)
     is_async = True

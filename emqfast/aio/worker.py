@@ -7,7 +7,9 @@ shared with it; this driver awaits its requests), different machinery:
   ``batch_size`` jobs per round trip, holding those beyond the running ones claimed but
   unstarted (``prefetch``, sized as for the sync Worker) and starting them as slots free;
 - each job runs in its own task, bounded by a semaphore of ``concurrency``;
-  coroutine handlers are awaited, plain functions run in the default executor;
+  coroutine handlers are awaited, plain functions run in the Worker's own executor of
+  ``concurrency`` threads (a many-queue Worker's one, shared as its slots are), so a plain
+  handler given a slot starts at once; made when a run starts, shut down at its end;
 - outcomes are written in pipelined batches by one acker task;
 - leases are extended by a background task (every ``beat_s``), so a handler that
   runs longer than ``lease_ms`` keeps its job;
@@ -19,7 +21,7 @@ shared with it; this driver awaits its requests), different machinery:
   claiming (one signal stops every Worker running in the process); in-flight handlers get
   ``shutdown_timeout_s`` to finish. Then coroutine handlers are cancelled, and a job is
   released only once its handler has really ended by that cancellation (it can no longer
-  finish, so it never runs twice). A plain function running in the executor cannot be
+  finish, so it never runs twice). A plain function running in its thread cannot be
   interrupted: its job is NOT released; its lease is kept (extended) until it returns and
   its outcome is written. Likewise a coroutine that swallows the cancellation and returns.
 - every way out of :meth:`Worker.run` ends the same way: :meth:`Worker.stop`, a signal,
@@ -46,16 +48,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import logging
 import time
 import traceback
-from typing import (Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Tuple,
-                    Union, cast)
+from typing import (Any, Awaitable, Callable, Coroutine, Dict, List, Optional, Sequence, Set,
+                    Tuple, Union, cast)
 
 from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
-from emqfast.aio.handlers import AioRunHooks, call_plain, first_step
+from emqfast.aio.handlers import AioRunHooks, HandlerPool, call_plain, first_step
 from emqfast.aio.crew import AioCrew
 from emqfast.aio.many_shared import AioMemberMarkers
 from emqfast.aio.queue import Queue
@@ -97,6 +100,16 @@ class Worker(WorkerMachine):
     attempts). A handler that has not ended ``cancel_grace_ms`` later (it swallowed the
     cancellation, or runs in a thread) is abandoned: its outcome is written, its task keeps
     its slot until it ends (see :mod:`emqfast.aio.cancel_listener`).
+
+    A run's timeout counts from the moment its handler starts (a plain handler's: when its
+    thread calls it), never while the job waits for a slot. Plain handlers run on the
+    Worker's own executor of ``concurrency`` threads, one per slot; an abandoned plain
+    handler keeps its thread and its slot until it returns, so no more than
+    ``concurrency`` plain handlers ever run at once. Jobs started behind abandoned handlers
+    wait for a slot, under their leases, their timeouts not yet counting; a cancel ends
+    such a job at once, its handler never called. The executor is shut down at the end
+    of a run without waiting for abandoned threads (the process still waits for them at
+    exit, as for the thread Worker).
     """
 
     _label = "aio worker"
@@ -156,6 +169,8 @@ class Worker(WorkerMachine):
         self._cancels_before = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._sem: Optional[AsyncSlots] = None
+        self._pool: Optional[HandlerPool] = None  # plain handlers' threads (see _begin)
+        self._awaiting_slot: Set[str] = set()  # lease tokens of started jobs with no slot yet
         self._changed: Optional[asyncio.Event] = None   # a job finished / an outcome written
         self._ack_ready: Optional[asyncio.Event] = None
         self._hurry: Optional[asyncio.Event] = None  # set: cancel handlers now, no grace
@@ -282,9 +297,18 @@ class Worker(WorkerMachine):
             finally:  # after the shutdown: a cancel still stops a handler it waits for
                 await self._stop_listening()
         finally:
+            self._close_pool()
             if shared is not None:
                 await shared.markers.close()
         self._raise_fatal()
+
+    def _close_pool(self) -> None:
+        """The run is over: its handler threads exit. Not waited for: an abandoned handler
+        (its outcome written) keeps its thread until it returns, and must not hold the
+        loop."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _connections_suspect(self) -> None:
         """A call met a lost connection: the client's idle pooled connections are dropped
@@ -314,6 +338,8 @@ class Worker(WorkerMachine):
         self._loop = asyncio.get_running_loop()
         self._fatal = None
         self._sem = self._crew.handler_slots(self)  # a many-queue Worker's: shared
+        # a thread per slot: every plain handler given a slot starts at once
+        self._pool = None if self._is_coro else self._crew.handler_pool(self)
         self._changed = asyncio.Event()
         self._ack_ready = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -438,15 +464,12 @@ class Worker(WorkerMachine):
         """A task per started job (bounded by the semaphore)."""
         now = time.monotonic()
         hooks = self._run_hooks
-        timed = self.job_timeout_ms is not None
         for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
             running = RunningJob(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
             running.task = tasks.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")
-            if timed or job.extra:  # stopped when it passes its timeout
-                self._arm_timeout(job, token)
         self._stop_early(started)  # cancelled while held
 
     def _take_held(self, peek: bool = False) -> List[Held]:
@@ -488,11 +511,13 @@ class Worker(WorkerMachine):
         slots = self._sem
         assert slots is not None
         if not slots.take_now():  # nearly always free: the Worker starts jobs into free slots
-            await slots.take()
+            await self._take_slot(slots, token)
         try:
             began = time.perf_counter()
             try:
                 if self._is_coro:  # inline (no coroutine of ours per job); plain: _handle_plain
+                    if self.job_timeout_ms is not None or job.extra:  # its clock starts now
+                        self._arm_timeout(job, token)
                     check_decodable(job)
                     result = self.handler(job)
                     if inspect.iscoroutine(result):
@@ -502,7 +527,7 @@ class Worker(WorkerMachine):
                     else:
                         result = await result
                 else:
-                    result = await self._handle_plain(job)
+                    result = await self._handle_plain(job, token)
                 self._holding.observe(time.perf_counter() - began)
                 return success(job, token, result)
             except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
@@ -516,11 +541,20 @@ class Worker(WorkerMachine):
         finally:
             slots.give()
 
-    async def _handle_plain(self, job: Job) -> Any:
-        """A plain handler's result: run in the executor (and what it returns awaited
-        when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
+    async def _take_slot(self, slots: AsyncSlots, token: str) -> None:
+        """Wait for a handler slot (all held, some perhaps by abandoned handlers). A cancel
+        meanwhile cancels this wait: the job ends cancelled, its handler never called."""
+        self._awaiting_slot.add(token)
+        try:
+            await slots.take()
+        finally:
+            self._awaiting_slot.discard(token)
+
+    async def _handle_plain(self, job: Job, token: str) -> Any:
+        """A plain handler's result: run in the Worker's executor (and what it returns
+        awaited when awaitable). Coroutine handlers run inline in :meth:`_outcome_of`."""
         check_decodable(job)
-        result = await self._in_executor(job)
+        result = await self._in_executor(job, token)
         if inspect.isawaitable(result):  # a plain function returning a coroutine
             result = await result
         return result
@@ -565,12 +599,18 @@ class Worker(WorkerMachine):
                     "thread (await asyncio.to_thread(...)) or a process.", self.name, job_id,
                     seconds, self.lease_ms)
 
-    async def _in_executor(self, job: Job) -> Any:
-        """A plain handler in the default executor. Its thread cannot be stopped: cancelled
+    async def _in_executor(self, job: Job, token: str) -> Any:
+        """A plain handler in the Worker's executor (a thread per slot, so it starts at
+        once; its timeout clock starts with it). Its thread cannot be stopped: cancelled
         (shutdown ran out of time, loop teardown, again and again), this still waits for
         it, so the job is not released while its handler may finish (it would run twice).
         The handler's exception is raised here as it raised it."""
-        future = asyncio.get_running_loop().run_in_executor(None, call_plain, self.handler, job)
+        pool = self._pool
+        assert pool is not None
+        began = None
+        if self.job_timeout_ms is not None or job.extra:
+            began = functools.partial(self._began_in_thread, job, token)
+        future = asyncio.wrap_future(pool.submit(call_plain, self.handler, job, began))
         warned = False
         while True:
             try:
@@ -806,11 +846,24 @@ class Worker(WorkerMachine):
         self._timers[(job_id, token)] = self._loop.call_later(delay_s, self._on_due, job_id,
                                                               token, kind)
 
-    def _arm_timeout(self, job: Job, token: str) -> None:
-        """A job handed to a handler: stop it when its timeout passes (if it has one)."""
+    def _arm_timeout(self, job: Job, token: str, began: Optional[float] = None) -> None:
+        """A job's handler began (now, or at monotonic ``began``): stop it when its timeout
+        passes (if it has one)."""
         limit = timeout_ms_of(job, self.job_timeout_ms)
-        if limit:
-            self._arm(job.id, token, limit / 1000.0, TIMEOUT)
+        if not limit:
+            return
+        run = self._running.get(job.id)
+        if run is None or run.token != token:
+            return  # the run ended meanwhile (lost, released): nothing to time
+        ran = 0.0 if began is None else time.monotonic() - began
+        self._arm(job.id, token, max(limit / 1000.0 - ran, 0.0), TIMEOUT)
+
+    def _began_in_thread(self, job: Job, token: str, began: float) -> None:
+        """A plain handler is about to be called (in its executor thread, at monotonic
+        ``began``): its timeout is armed on the loop, counted from then."""
+        loop = self._loop
+        assert loop is not None
+        loop.call_soon_threadsafe(self._arm_timeout, job, token, began)
 
     def _disarm(self, job_id: str, token: str) -> None:
         """A run's handler ended: its timers go."""
@@ -828,10 +881,11 @@ class Worker(WorkerMachine):
                 self._queue_ack(job_id, token, outcome=outcome)
 
     def _stopped(self, run: Optional[RunningJob]) -> None:
-        """A run was asked to stop: a coroutine's task is cancelled; abandoned if it has
-        not ended within the grace."""
+        """A run was asked to stop: a coroutine's task is cancelled (so is any task still
+        waiting for a slot: its handler never began); abandoned if it has not ended within
+        the grace."""
         if run is None:
             return
-        if self._is_coro and run.task is not None:
-            run.task.cancel()
+        if run.task is not None and (self._is_coro or run.token in self._awaiting_slot):
+            run.task.cancel()  # (a plain handler that began runs on: its thread cannot stop)
         self._arm(run.job.id, run.token, self.cancel_grace_ms / 1000.0, ABANDON)
