@@ -343,3 +343,20 @@ def test_children_killed_at_random_lose_no_job_and_rerun_only_killed_attempts(
         if attempt > 1:
             assert pid_of.get((job_id, attempt - 1), kills[0]) in kills, (job_id, attempt)
     assert stats.completed == n
+
+
+def test_stop_with_a_timeout_bounds_the_exit(redis_url, qname, ledger):
+    q = emqfast.Queue(qname, redis_url)
+    ref = q.enqueue({"k": "nap", "s": 30, "ledger": ledger})
+    w = emqfast.Worker(q, work, processes=1)  # shutdown_timeout_s 30 s, unless told
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    wait_until(lambda: _begins(ledger, ref.id), 60, "the handler began")
+    asked = time.monotonic()
+    w.stop(timeout=0.5)
+    t.join(30)
+    assert not t.is_alive() and time.monotonic() - asked < 10
+    job = q.get(ref.id)
+    assert job.state == "pending" and job.attempts == 0 and w.stats.released == 1
+    with pytest.raises(emqfast.InvalidInput):
+        w.stop(timeout=-1)

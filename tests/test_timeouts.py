@@ -185,3 +185,22 @@ def test_a_bad_timeout_is_typed_and_writes_nothing(redis_url, qname, r, bad):
     with pytest.raises(emqfast.InvalidInput):
         emqfast.Worker(q, lambda job: None, job_timeout_ms=bad)
     assert dump_queue(r, qname) == before
+
+
+def test_a_thread_workers_timeout_counts_from_its_handlers_start(redis_url, qname):
+    """Jobs started ahead of a free handler thread wait for one without their timeout
+    running: a quick job queued behind two slow ones completes, its handler called."""
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    called = []
+
+    def handler(job):
+        called.append(job.payload)
+        if job.payload == "slow":
+            time.sleep(1.0)
+
+    slow = [q.enqueue("slow") for _ in range(2)]
+    quick = [q.enqueue("quick", timeout_ms=200, attempts=1) for _ in range(4)]
+    w = emqfast.Worker(q, handler, concurrency=2, prefetch=8, cancel_grace_ms=100)
+    _run_until_idle(w)
+    assert [q.get(ref.id).state for ref in slow + quick] == ["completed"] * 6
+    assert called.count("quick") == 4

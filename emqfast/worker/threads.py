@@ -265,10 +265,19 @@ class Worker(WorkerMachine):
             self._stop.clear()  # a stop requested meanwhile was honoured
         return self.stats
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> None:
         """Stop claiming; :meth:`run` returns once claimed jobs are released or finished
-        (a running handler is never released: it may still finish). A stop requested
-        before :meth:`run` starts is honoured by it (run returns at once)."""
+        (a running handler is never released while it may still finish: with
+        ``processes``, it is killed after the shutdown timeout and its job released). A
+        stop requested before :meth:`run` starts is honoured by it (run returns at once).
+        ``timeout``: seconds the running handlers get, instead of ``shutdown_timeout_s``
+        (which it replaces from then on)."""
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                    or not 0 <= timeout < float("inf"):
+                raise InvalidInput(f"timeout must be seconds >= 0, not {timeout!r}")
+            for member in self.members:
+                member.shutdown_timeout_s = float(timeout)
         if self._led is not None:
             self._led.stop()
             return
@@ -475,7 +484,8 @@ class Worker(WorkerMachine):
                     warned = True
                     log.warning("worker %s: %d handler(s) still running after "
                                 "shutdown_timeout_s=%s (jobs %s); not releasing them (they may "
-                                "still finish): keeping their leases until they return",
+                                "still finish): keeping their leases until they return (with processes=N, "
+                                "or emqfast worker --processes N, they are killed instead)",
                                 self.name, len(self._running), self.shutdown_timeout_s,
                                 ", ".join(map(repr, sorted(self._running)[:10])))
                 self._lock.wait(0.05)
@@ -546,15 +556,9 @@ class Worker(WorkerMachine):
         hooks = self._run_hooks
         for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
-        timed = self.job_timeout_ms is not None
         runs = {job.id: RunningJob(job, token, now) for job, token in started}
         with self._lock:
             self._running.update(runs)
-            for job, token in started:
-                # (once running: may fire at once; a handler process's clock starts as
-                # its child takes the job)
-                if (timed or job.extra) and self._procs is None:
-                    self._arm_timeout(job, token, now)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._handed += len(started)
             self._ready.extend(started)
@@ -587,6 +591,7 @@ class Worker(WorkerMachine):
         another until none is left."""
         ready, ends, lock = self._ready, self._ended, self._lock
         clock, observe, ack = time.perf_counter, self._holding.observe, self._acks.put
+        timed = self.job_timeout_ms is not None
         while True:
             try:
                 job, token = ready.popleft()
@@ -597,6 +602,8 @@ class Worker(WorkerMachine):
                     self._drainers -= 1
                     self._free_slots.append(slot)
                     return
+            if timed or job.extra:  # its timeout counts from its handler's start
+                self._arm_timeout(job, token, time.monotonic())
             started = clock()
             outcome: Optional[Outcome] = self._run_one(job, token)
             ended = clock()
