@@ -191,7 +191,6 @@ class Worker(WorkerMachine):
                                   queue, order=order, weights=weights, name=name)
             self._lead(self._led)
             return
-        self._procs: Optional[ProcessPool] = None
         self._init_queue(cast(Queue, queue), handler, SOLO, children=children, **options)
 
     @classmethod
@@ -206,6 +205,7 @@ class Worker(WorkerMachine):
                     job_timeout_ms: Optional[int], cancel_grace_ms: int,
                     children: Optional[Dict[str, Any]] = None, **options: Any) -> None:
         check_worker_args(queue, Queue, handler)  # typed: InputTypeError, a TypeError too
+        self._procs: Optional[ProcessPool] = None
         if children is None:
             refuse_async_handler(handler)
         else:  # handlers in child processes; the threads run no handler
