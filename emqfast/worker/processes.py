@@ -463,8 +463,10 @@ class ProcessPool:
     def report(self) -> Dict[str, Any]:
         """The children now (pid, jobs run, RSS in KiB, the jobs they run) and the
         counters: for the Worker's heartbeat record."""
+        with self._lock:  # (readers change what the children hold)
+            held = [(c, sorted(c.inflight)) for c in self._children if c is not None]
         children = [{"pid": c.pid, "jobs": c.jobs_run, "rss_kb": rss_kb(c.pid),
-                     "running": sorted(c.inflight)} for c in self._children if c is not None]
+                     "running": running} for c, running in held]
         return {"children": children, "child_events": dict(self.counts)}
 
 
