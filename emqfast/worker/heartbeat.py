@@ -3,16 +3,36 @@ beat by ``heartbeat.lua``, removed when it stops (read back by
 :mod:`emqfast.facade.workers`)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from emqfast.core.errors import EmqError
 from emqfast.core.ops import Batch, Cmd, Op, Returns
 from emqfast.worker import calls
 
 log = logging.getLogger("emqfast.worker")
+
+# A child's job ids in the record, at most: a child may hold a few dozen queued beside the
+# one it runs, and the record is rewritten on every beat
+IDS_PER_CHILD = 4
+
+
+def children_fields(report: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    """A process Worker's ``children`` and ``child_events`` as compact JSON fields (a
+    child's ``running`` cut to :data:`IDS_PER_CHILD` ids, ``held`` saying how many it
+    holds); nothing for a Worker running its handlers in threads."""
+    if not report:
+        return {}
+    children: List[Dict[str, Any]] = []
+    for child in report.get("children", []):
+        ids = list(child.get("running", []))
+        children.append({**child, "running": ids[:IDS_PER_CHILD], "held": len(ids)})
+    return {"children": json.dumps(children, separators=(",", ":")),
+            "child_events": json.dumps(report.get("child_events", {}),
+                                       separators=(",", ":"), sort_keys=True)}
 
 
 class Heartbeat:
@@ -31,7 +51,7 @@ class Heartbeat:
         kind = "asyncio" if getattr(m.queue, "is_async", False) else "thread"
         return {"host": self.host, "pid": os.getpid(), "queues": queues,
                 "concurrency": concurrency, "in_hand": in_hand,
-                "kind": "process" if children else kind, **(children or {})}
+                "kind": "process" if children else kind, **children_fields(children)}
 
     def ttl_ms(self) -> int:
         return max(calls.MIN_TTL_MS, int(self.machine.beat_s * 1000 * calls.BEATS_KEPT))
