@@ -91,21 +91,35 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
                    "queues with work, in proportion to --weights.")
 @click.option("--weights", default=None, metavar="W1,W2,...",
               help="With --order weighted: one positive integer per queue (default all 1).")
-@click.option("--concurrency", "-c", default=8, show_default=True, type=click.IntRange(1, 10_000),
-              help="Handlers running at once.")
+@click.option("--concurrency", "-c", default=None, type=click.IntRange(1, 10_000),
+              help="Handlers running at once (default 8); with --processes, per process "
+                   "(default 1).")
+@click.option("--processes", "-p", default=None, type=click.IntRange(1, 1024),
+              help="Run handlers in N supervised child processes, which a timeout, a "
+                   "cancel or the shutdown timeout can kill, and whose crash fails only "
+                   "its own job (the handler must be importable by name).")
+@click.option("--max-jobs-per-child", default=None, type=click.IntRange(1), metavar="N",
+              help="With --processes: replace a child after it ran N jobs.")
+@click.option("--max-memory-per-child", "max_memory_mb", default=None, type=click.IntRange(1),
+              metavar="MB", help="With --processes: replace a child whose resident memory "
+                                 "passed MB (checked between jobs).")
 @click.option("--lease-ms", default=30_000, show_default=True, type=click.IntRange(50),
               help="Lease per claimed job (extended while the handler runs).")
 @click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to wait on SIGTERM/SIGINT for running handlers before saying "
-                   "which still run; a running job is never handed back while its handler "
-                   "may still finish (its outcome is written when it does).")
+              help="Seconds running handlers get on SIGTERM/SIGINT. In threads (no "
+                   "--processes) a handler cannot be killed: one still running is waited "
+                   "for, its job never handed back while it may finish. With --processes "
+                   "it is a bound: handlers still running are killed and their jobs go "
+                   "back to the queue, no attempt counted.")
 @click.option("--job-timeout-ms", default=None, type=click.IntRange(1),
               help="Stop a run that takes longer (jobs enqueued with their own timeout_ms "
-                   "keep it): an async handler is cancelled, a sync one sees job.cancelled; "
-                   "the job fails with 'timeout' and retries per its attempts.")
+                   "keep it): an async handler is cancelled, a sync one sees job.cancelled "
+                   "(with --processes, its child is killed after --cancel-grace-ms); the "
+                   "job fails with 'timeout' and retries per its attempts.")
 @click.option("--cancel-grace-ms", default=None, type=click.IntRange(0),
               help="How long a stopped (cancelled or timed-out) handler may keep running "
-                   "before its run is abandoned and its outcome written [default: 5000].")
+                   "before its run is abandoned (with --processes: its child killed) and "
+                   "its outcome written [default: 5000].")
 @click.option("--allow-eviction", is_flag=True,
               help="Run even on a server whose maxmemory-policy may evict keys (jobs "
                    "would vanish; they are counted 'orphaned' when met).")
@@ -116,14 +130,19 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
                    "running those of a dead worker once their lease lapses.")
 @verbose_option
 def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Optional[str],
-           concurrency: int, lease_ms: int, shutdown_timeout: float,
-           job_timeout_ms: Optional[int], cancel_grace_ms: Optional[int],
-           allow_eviction: bool, burst: bool, wait_active: bool) -> None:
+           concurrency: Optional[int], processes: Optional[int],
+           max_jobs_per_child: Optional[int], max_memory_mb: Optional[int], lease_ms: int,
+           shutdown_timeout: float, job_timeout_ms: Optional[int],
+           cancel_grace_ms: Optional[int], allow_eviction: bool, burst: bool,
+           wait_active: bool) -> None:
     """Run a worker for HANDLER (MODULE:FUNCTION) on --queue until SIGTERM/SIGINT."""
     from emqfast.backends import select as live_backend  # callable: the live backend name
     from emqfast.worker.threads import Worker
 
+    _check_process_options(processes, max_jobs_per_child, max_memory_mb, queue_names)
     _log_to_stderr()
+    outlived = _OutlivedTimeout()
+    logging.getLogger("emqfast.worker").addFilter(outlived)
     state = current_state()
     fn = import_handler(handler, verbose=state.verbose)
     queues = [state.queue(name) for name in queue_names]
@@ -132,6 +151,9 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
     stops: Dict[str, Any] = {"job_timeout_ms": job_timeout_ms}
     if cancel_grace_ms is not None:
         stops["cancel_grace_ms"] = cancel_grace_ms
+    if processes is not None:
+        stops.update(processes=processes, max_jobs_per_child=max_jobs_per_child,
+                     max_memory_per_child_mb=max_memory_mb)
     w = _make_worker(Worker, queues, fn, order, weights, concurrency=concurrency,
                      lease_ms=lease_ms, shutdown_timeout_s=shutdown_timeout,
                      allow_eviction=allow_eviction, **stops)
@@ -140,9 +162,10 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
     backend_name = cast(Callable[[], str], live_backend)
     # soft_wrap: one line in a log file or a narrow terminal, never wrapped by rich
     err_console.print(styled("emqfast worker ", (w.name, "bold"), " on ", (queue_name, "bold"),
-                             f" ({state.where()}), handler {handler}, concurrency "
-                             f"{concurrency}, backend {backend_name()}; SIGTERM/Ctrl-C stops "
-                             "it gracefully, a second one force-quits"),
+                             f" ({state.where()}), handler {handler}, "
+                             f"{_slots_text(processes, concurrency, w.concurrency)}, backend "
+                             f"{backend_name()}; SIGTERM/Ctrl-C stops it gracefully, a "
+                             "second one force-quits"),
                       soft_wrap=True, highlight=False)
     try:
         stats_ = w.run_until_idle(timeout_s=None, wait_active=wait_active) if burst else w.run()
@@ -150,10 +173,69 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
         if burst:
             raise
         _force_quit(w)
-    err_console.print(f"worker stopped: claimed {stats_.claimed}, completed {stats_.completed}, "
-                      f"retried {stats_.retried}, failed {stats_.failed}, "
-                      f"cancelled {stats_.cancelled}, released {stats_.released}",
-                      soft_wrap=True, highlight=False)
+    err_console.print(exit_line(stats_, w._children_report()), soft_wrap=True,
+                      highlight=False)
+    if outlived.seen:
+        err_console.print(OUTLIVED_HINT, soft_wrap=True, highlight=False)
+
+
+OUTLIVED_HINT = ("hint: a handler outlived --shutdown-timeout and was waited for (a thread "
+                 "cannot be killed); with --processes N handlers run in child processes, "
+                 "killed at the timeout, their jobs handed back")
+
+
+class _OutlivedTimeout(logging.Filter):
+    """Notes the thread Worker's warning that handlers still run after its shutdown
+    timeout (the CLI then suggests ``--processes``); lets every record through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "still running after shutdown_timeout_s" in str(record.msg):
+            self.seen = True
+        return True
+
+
+def _check_process_options(processes: Optional[int], max_jobs: Optional[int],
+                           max_memory_mb: Optional[int], queue_names: Tuple[str, ...]) -> None:
+    """The child limits need --processes, and one process Worker serves one queue: said
+    before anything starts."""
+    if processes is None:
+        for value, name in ((max_jobs, "--max-jobs-per-child"),
+                            (max_memory_mb, "--max-memory-per-child")):
+            if value is not None:
+                raise click.BadParameter("needs --processes N", param_hint=name)
+    elif len(queue_names) > 1:
+        raise click.BadParameter("a process worker serves one queue: run one per queue",
+                                 param_hint="--processes")
+
+
+def _slots_text(processes: Optional[int], concurrency: Optional[int], total: int) -> str:
+    """``concurrency 8``, or ``2 processes × concurrency 1`` for a process Worker."""
+    if processes is None:
+        return f"concurrency {total}"
+    return f"{processes} process{'es' if processes > 1 else ''} × concurrency {concurrency or 1}"
+
+
+def exit_line(stats: Any, children: Optional[Dict[str, Any]]) -> str:
+    """What the worker did: jobs finished and released; for a process Worker also its
+    handler processes killed (by reason), crashed, recycled and restarted, from its
+    heartbeat report (``child_events``)."""
+    line = (f"worker stopped: claimed {stats.claimed}, completed {stats.completed}, "
+            f"retried {stats.retried}, failed {stats.failed}, cancelled {stats.cancelled}, "
+            f"released {stats.released}")
+    if children is None:
+        return line
+    events: Dict[str, int] = children.get("child_events", {})
+    kills = {k.partition(":")[2]: n for k, n in sorted(events.items())
+             if k.startswith("kill:") and n}
+    recycled = sum(n for k, n in events.items() if k.startswith("recycled:"))
+    why = f" ({', '.join(f'{k} {n}' for k, n in kills.items())})" if kills else ""
+    return (f"{line}; handler processes: killed {sum(kills.values())}{why}, crashed "
+            f"{events.get('crash', 0)}, recycled {recycled}, restarted "
+            f"{events.get('restarts', 0)}")
 
 
 def _make_worker(make: Callable[..., Any], queues: List[Queue], fn: Callable[..., Any],
