@@ -21,8 +21,8 @@ from test_hostile_cli import assert_nothing_raw, on_a_terminal
 ID = re.compile(r"JOB[0-9A-Za-z_-]+")
 FAR = 1_904_000_000_000  # 2030-05-03 UTC: a job due years from now
 COMMANDS = ("", "demo", "stats", "jobs", "enqueue", "retry", "cancel", "schedules", "worker",
-            "bench", "metrics", "server", "server start", "server status", "server stop",
-            "server wipe", "dashboard")
+            "workers", "bench", "metrics", "server", "server start", "server status",
+            "server stop", "server wipe", "dashboard")
 
 
 def narrow(*args: str) -> subprocess.CompletedProcess:

@@ -42,6 +42,7 @@ from emqfast.tools.cli_state import (URL_ENV, State, console, err_console,  # no
 from emqfast.tools.cli_suites import (bench, demo, load_bench, server, server_start,  # noqa: F401
                                       server_status, server_stop, server_wipe)
 from emqfast.tools.cli_worker import import_handler, worker  # noqa: F401
+from emqfast.tools.cli_workers import workers  # noqa: F401
 from emqfast.tools.render import styled, visible
 
 __all__ = ["State", "URL_ENV", "bench", "cancel", "cli", "console", "demo",
@@ -49,7 +50,8 @@ __all__ = ["State", "URL_ENV", "bench", "cancel", "cli", "console", "demo",
            "jobs", "load_bench", "load_jobs", "main", "metrics", "queue_row", "retry",
            "retry_every", "schedule_rows", "schedules", "schedules_remove",
            "schedules_table", "scrub", "server", "server_start", "server_status",
-           "server_stop", "server_wipe", "stats", "url_option", "verbose_option", "worker"]
+           "server_stop", "server_wipe", "stats", "url_option", "verbose_option", "worker",
+           "workers"]
 
 
 # --- the group -----------------------------------------------------------------------
@@ -66,8 +68,8 @@ def cli(ctx: click.Context, url: Optional[str]) -> None:
     state.url = state.url or url
 
 
-for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, bench, metrics,
-                 server):
+for _command in (demo, stats, jobs, enqueue, retry, cancel, schedules, worker, workers, bench,
+                 metrics, server):
     cli.add_command(_command)  # the commands live beside this module, by concern
 cli.add_command(dashboard)  # the web dashboard
 
