@@ -63,7 +63,8 @@ class Dashboard:
                                autoescape=select_autoescape(default=True, default_for_string=True),
                                trim_blocks=True, lstrip_blocks=True)
         self.env.globals.update(when=fmt.when, duration=fmt.duration,
-                                count_cells=fmt.count_cells)
+                                count_cells=fmt.count_cells, memory_kb=fmt.memory_kb,
+                                child_event=fmt.child_event)
         self.where = describe(self.client)  # shown to authenticated users only
 
     def render(self, request: Request, template: str, status: int = 200,

@@ -39,6 +39,29 @@ def duration(ms: Optional[float]) -> str:
     return f"{sign}{ms / 86_400_000:.1f} d"
 
 
+# A process Worker's child events (its heartbeat's counter names) in words
+CHILD_EVENTS = {"restarts": "restarted", "crash": "crashed", "kill:timeout": "killed (timeout)",
+                "kill:cancel": "killed (cancel)", "kill:shutdown": "killed (shutdown)",
+                "recycled:jobs": "recycled (jobs)", "recycled:memory": "recycled (memory)"}
+
+
+def child_event(name: str) -> str:
+    """A child event's name in words (``kill:timeout`` -> ``killed (timeout)``); a name
+    this version does not know is shown as it is."""
+    return CHILD_EVENTS.get(name, name)
+
+
+def memory_kb(kb: Optional[int]) -> str:
+    """A resident size given in KiB: ``41.3 MB``, ``812 KB``, or an em dash."""
+    if kb is None:
+        return "—"
+    if kb < 1024:
+        return f"{kb} KB"
+    if kb < 1 << 20:
+        return f"{kb / 1024:.1f} MB"
+    return f"{kb / (1 << 20):.1f} GB"
+
+
 def escaped_bytes(data: bytes) -> str:
     """Bytes as printable text: ASCII as is, everything else ``\\xNN`` (and ``\\n`` etc.)."""
     out = []
