@@ -165,3 +165,63 @@ def test_a_thread_workers_record_has_no_children(conn, qname):
     _plant(conn, qname, "t", {"kind": "thread"})
     info = QueueWorkers(q).list()[0]
     assert info.children == [] and info.child_events == {}
+
+
+def _series(text: str, name: str) -> Dict[str, float]:
+    """``{labels: value}`` of one family's samples in a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, _, value = line[len(name):].rpartition(" ")
+            out[labels] = float(value)
+    return out
+
+
+def test_metrics_count_kills_crashes_and_restarts(conn, redis_url, qname):
+    q = emqfast.Queue(qname, conn)
+    hung = q.enqueue({"k": "nap", "s": 60}, attempts=1)
+    dead = q.enqueue({"k": "exit"}, attempts=1)
+    w = emqfast.Worker(q, handle, processes=1, job_timeout_ms=300, cancel_grace_ms=100)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        wait_until(lambda: {q.get(hung.id).state, q.get(dead.id).state} == {"failed"}, 60,
+                   "both jobs to fail")
+
+        def counted() -> Any:
+            infos = [i for i in QueueWorkers(q).list() if i.token == w.name]
+            ev = infos[0].child_events if infos else {}
+            return ev.get("restarts", 0) >= 2 and ev
+        events = wait_until(counted, 30, "the heartbeat to count both replacements")
+        assert events["kill:timeout"] == 1 and events["crash"] == 1, events
+        out = emq("--url", redis_url, "metrics", qname)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+    finally:
+        w.stop()
+        t.join(30)
+    who = f'queue="{qname}",worker="{w.name}"'
+    by = f'queue="{qname}",reason="%s",worker="{w.name}"'  # labels in name order
+    assert _series(text, "emqfast_worker_child_kills_total") == {
+        "{%s}" % (by % r): n for r, n in (("timeout", 1.0), ("cancel", 0.0), ("shutdown", 0.0))}
+    assert _series(text, "emqfast_worker_child_crashes_total") == {"{%s}" % who: 1.0}
+    assert _series(text, "emqfast_worker_child_restarts_total")["{%s}" % who] >= 2
+    assert _series(text, "emqfast_worker_child_recycles_total") == {
+        "{%s}" % (by % "jobs"): 0.0, "{%s}" % (by % "memory"): 0.0}
+    assert _series(text, "emqfast_worker_children") == {"{%s}" % who: 1.0}
+    assert _series(text, "emqfast_worker_children_rss_bytes")["{%s}" % who] > 1 << 20
+    assert "# TYPE emqfast_worker_child_kills_total counter" in text
+
+
+def test_metrics_leave_thread_workers_out_and_quote_hostile_names(conn, qname):
+    from emqfast.facade import metrics
+
+    _plant(conn, qname, "thread-w", {"kind": "thread"})
+    _plant(conn, qname, 'evil"}\n', {"kind": "process", "children": HOSTILE_CHILDREN,
+                                     "child_events": HOSTILE_EVENTS})
+    text = metrics.exposition(conn, [qname])
+    assert "thread-w" not in text
+    crashes = _series(text, "emqfast_worker_child_crashes_total")
+    assert crashes == {f'{{queue="{qname}",worker="evil\\"}}\\n"}}': 2.0}, text
+    assert _series(text, "emqfast_worker_children_rss_bytes") == \
+        {f'{{queue="{qname}",worker="evil\\"}}\\n"}}': 2048 * 1024.0}

@@ -11,6 +11,12 @@ histograms. Because
 the numbers live in Redis, any process sees the cluster-wide totals: the
 :class:`Collector` reads them at scrape time (``prometheus_client`` custom
 collector), and ``emqfast metrics`` prints or serves them.
+
+A process Worker's handler processes are counted by the Worker itself and said in its
+heartbeat record (:mod:`emqfast.facade.workers`): the collector exports each live
+process Worker's child restarts, crashes, kills by reason and recycles by reason as
+counters (they start at 0 with the Worker, as a process's own counters do), and its
+children and their resident memory as gauges.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
 from emqfast.core.ops import Batch, Cmd, Op
 from emqfast.backends.drive import run
+from emqfast.facade.workers import WorkerInfo, live_workers_op
 
 # Upper bounds (ms) of the histogram buckets (non-cumulative fields in Redis).
 BUCKETS_MS: Tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
@@ -29,6 +36,9 @@ BUCKETS_MS: Tuple[int, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1
 COUNTERS = ("completed", "failed", "retried", "stalled", "expired")
 HISTOGRAMS = ("wait", "run")
 STATES = ("scheduled", "pending", "active", "completed", "failed")
+# A process Worker's child events (heartbeat ``child_events`` names) by family and label
+KILLS = {"timeout": "kill:timeout", "cancel": "kill:cancel", "shutdown": "kill:shutdown"}
+RECYCLES = {"jobs": "recycled:jobs", "memory": "recycled:memory"}
 
 
 def bucket_field(name: str, ms: int) -> str:
@@ -143,8 +153,23 @@ class Collector:
         """The current metrics of every exported queue."""
         return [run(self.redis, snapshot_op(QueueKeys(name))) for name in self._names()]
 
+    def process_workers(self) -> List[Tuple[str, WorkerInfo]]:
+        """``(queue, worker)`` for every live process Worker of the exported queues, as
+        its heartbeat says."""
+        out = []
+        for name in self._names():
+            for info in run(self.redis, live_workers_op(QueueKeys(name))):
+                if info.kind == "process":
+                    out.append((name, info))
+        return out
+
     def collect(self) -> Iterator[Any]:
         """Metric families for ``prometheus_client`` (called on every scrape)."""
+        yield from self._queue_families()
+        yield from child_families(self.process_workers())
+
+    def _queue_families(self) -> Iterator[Any]:
+        """The queues' counters, state sizes and latency histograms."""
         from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily)
 
@@ -171,6 +196,45 @@ class Collector:
         yield jobs
         yield states
         yield from hists.values()
+
+
+def child_families(workers: Iterable[Tuple[str, WorkerInfo]]) -> List[Any]:
+    """The families of process Workers' handler processes, one series per live Worker
+    (label ``worker``: its name) and reason; every known reason is exported from 0."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ["queue", "worker"]
+    restarts = CounterMetricFamily(
+        "emqfast_worker_child_restarts", "Handler processes started to replace one "
+        "(crashed, killed or recycled)", labels=labels)
+    crashes = CounterMetricFamily(
+        "emqfast_worker_child_crashes", "Handler processes that died by themselves "
+        "while running a job (signal, exit, OOM kill): the job failed with WorkerCrashed",
+        labels=labels)
+    kills = CounterMetricFamily(
+        "emqfast_worker_child_kills", "Handler processes the Worker killed, by reason: "
+        "timeout or cancel (not stopped within cancel_grace_ms), shutdown (running "
+        "past shutdown_timeout_s)", labels=labels + ["reason"])
+    recycles = CounterMetricFamily(
+        "emqfast_worker_child_recycles", "Handler processes replaced between jobs, by "
+        "reason: jobs (max_jobs_per_child) or memory (max_memory_per_child_mb)",
+        labels=labels + ["reason"])
+    children = GaugeMetricFamily("emqfast_worker_children", "Live handler processes",
+                                 labels=labels)
+    rss = GaugeMetricFamily("emqfast_worker_children_rss_bytes", "Resident memory of the "
+                            "handler processes, summed (where the platform says it)",
+                            labels=labels)
+    for queue, w in workers:
+        ev, who = w.child_events, [queue, w.token]
+        restarts.add_metric(who, ev.get("restarts", 0))
+        crashes.add_metric(who, ev.get("crash", 0))
+        for reason, key in KILLS.items():
+            kills.add_metric(who + [reason], ev.get(key, 0))
+        for reason, key in RECYCLES.items():
+            recycles.add_metric(who + [reason], ev.get(key, 0))
+        children.add_metric(who, len(w.children))
+        rss.add_metric(who, sum(c.rss_kb or 0 for c in w.children) * 1024)
+    return [restarts, crashes, kills, recycles, children, rss]
 
 
 def registry_for(conn: Any, queues: Optional[Iterable[str]] = None) -> Any:
