@@ -208,8 +208,8 @@ def child_families(workers: Iterable[Tuple[str, WorkerInfo]]) -> List[Any]:
         "emqfast_worker_child_restarts", "Handler processes started to replace one "
         "(crashed, killed or recycled)", labels=labels)
     crashes = CounterMetricFamily(
-        "emqfast_worker_child_crashes", "Handler processes that died by themselves "
-        "while running a job (signal, exit, OOM kill): the job failed with WorkerCrashed",
+        "emqfast_worker_child_crashes", "Runs ended by their handler process dying by "
+        "itself (a signal, an exit, the OOM killer), each failed with WorkerCrashed",
         labels=labels)
     kills = CounterMetricFamily(
         "emqfast_worker_child_kills", "Handler processes the Worker killed, by reason: "
