@@ -173,8 +173,9 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
         if burst:
             raise
         _force_quit(w)
-    err_console.print(exit_line(stats_, w._children_report()), soft_wrap=True,
-                      highlight=False)
+    # (a many-queue Worker runs no handler process: only ask a process Worker)
+    children = w._children_report() if processes is not None else None
+    err_console.print(exit_line(stats_, children), soft_wrap=True, highlight=False)
     if outlived.seen:
         err_console.print(OUTLIVED_HINT, soft_wrap=True, highlight=False)
 
