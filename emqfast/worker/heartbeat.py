@@ -22,14 +22,16 @@ IDS_PER_CHILD = 4
 
 def children_fields(report: Optional[Dict[str, Any]]) -> Dict[str, str]:
     """A process Worker's ``children`` and ``child_events`` as compact JSON fields (a
-    child's ``running`` cut to :data:`IDS_PER_CHILD` ids, ``held`` saying how many it
-    holds); nothing for a Worker running its handlers in threads."""
+    child's ``running``, the jobs its handlers began, cut to :data:`IDS_PER_CHILD` ids;
+    ``held``, how many it holds, queued ones included); nothing for a Worker running
+    its handlers in threads."""
     if not report:
         return {}
     children: List[Dict[str, Any]] = []
     for child in report.get("children", []):
         ids = list(child.get("running", []))
-        children.append({**child, "running": ids[:IDS_PER_CHILD], "held": len(ids)})
+        children.append({**child, "running": ids[:IDS_PER_CHILD],
+                         "held": child.get("held", len(ids))})
     return {"children": json.dumps(children, separators=(",", ":")),
             "child_events": json.dumps(report.get("child_events", {}),
                                        separators=(",", ":"), sort_keys=True)}

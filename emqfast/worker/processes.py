@@ -107,7 +107,7 @@ class _Child:
         # job id -> (job, token, its place in the order sent): jobs begin in that order
         self.inflight: Dict[str, Tuple[Job, str, int]] = {}
         self.sent = 0
-        self.begun = begun  # shared memory: how many jobs the child has taken (may have begun)
+        self.begun = begun  # shared with the child: how many jobs it took (may have begun)
         self.kills: Dict[str, str] = {}  # token -> why its child was killed
         self.jobs_run = 0
         self.started_at = time.monotonic()
@@ -118,7 +118,10 @@ class _Child:
     def taken(self) -> int:
         """How many jobs the child took to run, as it wrote before calling each handler
         (read after it died: exact, whatever it managed to send)."""
-        return int(struct.unpack_from("<Q", self.begun, 0)[0])
+        try:
+            return int(struct.unpack_from("<Q", self.begun, 0)[0])
+        except ValueError:  # closed: the child is gone and its runs settled
+            return 0
 
     def send(self, message: bytes) -> bool:
         """Send one message; False when the child is gone (its reader settles its runs)."""
@@ -397,13 +400,14 @@ class ProcessPool:
                 back.append((job.id, token, job_group(job)))
                 continue
             if why is None:
-                self.counts["crash"] += 1
                 log.error("%s: handler process (pid %d) exited with %s while running job "
                           "%r", self._worker._who, child.pid, exit_text(code), job.id)
             crash = errors.WorkerCrashed(f"child exited with {exit_text(code)} while "
                                          f"running {job.id}")
             self._worker._process_run_ended(child.index, Failed(job, token, crash, "", True),
                                             0.0, free=False)
+        if any(p < taken and t not in child.kills for _, t, p in held.values()):
+            self.counts["crash"] += 1  # a death of its own (once, whatever it held)
         if back:
             self._worker._release_runs(child.index, back)
         if not self._closing and not child.replaced:
@@ -464,9 +468,13 @@ class ProcessPool:
         """The children now (pid, jobs run, RSS in KiB, the jobs they run) and the
         counters: for the Worker's heartbeat record."""
         with self._lock:  # (readers change what the children hold)
-            held = [(c, sorted(c.inflight)) for c in self._children if c is not None]
-        children = [{"pid": c.pid, "jobs": c.jobs_run, "rss_kb": rss_kb(c.pid),
-                     "running": running} for c, running in held]
+            held = [(c, list(c.inflight.values())) for c in self._children if c is not None]
+        children = []
+        for c, runs in held:
+            taken = c.taken()  # the jobs it began (its handlers run them); the rest queue
+            children.append({"pid": c.pid, "jobs": c.jobs_run, "rss_kb": rss_kb(c.pid),
+                             "running": [job.id for job, _, place in runs if place < taken],
+                             "held": len(runs)})
         return {"children": children, "child_events": dict(self.counts)}
 
 
