@@ -62,6 +62,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
     master). Without it an enqueue acknowledged by a master that dies before replicating
     is lost (Redis replication is asynchronous); see the README's failure section.
 
+    ``group_commit`` (default True): concurrent :meth:`enqueue` calls of this queue on one
+    client share script calls (see :meth:`enqueue`); False sends each alone.
+
     Each public operation is a generator (see :mod:`emqfast.core.ops`) run by
     :meth:`_drive`. :class:`emqfast.aio.Queue` swaps the driver and the connection
     resolver, keeps one client per event loop (``redis``) and makes :meth:`events` an
@@ -172,6 +175,18 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
         :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
+
+        Concurrent calls share round trips (group commit, unless the queue was made with
+        ``group_commit=False``): while an enqueue of this queue is in flight on this
+        client, enqueues from other threads (or tasks) of the process wait and then go out
+        together, those sharing their options as one enqueue_many.lua call; with nothing
+        in flight a call goes out at once, alone. Each caller gets its own ref or its own
+        typed error; input is validated before a job joins anything, so a bad job fails
+        alone and writes nothing. If a shared call's reply is lost, its jobs are read
+        back (found: status ``recovered``) and those not found are sent once more with
+        their ids (never written twice); :class:`~emqfast.errors.ReplyLost` only when
+        that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
+        sent alone (see :mod:`emqfast.facade.group_commit`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
