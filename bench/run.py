@@ -3,6 +3,7 @@
     emqfast bench                 # everything but the peers, full size (a few minutes)
     emqfast bench --quick         # small N: a smoke run that still verifies every job
     emqfast bench --only drain    # one workload (repeat or comma-separate for more)
+    emqfast bench --only concurrent  # 16 threads / 100 tasks x q.enqueue vs enqueue_many
     emqfast bench --json out.json # machine-readable results as well as the table
     emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
     emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
@@ -38,13 +39,14 @@ from rich.table import Table
 
 import emqfast
 
-from . import (backends, drain, enqueue, enqueue_latency, memory, micro, peers, promote,
-    report, scale, scheduling, server, server_cost, slowlog, wake)
+from . import (backends, concurrent_enqueue, drain, enqueue, enqueue_latency, memory, micro,
+    peers, promote, report, scale, scheduling, server, server_cost, slowlog, wake)
 from .common import Ctx, Result, VerificationError, fmt, with_backend
 
 WORKLOADS: Dict[str, Callable[[Ctx], List[Result]]] = {
     "enqueue": enqueue.run,
     "latency": enqueue_latency.run,  # one q.enqueue at a time vs a bare EVALSHA
+    "concurrent": concurrent_enqueue.run,  # threads / tasks x q.enqueue vs enqueue_many
     "backends": backends.run,
     "drain": drain.run,
     "wake": wake.run,

@@ -14,13 +14,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import redis
 
+from emqfast.backends import gather, transport
 from emqfast.backends import select as backend
-from emqfast.backends import transport
 from emqfast.backends.scripts import map_error, send, send_async
 from emqfast.backends.transport import UNSENT, Wait, cut_error
 from emqfast.core import errors
-from emqfast.core.ops import (WAITS, Batch, Call, Cmd, Columns, Request, Returns, Scan, Waits,
-                              Watched, column_calls)
+from emqfast.core.ops import (WAITS, Batch, Call, Cmd, Columns, Gathered, Request, Returns, Scan,
+                              Waits, Watched, column_calls)
 
 __all__ = ["BatcherSource", "run", "run_async", "run_calls", "typed", "typed_failure"]
 
@@ -87,7 +87,16 @@ def typed_failure(exc: BaseException) -> BaseException:
     return typed
 
 
+def _outcome(outcome: Any) -> Any:
+    """A gathered item's outcome: raised when it is an exception (its caller's own)."""
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
 def _perform(client: Any, req: Request, batcher: Optional[BatcherSource]) -> Any:
+    if isinstance(req, Gathered):  # a group commit (backends/gather.py)
+        return _outcome(gather.submit(client, req, lambda op: run(client, op, batcher)))
     if isinstance(req, Call):
         return req.script(client, req.keys, req.args)
     if isinstance(req, Cmd):
@@ -177,6 +186,9 @@ async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None,
 
 
 async def _perform_async(client: Any, req: Request) -> Any:
+    if isinstance(req, Gathered):  # a group commit (backends/gather.py)
+        return _outcome(await gather.submit_async(client, req,
+                                                  lambda op: run_async(client, op)))
     if isinstance(req, Call):
         return await req.script.call_async(client, req.keys, req.args)
     if isinstance(req, Cmd):

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, Iterator, List,
-                    NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Generator, Hashable, Iterable,
+                    Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar, Union)
 
 from emqfast.core.lua import Script
 
-__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Sleep", "WaitForRoom",
-           "WaitDrained", "PopMarker", "Hook", "Wait", "Waits", "Op", "Returns", "Request",
-           "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
+__all__ = ["Call", "Cmd", "Batch", "Columns", "Slot", "Scan", "Watched", "Gathered", "Sleep",
+           "WaitForRoom", "WaitDrained", "PopMarker", "Hook", "Wait", "Waits", "Op", "Returns",
+           "Request", "operation", "expand_columns", "column_calls", "rows_per_call", "as_bytes"]
 
 
 class Call(NamedTuple):
@@ -127,6 +127,22 @@ class Watched:
     then: Callable[[Any], List[Cmd]]
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """One item for a group commit: while an earlier flush of the same ``key`` is in
+    flight on the same client (in this process), concurrent items wait and go out
+    together in one later flush; with none in flight this item's flush goes out at once.
+
+    ``flush(items)`` is an operation sending ``items`` (this one first) and returning one
+    outcome per item, in order: its reply, or an exception that is raised to that item's
+    caller alone. A flush holds at most ``limit`` items. Reply: this item's outcome."""
+
+    key: Hashable  # who may share a flush (with the client): same key, same destination
+    item: Any
+    flush: Callable[[List[Any]], Generator["Request", Any, List[Any]]]
+    limit: int = 500
+
+
 # --- waits: what a Worker's logic asks of the Worker it runs in ----------------------------
 # Operations on the facade only talk to Redis. A Worker's logic (emqfast.worker.machine) is
 # written the same way and also yields these: the drivers hand each to the ``Waits`` the
@@ -180,8 +196,8 @@ class Waits(Protocol):
 
 
 _R = TypeVar("_R")
-Request = Union[Call, Cmd, Batch, Columns, Scan, Watched, Sleep, WaitForRoom, WaitDrained,
-                PopMarker, Hook]
+Request = Union[Call, Cmd, Batch, Columns, Scan, Watched, Gathered, Sleep, WaitForRoom,
+                WaitDrained, PopMarker, Hook]
 Op = Generator[Request, Any, Any]
 Logic = Op  # a piece of a Worker's logic: yields requests and waits, returns its result
 Returns = Generator[Request, Any, _R]  # an operation whose result is _R: ``-> Returns[int]``

@@ -6,6 +6,7 @@ whose reads, control writes and housekeeping moves come from its mixins
 :mod:`~emqfast.facade.enqueue_batch`."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, List, Optional, Sequence, Sized, Tuple
 
 import redis
@@ -17,8 +18,8 @@ from emqfast.core import codec, ids
 from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
 from emqfast.core.gcpause import BULK, gc_paused
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import (REAP_BATCH, TRIM_BATCH, Batch, Call, Cmd, Op, Returns, Scan,
-                              batches, chunks, operation)
+from emqfast.core.ops import (REAP_BATCH, TRIM_BATCH, Batch, Call, Cmd, Gathered, Op, Returns,
+                              Scan, batches, chunks, operation)
 from emqfast.core.scores import MAX_RUN_AT_MS
 from emqfast.core.times import Delay, RunAt, delay_ms
 from emqfast.core.validation import check_int, check_new_job_id
@@ -29,6 +30,7 @@ from emqfast.facade.control import QueueControl
 from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
 from emqfast.facade.deps import QueueDependencies
 from emqfast.facade.enqueue_batch import EnqueueBatch, admit_many, retry_partial
+from emqfast.facade.group_commit import LIMIT, Entry, flush_op
 from emqfast.facade.groups import Groups
 from emqfast.facade.inspection import QueueInspection
 from emqfast.facade.job import JobRef
@@ -60,6 +62,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
     master). Without it an enqueue acknowledged by a master that dies before replicating
     is lost (Redis replication is asynchronous); see the README's failure section.
 
+    ``group_commit`` (default True): concurrent :meth:`enqueue` calls of this queue on one
+    client share script calls (see :meth:`enqueue`); False sends each alone.
+
     Each public operation is a generator (see :mod:`emqfast.core.ops`) run by
     :meth:`_drive`. :class:`emqfast.aio.Queue` swaps the driver and the connection
     resolver, keeps one client per event loop (``redis``) and makes :meth:`events` an
@@ -72,7 +77,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
     def __init__(self, name: str, conn: Any = None, *, attempts: int = options.DEFAULT_ATTEMPTS,
                  backoff: Backoff = DEFAULT_BACKOFF,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES,
-                 wait_replicas: int = 0, wait_timeout_ms: int = 1000):
+                 wait_replicas: int = 0, wait_timeout_ms: int = 1000,
+                 group_commit: bool = True):
         self.keys = QueueKeys(name)
         self.name = name
         self.redis: redis.Redis = self._resolve(conn)
@@ -84,6 +90,13 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         check_int(wait_timeout_ms, "wait_timeout_ms", 0, 1 << 31)
         self.wait_replicas, self.wait_timeout_ms = wait_replicas, wait_timeout_ms
         self._wait: admission.Wait = (wait_replicas, wait_timeout_ms) if wait_replicas else None
+        if not isinstance(group_commit, bool):
+            raise InputTypeError("group_commit must be True or False")
+        self.group_commit = group_commit
+        # concurrent enqueues of this queue on one client share calls when they agree on
+        # these (facade/group_commit.py)
+        self._gather_key = (self.name, self._wait)
+        self._flush = functools.partial(flush_op, self.keys, self._wait)
         self._default_opts: Optional[Tuple[int, Backoff, bytes]] = None  # see _options
         self._batcher: Any = None  # the live backend's Batcher, made by _live_batcher
         self._batcher_backend: Optional[str] = None  # the backend it was made under
@@ -162,6 +175,18 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
         :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
+
+        Concurrent calls share round trips (group commit, unless the queue was made with
+        ``group_commit=False``): while an enqueue of this queue is in flight on this
+        client, enqueues from other threads (or tasks) of the process wait and then go out
+        together, those sharing their options as one enqueue_many.lua call; with nothing
+        in flight a call goes out at once, alone. Each caller gets its own ref or its own
+        typed error; input is validated before a job joins anything, so a bad job fails
+        alone and writes nothing. If a shared call's reply is lost, its jobs are read
+        back (found: status ``recovered``) and those not found are sent once more with
+        their ids (never written twice); :class:`~emqfast.errors.ReplyLost` only when
+        that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
+        sent alone (see :mod:`emqfast.facade.group_commit`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
@@ -177,17 +202,14 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
-        call = admission.enqueue_call(self.keys, Job(job_id, data, enc), shared)
-        # Through the Batcher: under C, the calling thread's hiredis connection
-        # frames and reads it, skipping redis-py's pool and packer (the web-request path).
-        # WAIT, when asked, follows on the same connection.
-        replies = yield Batch([call], via_batcher=True, wait=self._wait)
-        if isinstance(replies[0], Exception):
-            raise replies[0]
-        ref = JobRef(job_id, ADMITTED.get(int(replies[0]), "duplicate"))
-        if self._wait is not None:
-            admission.check_replicated([ref], replies[1], self._wait)
-        return ref
+        entry = Entry(Job(job_id, data, enc), shared)
+        if self.group_commit:  # shares a call with concurrent enqueues (facade/group_commit.py)
+            ref: JobRef = yield Gathered(self._gather_key, entry, self._flush, LIMIT)
+            return ref
+        outcome = (yield from flush_op(self.keys, self._wait, [entry]))[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def enqueue_at(self, payload: Any, run_at_ms: RunAt, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (compared with the server clock):

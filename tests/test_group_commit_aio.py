@@ -1,0 +1,137 @@
+"""Group commit under :mod:`emqfast.aio`: many tasks ``await q.enqueue`` at once and the
+jobs waiting behind a call in flight leave together; each task gets its own ref or
+error. The first call is held in flight by ``CLIENT PAUSE ... WRITE`` on the server."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List
+
+import pytest
+import redis
+
+import emqfast
+import emqfast.aio as emq
+from emqfast import errors
+from emqfast.backends import gather
+from emqfast.core import ids
+from waiting import wait_until_async
+
+
+def evalsha_calls(r: redis.Redis) -> int:
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def gate_of(q: emq.Queue) -> Any:
+    return gather._registry.get(q.redis, {}).get(q._gather_key)
+
+
+async def held_round(r: redis.Redis, q: emq.Queue, first: Any, rest: List[Any],
+                     queued_want: int) -> List[Any]:
+    """``first`` held in flight by a write pause, ``rest`` started behind it; outcomes."""
+    r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+    try:
+        lead = asyncio.ensure_future(first)
+        await wait_until_async(lambda: gate_of(q) is not None and gate_of(q).busy,
+                               what="the first call in flight")
+        others = [asyncio.ensure_future(c) for c in rest]
+        await wait_until_async(lambda: len(gate_of(q).queue) == queued_want,
+                               what=f"{queued_want} enqueues queued")
+    finally:
+        r.execute_command("CLIENT", "UNPAUSE")
+    return list(await asyncio.wait_for(
+        asyncio.gather(lead, *others, return_exceptions=True), 30))
+
+
+def test_tasks_share_one_call(r, redis_url, qname):
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
+        before = evalsha_calls(r)
+        got = await held_round(r, q, q.enqueue({"n": 0}),
+                               [q.enqueue({"n": i}) for i in range(1, 100)], 99)
+        assert all(isinstance(ref, emqfast.JobRef) for ref in got), got
+        assert [ref.status for ref in got] == ["pending"] * 100
+        assert len({ref.id for ref in got}) == 100
+        assert evalsha_calls(r) - before == 2
+        assert r.zcard(q.keys.pending) == 102
+        payloads = sorted([(await q.get(ref.id)).payload["n"] for ref in got])
+        assert payloads == list(range(100))
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_hundred_tasks_free_running(r, redis_url, qname):
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+
+        async def producer(t: int) -> List[Any]:
+            return [await q.enqueue({"t": t, "i": i}) for i in range(20)]
+        got = await asyncio.wait_for(asyncio.gather(*(producer(t) for t in range(100))), 60)
+        refs = [ref for batch in got for ref in batch]
+        assert len({ref.id for ref in refs}) == 2000
+        assert {ref.status for ref in refs} == {"pending"}
+        assert sorted(r.zrange(q.keys.pending, 0, -1)) == sorted(ref.id.encode() for ref in refs)
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_bad_jobs_fail_alone_same_id_is_one_job(r, redis_url, qname):
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url), max_payload_bytes=100)
+        await q.enqueue("warm")
+        job_id = ids.new_id()
+        rest = [q.enqueue(f"v{i}", job_id=job_id) for i in range(5)]
+        rest += [q.enqueue({"i": i}) for i in range(5)]
+        bad = [q.enqueue("x" * 500), q.enqueue("y", priority=-1)]
+        got = await held_round(r, q, q.enqueue("first"), rest + bad, len(rest))
+        assert isinstance(got[-2], errors.PayloadError)
+        assert isinstance(got[-1], errors.RangeError)
+        same = got[1:6]
+        assert [ref.id for ref in same] == [job_id] * 5
+        assert sorted(ref.status for ref in same) == ["duplicate"] * 4 + ["pending"]
+        assert {ref.status for ref in got[6:11]} == {"pending"}
+        assert r.zcard(q.keys.pending) == 1 + 1 + 1 + 5
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_a_task_cancelled_while_queued_sends_nothing(r, redis_url, qname):
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            lead = asyncio.ensure_future(q.enqueue("first"))
+            await wait_until_async(lambda: gate_of(q) is not None and gate_of(q).busy,
+                                   what="the first call in flight")
+            keep = [asyncio.ensure_future(q.enqueue(f"keep{i}")) for i in range(3)]
+            drop = asyncio.ensure_future(q.enqueue("dropped"))
+            await wait_until_async(lambda: len(gate_of(q).queue) == 4, what="four queued")
+            drop.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drop
+        finally:
+            r.execute_command("CLIENT", "UNPAUSE")
+        refs = await asyncio.wait_for(asyncio.gather(lead, *keep), 30)
+        assert [ref.status for ref in refs] == ["pending"] * 4
+        names = sorted([(await q.get(m.decode())).payload
+                        for m in r.zrange(q.keys.pending, 0, -1)])
+        assert names == ["first", "keep0", "keep1", "keep2", "warm"]
+        assert not gate_of(q).busy and not gate_of(q).queue
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_decode_responses_client_and_grouped_jobs(r, redis_url, qname):
+    async def main() -> None:
+        import redis.asyncio as aredis
+        client = aredis.Redis.from_url(redis_url, decode_responses=True)
+        q = emq.Queue(qname, client)
+        await q.enqueue("warm")
+        rest = [q.enqueue({"i": i}) for i in range(6)] + [q.enqueue("lane", group="g")]
+        got = await held_round(r, q, q.enqueue("first"), rest, len(rest))
+        assert [ref.status for ref in got] == ["pending"] * 8
+        assert r.zscore(q.keys.group_pending("g"), got[-1].id) is not None
+        await client.aclose()
+    asyncio.run(main())
