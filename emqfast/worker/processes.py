@@ -146,8 +146,10 @@ class ProcessPool:
             else max_memory_per_child_mb * 1024
         self._children: List[Optional[_Child]] = [None] * processes
         self._where: Dict[str, _Child] = {}  # running job id -> its child
+        self._readers: "set[threading.Thread]" = set()  # (a dead child's may be replacing it)
         self._lock = threading.Lock()
         self._closing = False
+        self._closed = threading.Event()  # set with _closing by close(): backoffs end
         self.killing = False  # the shutdown's kill was done (once per run)
         self._backoff = Backoff(0.1, 5.0)
         self._spawner = _Spawner()
@@ -159,6 +161,7 @@ class ProcessPool:
         """Start every child and wait until each has imported the handler; raise
         :class:`~emqfast.errors.HandlerNotImportable` (children stopped) if one cannot."""
         self._closing = self.killing = False
+        self._closed.clear()
         self._spawner.open()
         pending = [self._spawn() for _ in range(self.processes)]
         try:
@@ -210,13 +213,17 @@ class ProcessPool:
         self._children[child.index] = child
         child.reader = threading.Thread(target=self._read, args=(child,), daemon=True,
                                         name=f"emq-handler-{child.index}-reader")
+        self._readers.add(child.reader)
         child.reader.start()
 
     def close(self) -> None:
         """Ask every child to exit (their jobs ended), kill those that do not, and wait for
-        their readers."""
-        self._closing = True
-        children = [c for c in self._children if c is not None]
+        their readers (a dead child's too: it may be starting a replacement, which it
+        kills instead of installing once it sees the pool closing)."""
+        with self._lock:  # (a replacement is installed under it, unless closing)
+            self._closing = True
+            children = [c for c in self._children if c is not None]
+        self._closed.set()
         exit_message = child_mod.encode({"k": "exit"})
         for child in children:
             child.send(exit_message)
@@ -224,9 +231,10 @@ class ProcessPool:
         for child in children:
             _wait(child.process, deadline - time.monotonic())
             _kill(child.process)
-            if child.reader is not None and child.reader is not threading.current_thread():
-                child.reader.join(EXIT_WAIT_S)
-        self._spawner.close()
+        self._spawner.close()  # (a child still starting dies with its thread)
+        for reader in list(self._readers):
+            if reader is not threading.current_thread():
+                reader.join(max(deadline - time.monotonic(), 0.5))
 
     def kill_running(self, why: str = "shutdown") -> int:
         """Kill every child running a handler (the shutdown bound passed, or a second
@@ -331,7 +339,10 @@ class ProcessPool:
                     self._take(child, header, body)
                 self.dispatch()
         finally:
-            self._died(child)
+            try:
+                self._died(child)
+            finally:
+                self._readers.discard(threading.current_thread())
 
     def _take(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
         """One message from ``child``."""
@@ -440,22 +451,33 @@ class ProcessPool:
         """Start the child that takes ``old``'s place (backing off while children die
         young by themselves); an import failure stops the Worker."""
         if died_by_itself and time.monotonic() - old.started_at < YOUNG_S:
-            time.sleep(self._backoff())
+            self._closed.wait(self._backoff())
         else:
             self._backoff.reset()
         while not self._closing:
             try:
                 new = self._await_ready(old.index, *self._spawn())
-            except errors.HandlerNotImportable as exc:
-                log.error("%s: %s; stopping", self._worker._who, exc)
-                self._worker._fail_fatally(exc)
-                return
-            except OSError as exc:  # out of processes or memory: try again later
+            except (errors.HandlerNotImportable, OSError) as exc:
+                if self._closing:  # the pool closed while it started (its spawner gone)
+                    return
+                if isinstance(exc, errors.HandlerNotImportable):
+                    log.error("%s: %s; stopping", self._worker._who, exc)
+                    self._worker._fail_fatally(exc)
+                    return
+                # out of processes or memory: try again later
                 log.error("%s: cannot start a handler process (%s)", self._worker._who, exc)
-                time.sleep(self._backoff())
+                self._closed.wait(self._backoff())
                 continue
-            self.counts["restarts"] += 1
-            self._install(new)
+            with self._lock:  # close() took the children under it: installed, or killed
+                closing = self._closing
+                if not closing:
+                    self.counts["restarts"] += 1
+                    self._install(new)
+            if closing:
+                _kill(new.process)
+                new.conn.close()
+                new.begun.close()
+                return
             self.dispatch()
             return
 
@@ -478,23 +500,31 @@ class _Spawner:
     def __init__(self) -> None:
         self._requests: "queue_mod.SimpleQueue[Any]" = queue_mod.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # no request queued behind close()'s sentinel
 
     def open(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name="emq-handler-spawner")
-            self._thread.start()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, daemon=True,
+                                                name="emq-handler-spawner")
+                self._thread.start()
 
     def close(self) -> None:
-        thread, self._thread = self._thread, None
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._requests.put(None)
         if thread is not None:
-            self._requests.put(None)
             thread.join(EXIT_WAIT_S)
 
     def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` run on the spawner thread; its error raised here."""
+        """``fn()`` run on the spawner thread; its error raised here (OSError once the
+        spawner is closed: nothing would ever answer)."""
         answer: "queue_mod.SimpleQueue[Tuple[bool, Any]]" = queue_mod.SimpleQueue()
-        self._requests.put((fn, answer))
+        with self._lock:
+            if self._thread is None:
+                raise OSError("the handler processes are closing")
+            self._requests.put((fn, answer))
         ok, value = answer.get()
         if not ok:
             raise value

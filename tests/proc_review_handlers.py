@@ -1,0 +1,44 @@
+"""Handlers of the process Worker's review tests (tests/test_processes_review.py), run in
+child processes (imported there by name). Runs are noted in a ledger outside Redis, as
+:mod:`proc_handlers` does."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict
+
+from proc_handlers import note
+
+
+def act(job: Any) -> Any:
+    """What ``job.payload["k"]`` says (a payload that is not a dict: echoed back)."""
+    p = job.payload
+    if not isinstance(p, dict):
+        return p
+    ledger = p.get("ledger")
+    if ledger:
+        note(ledger, "begin", job)
+    kind = p.get("k")
+    if kind == "exit":
+        os._exit(1)
+    elif kind == "gil":  # stuck in one C call that never lets go of the GIL
+        sum(range(1 << 62))
+    elif kind == "nap":
+        time.sleep(p["s"])
+    if ledger:
+        note(ledger, "end", job)
+    return {"pid": os.getpid(), "n": p.get("n")}
+
+
+def none(job: Any) -> None:
+    """Returns nothing."""
+    return None
+
+
+def same(job: Any) -> Any:
+    """The payload, as it came."""
+    return job.payload
+
+
+def pid(job: Any) -> Dict[str, Any]:
+    return {"pid": os.getpid()}

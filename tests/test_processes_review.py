@@ -1,0 +1,57 @@
+"""Review tests of the process Worker (``Worker(processes=N)``): races between the
+children's readers, the dispatch, the timer and the shutdown, with real processes and a
+real Redis. Handlers live in :mod:`proc_review_handlers`."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import emqfast
+from proc_handlers import read_ledger
+from proc_review_handlers import act
+from waiting import wait_until
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return str(tmp_path / "ledger")
+
+
+def _our_children():
+    """Pids of the live (not zombie) handler processes this test process started."""
+    out = []
+    me = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(") ", 1)[1].split()
+        if fields[1] == me and fields[0] != "Z" and b"emqfast.worker.child" in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def test_a_crash_on_the_last_attempt_leaves_no_child_and_no_fatal_error(redis_url, qname):
+    """The crash's replacement is still starting when the Worker goes idle and closes the
+    pool: it must not outlive the run, nor stop the Worker with HandlerNotImportable."""
+    before = set(_our_children())
+    q = emqfast.Queue(qname, redis_url)
+    w = emqfast.Worker(q, act, processes=1)
+    for _ in range(3):
+        ref = q.enqueue({"k": "exit"}, attempts=1)
+        w.run_until_idle(timeout_s=60, wait_scheduled=True)
+        assert q.get(ref.id).state == "failed"
+    time.sleep(1.0)  # a replacement that was starting has started by now
+    assert set(_our_children()) - before == set()
+    ok = q.enqueue({"k": "echo"})
+    w.run_until_idle(timeout_s=60, wait_scheduled=True)
+    assert q.get(ok.id).state == "completed"
+
