@@ -55,3 +55,29 @@ def test_a_crash_on_the_last_attempt_leaves_no_child_and_no_fatal_error(redis_ur
     w.run_until_idle(timeout_s=60, wait_scheduled=True)
     assert q.get(ok.id).state == "completed"
 
+
+def _begins(ledger, job_id):
+    return [row for row in read_ledger(ledger) if row[0] == "begin" and row[1] == job_id]
+
+
+def test_a_child_that_never_reads_cannot_hold_the_kill_of_its_handler(redis_url, qname,
+                                                                       ledger):
+    """A handler stuck in a C call that keeps the GIL: its child reads nothing more, so a
+    large job sent to its free thread fills the pipe. That send must not hold the timeout,
+    the kill, nor the other children's readers."""
+    q = emqfast.Queue(qname, redis_url)
+    w = emqfast.Worker(q, act, processes=1, concurrency=2, cancel_grace_ms=200)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        stuck = q.enqueue({"k": "gil", "ledger": ledger}, timeout_ms=500, attempts=1)
+        wait_until(lambda: _begins(ledger, stuck.id), 60, "the stuck handler began")
+        time.sleep(0.2)
+        big = q.enqueue({"k": "echo", "pad": "x" * (4 << 20), "ledger": ledger})
+        wait_until(lambda: q.get(stuck.id).state == "failed", 20, "the stuck job timed out")
+        assert q.get(stuck.id).error.startswith("JobTimeout")
+        wait_until(lambda: q.get(big.id).state == "completed", 60, "the big job ran")
+    finally:
+        w.stop(timeout=1)
+        t.join(30)
+    assert not t.is_alive()

@@ -103,7 +103,11 @@ class _Child:
     def __init__(self, index: int, process: Any, conn: Any, begun: "mmap.mmap"):
         self.index, self.process, self.conn = index, process, conn
         self.pid: int = process.pid
-        self.send_lock = threading.Lock()
+        # what goes to the child: its sender thread writes it, so no caller (the claim
+        # loop, a reader, the timer thread) ever waits on a child that reads no more (a
+        # handler holding its GIL): the pipe fills, and only that thread waits
+        self._outbox: "queue_mod.SimpleQueue[Optional[bytes]]" = queue_mod.SimpleQueue()
+        self.gone = False  # its pipe broke: nothing more is sent
         # job id -> (job, token, its place in the order sent): jobs begin in that order
         self.inflight: Dict[str, Tuple[Job, str, int]] = {}
         self.sent = 0
@@ -121,13 +125,32 @@ class _Child:
         return int(struct.unpack_from("<Q", self.begun, 0)[0])
 
     def send(self, message: bytes) -> bool:
-        """Send one message; False when the child is gone (its reader settles its runs)."""
-        try:
-            with self.send_lock:
-                self.conn.send_bytes(message)
-            return True
-        except (OSError, ValueError):
+        """Queue one message for the child (sent in order, never waited for); False when
+        the child is gone (its reader settles its runs)."""
+        if self.gone:
             return False
+        self._outbox.put(message)
+        return True
+
+    def start_sending(self) -> None:
+        threading.Thread(target=self._send_loop, daemon=True,
+                         name=f"emq-handler-{self.index}-sender").start()
+
+    def stop_sending(self) -> None:
+        """The child is gone (its reader ended): its sender ends too."""
+        self.gone = True
+        self._outbox.put(None)
+
+    def _send_loop(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                self.conn.send_bytes(message)
+            except (OSError, ValueError):  # killed or exited: its reader settles its runs
+                self.gone = True
+                return
 
 
 class ProcessPool:
@@ -214,6 +237,7 @@ class ProcessPool:
         child.reader = threading.Thread(target=self._read, args=(child,), daemon=True,
                                         name=f"emq-handler-{child.index}-reader")
         self._readers.add(child.reader)
+        child.start_sending()
         child.reader.start()
 
     def close(self) -> None:
@@ -392,6 +416,7 @@ class ProcessPool:
     def _died(self, child: _Child) -> None:
         """The child is gone: settle each run it held by why it died, then replace it."""
         code = _wait(child.process)
+        child.stop_sending()
         with self._lock:
             held, child.inflight = child.inflight, {}
             for job_id in held:
