@@ -81,3 +81,27 @@ def test_a_child_that_never_reads_cannot_hold_the_kill_of_its_handler(redis_url,
         w.stop(timeout=1)
         t.join(30)
     assert not t.is_alive()
+
+
+class _SlowCounts(list):
+    """``Worker._ended`` with a wide gap between reading a count and writing it back: two
+    threads adding to the same child's count at once lose one's addition."""
+
+    def __getitem__(self, index):
+        value = super().__getitem__(index)
+        time.sleep(0.1)
+        return value
+
+
+def test_a_recycled_childs_reader_and_its_successors_count_every_ended_run(redis_url,
+                                                                           qname):
+    """Child ``i``'s ended runs are counted by its reader, and by its successor's reader
+    once it is replaced: both may add at once (the old one as its child leaves). A lost
+    addition leaves a slot taken for ever: with one slot, the Worker stalls."""
+    q = emqfast.Queue(qname, redis_url)
+    refs = [q.enqueue({"n": n}) for n in range(15)]
+    w = emqfast.Worker(q, act, processes=1, max_jobs_per_child=1)
+    w._ended = _SlowCounts(w._ended)
+    w.run_until_idle(timeout_s=90, wait_scheduled=True)
+    assert [q.get(r.id).state for r in refs] == ["completed"] * len(refs)
+    assert w._in_hand == 0
