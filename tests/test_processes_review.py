@@ -13,6 +13,7 @@ import pytest
 import emqfast
 from proc_handlers import read_ledger
 from proc_review_handlers import act
+from test_poison_jobs import CORRUPTIONS, _poison
 from waiting import wait_until
 
 
@@ -105,3 +106,20 @@ def test_a_recycled_childs_reader_and_its_successors_count_every_ended_run(redis
     w.run_until_idle(timeout_s=90, wait_scheduled=True)
     assert [q.get(r.id).state for r in refs] == ["completed"] * len(refs)
     assert w._in_hand == 0
+
+
+@pytest.mark.parametrize("how", sorted(CORRUPTIONS))
+def test_a_poisoned_job_fails_for_good_and_its_handler_never_runs(redis_url, qname, r,
+                                                                  ledger, how):
+    """A payload that cannot be decoded is a PayloadError before the handler would run,
+    as in the thread Worker: never handed to the child as the raw bytes it holds."""
+    q = emqfast.Queue(qname, redis_url, attempts=3)
+    refs = [q.enqueue({"k": "echo", "n": n, "ledger": ledger}) for n in range(3)]
+    _poison(r, q, refs[1].id, how)
+    stats = emqfast.Worker(q, act, processes=1).run_until_idle(timeout_s=60)
+    assert stats.failed == 1 and stats.retried == 0
+    failed = r.hgetall(q.keys.job(refs[1].id))
+    assert failed[b"state"] == b"failed" and b"PayloadError" in failed[b"error"], failed
+    assert failed[b"attempts"] == b"1"
+    assert not _begins(ledger, refs[1].id)
+    assert [q.get(refs[n].id).state for n in (0, 2)] == ["completed"] * 2

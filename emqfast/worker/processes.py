@@ -47,7 +47,7 @@ from emqfast.core.validation import check_int
 from emqfast.facade.job import Job
 from emqfast.worker import child as child_mod
 from emqfast.worker.cancels import timeout_ms_of
-from emqfast.worker.outcomes import Done, Failed, Outcome, job_group
+from emqfast.worker.outcomes import Done, Failed, Outcome, failure, job_group
 from emqfast.worker.resend import Backoff
 
 log = logging.getLogger("emqfast.worker")
@@ -282,6 +282,7 @@ class ProcessPool:
         ready = self._worker._ready
         if not ready:
             return
+        undecodable: List[Tuple[Job, str]] = []
         with self._lock:
             live = [c for c in self._children if c is not None and not c.retiring]
             out: Dict[_Child, List[Tuple[Job, str, bool]]] = {c: [] for c in live}
@@ -290,10 +291,17 @@ class ProcessPool:
                     while ready and self._room(child, len(out[child])) and \
                             len(child.inflight) + len(out[child]) < depth:
                         job, token = ready.popleft()
+                        if job._undecodable is not None:  # (its payload: the raw bytes)
+                            undecodable.append((job, token))
+                            continue
                         out[child].append((job, token, depth > self.threads))
             for child, jobs in out.items():
                 if jobs:
                     self._send_jobs(child, jobs)
+        for job, token in undecodable:  # fails for good, its handler never runs (as in
+            error = job._undecodable    # a handler thread)
+            assert error is not None
+            self._worker._process_run_ended(0, failure(job, token, error, ""), 0.0)
 
     def _queue_depth(self) -> int:
         avg = self._worker._holding.handler_s
