@@ -42,3 +42,9 @@ def same(job: Any) -> Any:
 
 def pid(job: Any) -> Dict[str, Any]:
     return {"pid": os.getpid()}
+
+
+def kinds(job: Any) -> str:
+    """The payload's type name."""
+    return type(job.payload).__name__
+

@@ -3,6 +3,7 @@ children's readers, the dispatch, the timer and the shutdown, with real processe
 real Redis. Handlers live in :mod:`proc_review_handlers`."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 
 import emqfast
 from proc_handlers import read_ledger
-from proc_review_handlers import act
+from proc_review_handlers import act, kinds
 from test_poison_jobs import CORRUPTIONS, _poison
 from waiting import wait_until
 
@@ -123,3 +124,22 @@ def test_a_poisoned_job_fails_for_good_and_its_handler_never_runs(redis_url, qna
     assert failed[b"attempts"] == b"1"
     assert not _begins(ledger, refs[1].id)
     assert [q.get(refs[n].id).state for n in (0, 2)] == ["completed"] * 2
+
+
+@pytest.mark.parametrize("stored", [b'{"x": NaN}', b"[1e999]", b'"\\ud800"'])
+def test_a_payload_python_decodes_but_would_not_encode_reaches_the_handler(
+        redis_url, qname, r, stored):
+    """JSON another writer stored that Python reads (NaN, an overflowing number, a lone
+    surrogate escape) but emqfast's strict encoder refuses: the handler gets it, as a
+    handler thread does; the dispatch neither fails nor strands the job."""
+    q = emqfast.Queue(qname, redis_url, attempts=1)
+    ref = q.enqueue("placeholder")
+    r.hset(q.keys.job(ref.id), "payload", stored)
+    after = q.enqueue("after")
+    w = emqfast.Worker(q, kinds, processes=1)
+    stats = w.run_until_idle(timeout_s=60)
+    job = q.get(ref.id)
+    assert job.state == "completed", (job.state, job.error)
+    assert job.result == type(json.loads(stored)).__name__
+    assert q.get(after.id).result == "str" and stats.completed == 2
+

@@ -112,13 +112,19 @@ def resolve(path: str, main: str = "") -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
+# A JSON payload re-encoded for the child: whatever json.loads read from the stored text
+# (NaN, an overflowing number, a lone surrogate escape, which another writer may have
+# stored and emqfast's strict encoder refuses) is written back as json.loads reads it.
+_payload_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> bytes:
     """The ``run`` message of a started job (its payload re-encoded as stored), the
     ``place``-th sent to this child; ``say_begin``: the child sends ``began`` as its
     handler starts."""
     payload = job.payload
     is_bytes = isinstance(payload, (bytes, bytearray))
-    body = bytes(payload) if is_bytes else codec.encode_result(payload)
+    body = bytes(payload) if is_bytes else _payload_json(payload).encode()
     backoff = job.backoff
     return encode({"k": "run", "id": job.id, "tok": token, "q": job.queue,
                    "a": job.attempts, "ma": job.max_attempts, "pr": job.priority,
