@@ -48,3 +48,11 @@ def kinds(job: Any) -> str:
     """The payload's type name."""
     return type(job.payload).__name__
 
+
+def deps(job: Any) -> Any:
+    """A bytes payload comes back as it came (bytes); a job with dependencies returns
+    what their results were: ``{id: [type name, value as text]}``."""
+    if isinstance(job.payload, bytes):
+        return job.payload
+    return {k: [type(v).__name__, v.hex() if isinstance(v, bytes) else v]
+            for k, v in job.dependency_results().items()}

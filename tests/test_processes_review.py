@@ -13,7 +13,7 @@ import pytest
 
 import emqfast
 from proc_handlers import read_ledger
-from proc_review_handlers import act, kinds
+from proc_review_handlers import act, deps, kinds
 from test_poison_jobs import CORRUPTIONS, _poison
 from waiting import wait_until
 
@@ -143,3 +143,16 @@ def test_a_payload_python_decodes_but_would_not_encode_reaches_the_handler(
     assert job.result == type(json.loads(stored)).__name__
     assert q.get(after.id).result == "str" and stats.completed == 2
 
+
+def test_a_dependency_that_returned_bytes_reaches_its_dependent(redis_url, qname):
+    """``job.dependency_results()`` in a child: a dependency's bytes result crosses the
+    pipe too (the run message's header is JSON: it cannot hold bytes as they are)."""
+    q = emqfast.Queue(qname, redis_url, attempts=1)
+    first = q.enqueue(b"\x00\xffraw")
+    then = q.enqueue({"after": True}, depends_on=[first.id])
+    w = emqfast.Worker(q, deps, processes=1)
+    w.run_until_idle(timeout_s=60, wait_scheduled=True)
+    assert q.get(first.id).result == b"\x00\xffraw"
+    job = q.get(then.id)
+    assert job.state == "completed", (job.state, job.error)
+    assert job.result == {first.id: ["bytes", "00ff726177"]}
