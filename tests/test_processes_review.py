@@ -156,3 +156,29 @@ def test_a_dependency_that_returned_bytes_reaches_its_dependent(redis_url, qname
     job = q.get(then.id)
     assert job.state == "completed", (job.state, job.error)
     assert job.result == {first.id: ["bytes", "00ff726177"]}
+
+
+def test_a_cancel_of_a_job_queued_in_a_child_kills_no_handler(redis_url, qname, ledger):
+    """Quick handlers: jobs queue in the child behind its busy thread. A cancel of one
+    that has not begun stops it as it begins; the grace passing must not kill the child,
+    and with it the long handler it runs (which then ran twice)."""
+    q = emqfast.Queue(qname, redis_url)
+    w = emqfast.Worker(q, act, processes=1, cancel_grace_ms=300)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        warm = [q.enqueue({"n": n}) for n in range(40)]  # quick: jobs queue in the child
+        wait_until(lambda: all(q.get(r.id).state == "completed" for r in warm), 60, "warm")
+        assert w._procs._queue_depth() > 0
+        slow = q.enqueue({"k": "nap", "s": 2.0, "ledger": ledger})
+        wait_until(lambda: _begins(ledger, slow.id), 30, "the long handler began")
+        queued = q.enqueue({"k": "echo", "ledger": ledger})
+        wait_until(lambda: q.get(queued.id).state == "active", 30, "queued in the child")
+        assert q.cancel(queued.id) == "requested"
+        wait_until(lambda: q.get(slow.id).state == "completed", 30, "the long job ended")
+        assert q.get(queued.id).state == "cancelled"
+    finally:
+        w.stop()
+        t.join(30)
+    assert len(_begins(ledger, slow.id)) == 1 and not _begins(ledger, queued.id)
+    assert "kill:cancelled" not in w._children_report()["child_events"]

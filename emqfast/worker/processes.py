@@ -338,9 +338,11 @@ class ProcessPool:
             child.send(child_mod.encode({"k": "stop", "id": job_id, "tok": token,
                                          "why": reason}))
 
-    def kill_for(self, job_id: str, token: str, reason: str) -> bool:
+    def kill_for(self, job_id: str, token: str, reason: str) -> Optional[bool]:
         """The grace after a stop passed and ``job_id`` still runs: kill its child. Jobs
-        beside it in that child go back to the queue. False when it ended meanwhile."""
+        beside it in that child go back to the queue. False when it ended meanwhile;
+        None when it waits in its child, not begun (the child stops it as it begins:
+        killing would end the handlers it runs now for nothing)."""
         child = self._where.get(job_id)
         if child is None:
             return False
@@ -348,6 +350,8 @@ class ProcessPool:
             run = child.inflight.get(job_id)
             if run is None or run[1] != token:
                 return False
+            if run[2] >= child.taken():
+                return None
             child.kills[token] = reason
             for _, other, _ in child.inflight.values():
                 child.kills.setdefault(other, "beside")

@@ -812,8 +812,12 @@ class Worker(WorkerMachine):
             self._stopped(self._stop_run(job_id, TIMEOUT, token))
         elif kind == ABANDON and self._procs is not None:
             stop = self._stops.get(token)
-            if stop is not None:
-                self._procs.kill_for(job_id, token, stop.reason)
+            timer = self._timer
+            if stop is not None and self._procs.kill_for(job_id, token, stop.reason) is None \
+                    and timer is not None:  # not begun: looked at again after a grace (a
+                # handler thread may have taken it just before the stop reached the child)
+                timer.add(time.monotonic() + self.cancel_grace_ms / 1000.0, job_id, token,
+                          ABANDON)
         elif kind == ABANDON:
             outcome = self._abandon_run(job_id, token)
             if outcome is not None:
