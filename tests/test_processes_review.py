@@ -182,3 +182,29 @@ def test_a_cancel_of_a_job_queued_in_a_child_kills_no_handler(redis_url, qname, 
         t.join(30)
     assert len(_begins(ledger, slow.id)) == 1 and not _begins(ledger, queued.id)
     assert "kill:cancelled" not in w._children_report()["child_events"]
+
+
+def test_a_child_that_dies_as_it_starts_is_started_again(redis_url, qname, ledger,
+                                                         tmp_path, monkeypatch):
+    """A replacement killed while it imports (the OOM killer, a stray signal) is not an
+    import error: it is started again (with backoff), and the Worker keeps serving."""
+    marker = tmp_path / "die-at-start"
+    monkeypatch.setenv("EMQ_REVIEW_DIE_AT_START", str(marker))
+    q = emqfast.Queue(qname, redis_url)
+    w = emqfast.Worker(q, act, processes=1)
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        first = q.enqueue({"n": 1})
+        wait_until(lambda: q.get(first.id).state == "completed", 60, "the first job ran")
+        marker.write_text("")  # the next child started dies as it starts
+        crash = q.enqueue({"k": "exit"}, attempts=1)
+        wait_until(lambda: q.get(crash.id).state == "failed", 60, "the crash")
+        wait_until(lambda: not marker.exists(), 30, "a child died as it started")
+        after = q.enqueue({"n": 2})
+        wait_until(lambda: q.get(after.id).state == "completed" or not t.is_alive(), 60,
+                   "the next job ran")
+        assert t.is_alive() and w._fatal is None, w._fatal
+    finally:
+        w.stop()
+        t.join(30)

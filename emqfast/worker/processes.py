@@ -54,6 +54,7 @@ log = logging.getLogger("emqfast.worker")
 
 READY_TIMEOUT_S = 60.0  # a child that has not imported its handler by then is a failure
 YOUNG_S = 2.0  # a child dying sooner than this after its start: restarts back off
+START_TRIES = 5  # a replacement dying as it starts this often in a row stops the Worker
 EXIT_WAIT_S = 5.0  # a retired child's time to leave after "exit", then it is killed
 RELEASED = ("shutdown", "beside")  # why a killed child's job goes back unrun
 # Jobs a child may hold queued beyond its busy threads: the next one is there as one ends
@@ -230,6 +231,7 @@ class ProcessPool:
                 why = "could not import it:\n" + header.get("tb", "")
         except (EOFError, OSError):
             why = f"exited with {exit_text(_wait(process))} as it started"
+            raise _DiedStarting(f"handler process for {self.path} {why}") from None
         raise errors.HandlerNotImportable(f"handler process for {self.path} {why}")
 
     def _install(self, child: _Child) -> None:
@@ -491,12 +493,20 @@ class ProcessPool:
             self._closed.wait(self._backoff())
         else:
             self._backoff.reset()
+        died = 0
         while not self._closing:
             try:
                 new = self._await_ready(old.index, *self._spawn())
             except (errors.HandlerNotImportable, OSError) as exc:
                 if self._closing:  # the pool closed while it started (its spawner gone)
                     return
+                died += isinstance(exc, _DiedStarting)
+                if isinstance(exc, _DiedStarting) and died < START_TRIES:
+                    # killed as it started (the OOM killer, a signal), not an import
+                    # error (which says so): started again, with backoff
+                    log.error("%s: %s; starting another", self._worker._who, exc)
+                    self._closed.wait(self._backoff())
+                    continue
                 if isinstance(exc, errors.HandlerNotImportable):
                     log.error("%s: %s; stopping", self._worker._who, exc)
                     self._worker._fail_fatally(exc)
@@ -577,6 +587,10 @@ class _Spawner:
                 answer.put((True, fn()))
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
                 answer.put((False, exc))
+
+
+class _DiedStarting(errors.HandlerNotImportable):
+    """A child that exited before it said whether it imported the handler."""
 
 
 def rss_kb(pid: int) -> Optional[int]:
