@@ -176,7 +176,7 @@ def test_a_cancel_of_a_job_queued_in_a_child_kills_no_handler(redis_url, qname, 
         wait_until(lambda: q.get(queued.id).state == "active", 30, "queued in the child")
         assert q.cancel(queued.id) == "requested"
         wait_until(lambda: q.get(slow.id).state == "completed", 30, "the long job ended")
-        assert q.get(queued.id).state == "cancelled"
+        wait_until(lambda: q.get(queued.id).state == "cancelled", 30, "cancelled")
     finally:
         w.stop()
         t.join(30)
