@@ -20,6 +20,7 @@ A child dies with its Worker: on Linux the kernel kills it when its parent goes
 from __future__ import annotations
 
 import asyncio
+import base64
 import ctypes
 import importlib
 import json
@@ -112,13 +113,19 @@ def resolve(path: str, main: str = "") -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
+# A JSON payload re-encoded for the child: whatever json.loads read from the stored text
+# (NaN, an overflowing number, a lone surrogate escape, which another writer may have
+# stored and emqfast's strict encoder refuses) is written back as json.loads reads it.
+_payload_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> bytes:
     """The ``run`` message of a started job (its payload re-encoded as stored), the
     ``place``-th sent to this child; ``say_begin``: the child sends ``began`` as its
     handler starts."""
     payload = job.payload
     is_bytes = isinstance(payload, (bytes, bytearray))
-    body = bytes(payload) if is_bytes else codec.encode_result(payload)
+    body = bytes(payload) if is_bytes else _payload_json(payload).encode()
     backoff = job.backoff
     return encode({"k": "run", "id": job.id, "tok": token, "q": job.queue,
                    "a": job.attempts, "ma": job.max_attempts, "pr": job.priority,
@@ -126,8 +133,18 @@ def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> byte
                                                        backoff.cap_ms, backoff.band,
                                                        backoff.full],
                    "c": job.created_ms, "r": job.run_at_ms, "s": job.started_ms,
-                   "x": job.extra, "b": is_bytes, "dr": job._dep_results,
+                   "x": job.extra, "b": is_bytes, **_wire_results(job._dep_results),
                    "stop": job._stop_reason, "sb": say_begin, "p": place}, body)
+
+
+def _wire_results(results: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A job's dependency results for the JSON header: ``dr`` the JSON ones, ``drb`` the
+    bytes ones (a dependency that returned bytes), base64."""
+    if not results or not any(isinstance(v, bytes) for v in results.values()):
+        return {"dr": results}
+    return {"dr": {k: v for k, v in results.items() if not isinstance(v, bytes)},
+            "drb": {k: base64.b64encode(v).decode() for k, v in results.items()
+                    if isinstance(v, bytes)}}
 
 
 def _job_of(header: Dict[str, Any], body: bytes) -> Job:
@@ -138,6 +155,9 @@ def _job_of(header: Dict[str, Any], body: bytes) -> Job:
               backoff=None if bo is None else Backoff(*bo), created_ms=header["c"],
               run_at_ms=header["r"], started_ms=header["s"], extra=header["x"] or {})
     job._dep_results = header["dr"]
+    if "drb" in header:
+        job._dep_results = {**header["dr"], **{k: base64.b64decode(v)
+                                               for k, v in header["drb"].items()}}
     job._run_token = header["tok"]
     job._stop_reason = header["stop"]  # stopped before it began: its handler never runs
     return job

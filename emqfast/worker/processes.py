@@ -47,13 +47,14 @@ from emqfast.core.validation import check_int
 from emqfast.facade.job import Job
 from emqfast.worker import child as child_mod
 from emqfast.worker.cancels import timeout_ms_of
-from emqfast.worker.outcomes import Done, Failed, Outcome, job_group
+from emqfast.worker.outcomes import Done, Failed, Outcome, failure, job_group
 from emqfast.worker.resend import Backoff
 
 log = logging.getLogger("emqfast.worker")
 
 READY_TIMEOUT_S = 60.0  # a child that has not imported its handler by then is a failure
 YOUNG_S = 2.0  # a child dying sooner than this after its start: restarts back off
+START_TRIES = 5  # a replacement dying as it starts this often in a row stops the Worker
 EXIT_WAIT_S = 5.0  # a retired child's time to leave after "exit", then it is killed
 RELEASED = ("shutdown", "beside")  # why a killed child's job goes back unrun
 # Jobs a child may hold queued beyond its busy threads: the next one is there as one ends
@@ -103,7 +104,11 @@ class _Child:
     def __init__(self, index: int, process: Any, conn: Any, begun: "mmap.mmap"):
         self.index, self.process, self.conn = index, process, conn
         self.pid: int = process.pid
-        self.send_lock = threading.Lock()
+        # what goes to the child: its sender thread writes it, so no caller (the claim
+        # loop, a reader, the timer thread) ever waits on a child that reads no more (a
+        # handler holding its GIL): the pipe fills, and only that thread waits
+        self._outbox: "queue_mod.SimpleQueue[Optional[bytes]]" = queue_mod.SimpleQueue()
+        self.gone = False  # its pipe broke: nothing more is sent
         # job id -> (job, token, its place in the order sent): jobs begin in that order
         self.inflight: Dict[str, Tuple[Job, str, int]] = {}
         self.sent = 0
@@ -124,13 +129,32 @@ class _Child:
             return 0
 
     def send(self, message: bytes) -> bool:
-        """Send one message; False when the child is gone (its reader settles its runs)."""
-        try:
-            with self.send_lock:
-                self.conn.send_bytes(message)
-            return True
-        except (OSError, ValueError):
+        """Queue one message for the child (sent in order, never waited for); False when
+        the child is gone (its reader settles its runs)."""
+        if self.gone:
             return False
+        self._outbox.put(message)
+        return True
+
+    def start_sending(self) -> None:
+        threading.Thread(target=self._send_loop, daemon=True,
+                         name=f"emq-handler-{self.index}-sender").start()
+
+    def stop_sending(self) -> None:
+        """The child is gone (its reader ended): its sender ends too."""
+        self.gone = True
+        self._outbox.put(None)
+
+    def _send_loop(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                self.conn.send_bytes(message)
+            except (OSError, ValueError):  # killed or exited: its reader settles its runs
+                self.gone = True
+                return
 
 
 class ProcessPool:
@@ -149,8 +173,10 @@ class ProcessPool:
             else max_memory_per_child_mb * 1024
         self._children: List[Optional[_Child]] = [None] * processes
         self._where: Dict[str, _Child] = {}  # running job id -> its child
+        self._readers: "set[threading.Thread]" = set()  # (a dead child's may be replacing it)
         self._lock = threading.Lock()
         self._closing = False
+        self._closed = threading.Event()  # set with _closing by close(): backoffs end
         self.killing = False  # the shutdown's kill was done (once per run)
         self._backoff = Backoff(0.1, 5.0)
         self._spawner = _Spawner()
@@ -162,6 +188,7 @@ class ProcessPool:
         """Start every child and wait until each has imported the handler; raise
         :class:`~emqfast.errors.HandlerNotImportable` (children stopped) if one cannot."""
         self._closing = self.killing = False
+        self._closed.clear()
         self._spawner.open()
         pending = [self._spawn() for _ in range(self.processes)]
         try:
@@ -207,19 +234,25 @@ class ProcessPool:
                 why = "could not import it:\n" + header.get("tb", "")
         except (EOFError, OSError):
             why = f"exited with {exit_text(_wait(process))} as it started"
+            raise _DiedStarting(f"handler process for {self.path} {why}") from None
         raise errors.HandlerNotImportable(f"handler process for {self.path} {why}")
 
     def _install(self, child: _Child) -> None:
         self._children[child.index] = child
         child.reader = threading.Thread(target=self._read, args=(child,), daemon=True,
                                         name=f"emq-handler-{child.index}-reader")
+        self._readers.add(child.reader)
+        child.start_sending()
         child.reader.start()
 
     def close(self) -> None:
         """Ask every child to exit (their jobs ended), kill those that do not, and wait for
-        their readers."""
-        self._closing = True
-        children = [c for c in self._children if c is not None]
+        their readers (a dead child's too: it may be starting a replacement, which it
+        kills instead of installing once it sees the pool closing)."""
+        with self._lock:  # (a replacement is installed under it, unless closing)
+            self._closing = True
+            children = [c for c in self._children if c is not None]
+        self._closed.set()
         exit_message = child_mod.encode({"k": "exit"})
         for child in children:
             child.send(exit_message)
@@ -227,9 +260,10 @@ class ProcessPool:
         for child in children:
             _wait(child.process, deadline - time.monotonic())
             _kill(child.process)
-            if child.reader is not None and child.reader is not threading.current_thread():
-                child.reader.join(EXIT_WAIT_S)
-        self._spawner.close()
+        self._spawner.close()  # (a child still starting dies with its thread)
+        for reader in list(self._readers):
+            if reader is not threading.current_thread():
+                reader.join(max(deadline - time.monotonic(), 0.5))
 
     def kill_running(self, why: str = "shutdown") -> int:
         """Kill every child running a handler (the shutdown bound passed, or a second
@@ -253,6 +287,7 @@ class ProcessPool:
         ready = self._worker._ready
         if not ready:
             return
+        undecodable: List[Tuple[Job, str]] = []
         with self._lock:
             live = [c for c in self._children if c is not None and not c.retiring]
             out: Dict[_Child, List[Tuple[Job, str, bool]]] = {c: [] for c in live}
@@ -261,10 +296,17 @@ class ProcessPool:
                     while ready and self._room(child, len(out[child])) and \
                             len(child.inflight) + len(out[child]) < depth:
                         job, token = ready.popleft()
+                        if job._undecodable is not None:  # (its payload: the raw bytes)
+                            undecodable.append((job, token))
+                            continue
                         out[child].append((job, token, depth > self.threads))
             for child, jobs in out.items():
                 if jobs:
                     self._send_jobs(child, jobs)
+        for job, token in undecodable:  # fails for good, its handler never runs (as in
+            error = job._undecodable    # a handler thread)
+            assert error is not None
+            self._worker._process_run_ended(0, failure(job, token, error, ""), 0.0)
 
     def _queue_depth(self) -> int:
         avg = self._worker._holding.handler_s
@@ -301,9 +343,11 @@ class ProcessPool:
             child.send(child_mod.encode({"k": "stop", "id": job_id, "tok": token,
                                          "why": reason}))
 
-    def kill_for(self, job_id: str, token: str, reason: str) -> bool:
+    def kill_for(self, job_id: str, token: str, reason: str) -> Optional[bool]:
         """The grace after a stop passed and ``job_id`` still runs: kill its child. Jobs
-        beside it in that child go back to the queue. False when it ended meanwhile."""
+        beside it in that child go back to the queue. False when it ended meanwhile;
+        None when it waits in its child, not begun (the child stops it as it begins:
+        killing would end the handlers it runs now for nothing)."""
         child = self._where.get(job_id)
         if child is None:
             return False
@@ -311,6 +355,8 @@ class ProcessPool:
             run = child.inflight.get(job_id)
             if run is None or run[1] != token:
                 return False
+            if run[2] >= child.taken():
+                return None
             child.kills[token] = reason
             for _, other, _ in child.inflight.values():
                 child.kills.setdefault(other, "beside")
@@ -334,7 +380,10 @@ class ProcessPool:
                     self._take(child, header, body)
                 self.dispatch()
         finally:
-            self._died(child)
+            try:
+                self._died(child)
+            finally:
+                self._readers.discard(threading.current_thread())
 
     def _take(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
         """One message from ``child``."""
@@ -384,6 +433,7 @@ class ProcessPool:
     def _died(self, child: _Child) -> None:
         """The child is gone: settle each run it held by why it died, then replace it."""
         code = _wait(child.process)
+        child.stop_sending()
         with self._lock:
             held, child.inflight = child.inflight, {}
             for job_id in held:
@@ -444,22 +494,41 @@ class ProcessPool:
         """Start the child that takes ``old``'s place (backing off while children die
         young by themselves); an import failure stops the Worker."""
         if died_by_itself and time.monotonic() - old.started_at < YOUNG_S:
-            time.sleep(self._backoff())
+            self._closed.wait(self._backoff())
         else:
             self._backoff.reset()
+        died = 0
         while not self._closing:
             try:
                 new = self._await_ready(old.index, *self._spawn())
-            except errors.HandlerNotImportable as exc:
-                log.error("%s: %s; stopping", self._worker._who, exc)
-                self._worker._fail_fatally(exc)
-                return
-            except OSError as exc:  # out of processes or memory: try again later
+            except (errors.HandlerNotImportable, OSError) as exc:
+                if self._closing:  # the pool closed while it started (its spawner gone)
+                    return
+                died += isinstance(exc, _DiedStarting)
+                if isinstance(exc, _DiedStarting) and died < START_TRIES:
+                    # killed as it started (the OOM killer, a signal), not an import
+                    # error (which says so): started again, with backoff
+                    log.error("%s: %s; starting another", self._worker._who, exc)
+                    self._closed.wait(self._backoff())
+                    continue
+                if isinstance(exc, errors.HandlerNotImportable):
+                    log.error("%s: %s; stopping", self._worker._who, exc)
+                    self._worker._fail_fatally(exc)
+                    return
+                # out of processes or memory: try again later
                 log.error("%s: cannot start a handler process (%s)", self._worker._who, exc)
-                time.sleep(self._backoff())
+                self._closed.wait(self._backoff())
                 continue
-            self.counts["restarts"] += 1
-            self._install(new)
+            with self._lock:  # close() took the children under it: installed, or killed
+                closing = self._closing
+                if not closing:
+                    self.counts["restarts"] += 1
+                    self._install(new)
+            if closing:
+                _kill(new.process)
+                new.conn.close()
+                new.begun.close()
+                return
             self.dispatch()
             return
 
@@ -486,23 +555,31 @@ class _Spawner:
     def __init__(self) -> None:
         self._requests: "queue_mod.SimpleQueue[Any]" = queue_mod.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # no request queued behind close()'s sentinel
 
     def open(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name="emq-handler-spawner")
-            self._thread.start()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, daemon=True,
+                                                name="emq-handler-spawner")
+                self._thread.start()
 
     def close(self) -> None:
-        thread, self._thread = self._thread, None
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._requests.put(None)
         if thread is not None:
-            self._requests.put(None)
             thread.join(EXIT_WAIT_S)
 
     def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` run on the spawner thread; its error raised here."""
+        """``fn()`` run on the spawner thread; its error raised here (OSError once the
+        spawner is closed: nothing would ever answer)."""
         answer: "queue_mod.SimpleQueue[Tuple[bool, Any]]" = queue_mod.SimpleQueue()
-        self._requests.put((fn, answer))
+        with self._lock:
+            if self._thread is None:
+                raise OSError("the handler processes are closing")
+            self._requests.put((fn, answer))
         ok, value = answer.get()
         if not ok:
             raise value
@@ -518,6 +595,10 @@ class _Spawner:
                 answer.put((True, fn()))
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
                 answer.put((False, exc))
+
+
+class _DiedStarting(errors.HandlerNotImportable):
+    """A child that exited before it said whether it imported the handler."""
 
 
 def rss_kb(pid: int) -> Optional[int]:

@@ -11,7 +11,8 @@ owns the threads, read top to bottom:
   tasks drain it, each handing every outcome to the acker the moment its handler returns.
   Slot accounting takes no lock per job: ``_in_hand`` is the jobs handed out less the runs
   each slot ended (one writer per item of ``_ended``); a slot takes the lock only to wake a
-  claim loop that waits for one (``_awaiting``);
+  claim loop that waits for one (``_awaiting``). Handler processes count a child's runs
+  under the lock: its reader and its successor's may both add to its item;
 - the acker thread writes outcomes in batches through the live backend's Batcher (hiredis
   under C); while more outcomes are coming it lets them gather for up to ``GATHER_S``, so a
   busy drain writes dozens per round trip while a lone job's outcome is written at once;
@@ -653,11 +654,12 @@ class Worker(WorkerMachine):
             self._slots_free(index, 1)
 
     def _slots_free(self, index: int, n: int) -> None:
-        """``n`` runs of child ``index`` ended. Its reader thread is the one writer of
-        ``_ended[index]``."""
-        self._ended[index] += n
-        if self._awaiting:  # a claim loop waits for a slot (see _drain_ready)
-            with self._lock:
+        """``n`` runs of child ``index`` ended. Under the lock: a replaced child's reader
+        counts its last runs while its successor's reader counts new ones (two writers of
+        ``_ended[index]``; a lost addition would keep a slot taken for ever)."""
+        with self._lock:
+            self._ended[index] += n
+            if self._awaiting:  # a claim loop waits for a slot (see _drain_ready)
                 self._lock.notify_all()
 
     def _release_runs(self, index: int, held: List[Tuple[str, str, Optional[str]]]) -> None:
@@ -666,8 +668,8 @@ class Worker(WorkerMachine):
         try:
             run(self._redis, self._releasing(held, time.monotonic() + self.shutdown_timeout_s))
         finally:
-            self._ended[index] += len(held)
-            with self._lock:
+            with self._lock:  # (see _slots_free)
+                self._ended[index] += len(held)
                 self._lock.notify_all()
 
     def _fail_fatally(self, error: BaseException) -> None:
@@ -810,8 +812,12 @@ class Worker(WorkerMachine):
             self._stopped(self._stop_run(job_id, TIMEOUT, token))
         elif kind == ABANDON and self._procs is not None:
             stop = self._stops.get(token)
-            if stop is not None:
-                self._procs.kill_for(job_id, token, stop.reason)
+            timer = self._timer
+            if stop is not None and self._procs.kill_for(job_id, token, stop.reason) is None \
+                    and timer is not None:  # not begun: looked at again after a grace (a
+                # handler thread may have taken it just before the stop reached the child)
+                timer.add(time.monotonic() + self.cancel_grace_ms / 1000.0, job_id, token,
+                          ABANDON)
         elif kind == ABANDON:
             outcome = self._abandon_run(job_id, token)
             if outcome is not None:
