@@ -49,8 +49,9 @@ def test_burst_with_processes_says_processes_and_what_they_did(redis_url, qname)
     assert last.startswith("worker stopped: claimed 4, completed 4,"), out.stderr
     assert "; handler processes: killed 0, crashed 0, recycled " in last, last
     said = _last_numbers(last.split(";")[1])
-    # children replaced after a job (once their queued jobs ran), each by a new one
-    assert said["recycled"] >= 1 and said["restarted"] >= said["recycled"], last
+    # children replaced after a job, each by a new one, except those recycled as the
+    # burst ended (no replacement is started for a Worker that is stopping)
+    assert said["recycled"] >= 1 and said["restarted"] >= said["recycled"] - 2, last
     assert all(q.get(j.id).state == "completed" for j in ok)
 
 
