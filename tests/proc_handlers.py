@@ -38,6 +38,11 @@ def read_ledger(ledger: str) -> List[Tuple[str, str, int, int, float]]:
     return out
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
 def work(job: Any) -> Any:
     """What ``job.payload["k"]`` says: a quick result, or a way to misbehave."""
     p: Dict[str, Any] = job.payload
@@ -75,6 +80,8 @@ def work(job: Any) -> Any:
     elif kind == "progress":
         job.progress({"half": True})
         job.extend_lease(60_000)
+    elif kind == "badstr":
+        raise _Unprintable()
     elif kind == "boom":
         raise ValueError(f"bad input {p.get('n')}")
     if ledger:

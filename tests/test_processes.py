@@ -360,3 +360,12 @@ def test_stop_with_a_timeout_bounds_the_exit(redis_url, qname, ledger):
     assert job.state == "pending" and job.attempts == 0 and w.stats.released == 1
     with pytest.raises(emqfast.InvalidInput):
         w.stop(timeout=-1)
+
+
+def test_an_exception_that_cannot_be_printed_fails_its_job_not_the_child(redis_url, qname):
+    q = emqfast.Queue(qname, redis_url)
+    bad = q.enqueue({"k": "badstr"}, attempts=1)
+    after = [q.enqueue({"k": "echo"}) for _ in range(3)]
+    emqfast.Worker(q, work, processes=1).run_until_idle(timeout_s=60)
+    assert q.get(bad.id).error.startswith("_Unprintable: <str() failed")
+    assert [q.get(r.id).state for r in after] == ["completed"] * 3

@@ -353,7 +353,7 @@ class Child:
         if isinstance(exc, asyncio.CancelledError) and job._stop_reason is not None:
             exc = errors.JobTimeout("timeout") if job._stop_reason == "timeout" \
                 else errors.Cancelled(f"job {job.id} was cancelled")
-        header = {"k": "fail", "id": job.id, "t": type(exc).__name__, "m": str(exc),
+        header = {"k": "fail", "id": job.id, "t": type(exc).__name__, "m": _text_of(exc),
                   "tb": traceback.format_exc(),
                   "retry": not isinstance(exc, (Unrecoverable, PayloadError)), "s": seconds}
         self._finish(job.id, header)
@@ -362,6 +362,15 @@ class Child:
         with self._lock:
             self._running.pop(job_id, None)
         self.send(header, body)
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or what can be said of an exception whose ``__str__`` fails (the
+    handler thread must report it, not die of it)."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 - any error of the handler's own class
+        return f"<str() failed: {type(inner).__name__}>"
 
 
 def _die_with_parent() -> None:

@@ -234,7 +234,9 @@ class ProcessPool:
                 why = "could not import it:\n" + header.get("tb", "")
         except (EOFError, OSError):
             why = f"exited with {exit_text(_wait(process))} as it started"
+            _discard(process, conn, begun)
             raise _DiedStarting(f"handler process for {self.path} {why}") from None
+        _discard(process, conn, begun)
         raise errors.HandlerNotImportable(f"handler process for {self.path} {why}")
 
     def _install(self, child: _Child) -> None:
@@ -444,9 +446,12 @@ class ProcessPool:
         taken = child.taken()
         child.begun.close()
         back: List[Tuple[str, str, Optional[str]]] = []
+        stops = self._worker._stops
         for job, token, place in held.values():
             why = child.kills.get(token)
-            if why in RELEASED or place >= taken:  # (the latter never began)
+            # a run asked to stop ends by its stop (its outcome below is replaced by the
+            # stop's); others killed beside one, or never begun, go back unrun
+            if token not in stops and (why in RELEASED or place >= taken):
                 back.append((job.id, token, job_group(job)))
                 continue
             if why is None:
@@ -624,6 +629,13 @@ def _remote(name: str, message: str) -> BaseException:
         cls = _REMOTE[name] = type(name, (Exception,), {"__module__": "emqfast.remote"})
     error: BaseException = cls(message)
     return error
+
+
+def _discard(process: "subprocess.Popen[bytes]", conn: Any, begun: "mmap.mmap") -> None:
+    """A child that failed to start: killed, reaped, its pipe and memory closed."""
+    _kill(process)
+    conn.close()
+    begun.close()
 
 
 def _wait(process: "subprocess.Popen[bytes]", seconds: float = EXIT_WAIT_S) -> Optional[int]:
