@@ -180,12 +180,10 @@ class Worker(WorkerMachine):
             concurrency = processes * (concurrency or 1)
         options: Dict[str, Any] = dict(
             concurrency=8 if concurrency is None else concurrency, lease_ms=lease_ms,
-            max_stalled=max_stalled,
-                       batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
-                       keep_failed=keep_failed, max_age_ms=max_age_ms,
-                       shutdown_timeout_s=shutdown_timeout_s, name=name,
-                       allow_eviction=allow_eviction, job_timeout_ms=job_timeout_ms,
-                       cancel_grace_ms=cancel_grace_ms)
+            max_stalled=max_stalled, batch_size=batch_size, prefetch=prefetch,
+            keep_completed=keep_completed, keep_failed=keep_failed, max_age_ms=max_age_ms,
+            shutdown_timeout_s=shutdown_timeout_s, name=name, allow_eviction=allow_eviction,
+            job_timeout_ms=job_timeout_ms, cancel_grace_ms=cancel_grace_ms)
         if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
             if children is not None:
                 raise InvalidInput("processes= serves one queue: run a Worker per queue")
