@@ -168,11 +168,11 @@ def test_children_are_recycled_after_max_jobs(redis_url, qname, ledger):
 def test_a_leaking_handler_is_recycled_by_memory(redis_url, qname, ledger):
     q = emqfast.Queue(qname, redis_url)
     refs = [q.enqueue({"k": "leak", "ledger": ledger}) for _ in range(5)]
-    w = emqfast.Worker(q, work, processes=1, max_memory_per_child_mb=130)
+    w = emqfast.Worker(q, work, processes=1, max_memory_per_child_mb=100)
     w.run_until_idle(timeout_s=120, wait_scheduled=True)
     assert all(q.get(r.id).state == "completed" for r in refs)
     pids = [pid for event, _, _, pid, _ in read_ledger(ledger) if event == "begin"]
-    # ~50 MB a job over a ~20 MB interpreter: each child serves two jobs, then goes
+    # ~50 MB a job over a 20-50 MB interpreter: each child serves one or two jobs
     assert 3 <= len(set(pids)) <= 5 and len(pids) == 5
     assert w._children_report()["child_events"]["recycled:memory"] >= 2
 
