@@ -115,7 +115,7 @@ def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) 
 def started_jobs(rows: JobRows, pairs: Sequence[Pair],
                  reply: Sequence[Any]) -> List[Tuple[Job, str]]:
     """The running ``(job, token)`` for each start.lua row (an empty row: lease gone)."""
-    return [(rows.job(job_id, row), token) for (job_id, token), row in zip(pairs, reply) if row]
+    return rows.jobs(pairs, reply)
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -202,58 +202,92 @@ def idle(until_idle: bool, wait_scheduled: bool, status: int, next_due: int, now
 
 # --- start rows -> jobs --------------------------------------------------------------
 
-_Parsed = options.Options
 _new_job = Job.__new__
 
 
 class JobRows:
-    """Builds the running :class:`Job` of one ``start.lua`` row, like ``Job.from_hash``."""
+    """Builds the running :class:`Job` of one ``start.lua`` row, like ``Job.from_hash``.
+
+    Per options blob it keeps a base dict (every field at its default, the options'
+    fields set), so a job costs one dict built from it and the row's own values."""
 
     _MAX_CACHED = 256
 
     def __init__(self, queue: str):
         self.queue = queue
-        self._opts: Dict[bytes, _Parsed] = {}
-        # every field at its default, as Job(...) would set it: copied per job
+        # opts blob -> (base fields, None); options with extras are not cached: they may
+        # hold mutable values, so each job parses its own
+        self._bases: Dict[bytes, Tuple[Dict[str, Any], Optional[Dict[str, Any]]]] = {}
+        # every field at its default, as Job(...) would set it
         self._template = dict(Job(id="", queue=queue, state="active", payload=None).__dict__)
 
-    def _parse(self, opts: Optional[bytes]) -> _Parsed:
+    def _base(self, opts: Optional[bytes]) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
         key = opts or b""
-        hit = self._opts.get(key)
-        if hit is None:
-            # no 'opts' (start.lua's nil) or an empty one: the library defaults
-            hit = options.decode(opts)
-            # Extra options may hold mutable values: each job parses its own.
-            if not hit.extra:
-                if len(self._opts) >= self._MAX_CACHED:
-                    self._opts.clear()
-                self._opts[key] = hit
+        hit = self._bases.get(key)
+        if hit is not None:
+            return hit
+        # no 'opts' (start.lua's nil) or an empty one: the library defaults
+        parsed = options.decode(opts)  # PayloadError: the caller's
+        base = dict(self._template, max_attempts=parsed.max_attempts,
+                    priority=parsed.priority, backoff=parsed.backoff)
+        hit = (base, parsed.extra or None)
+        if hit[1] is None:  # extra options may hold mutable values: each job parses its own
+            if len(self._bases) >= self._MAX_CACHED:
+                self._bases.clear()
+            self._bases[key] = hit
         return hit
+
+    def jobs(self, pairs: Sequence[Pair], reply: Sequence[Any]) -> List[Tuple[Job, str]]:
+        """The running ``(job, token)`` for each row (an empty row: lease gone). A row of
+        today's start.lua with cached options and no cancel mark takes the short way."""
+        out = []
+        bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
+        for (job_id, token), row in zip(pairs, reply):
+            if not row:
+                continue
+            if len(row) == 8 and not row[7] and type(row[4]) is int:
+                attempts, payload, enc, opts, created, run_at, started, _ = row
+                hit = bases.get(opts or b"")
+                if hit is not None and type(started) is int \
+                        and (run_at is None or type(run_at) is int):
+                    if enc != b"b":
+                        try:
+                            payload = decode(payload, enc)
+                        except PayloadError:  # the long way records it
+                            out.append((self.job(job_id, row), token))
+                            continue
+                    job = new(cls)
+                    job.__dict__ = dict(hit[0], id=job_id, payload=payload,
+                                        attempts=attempts, created_ms=created,
+                                        run_at_ms=run_at, started_ms=started, extra={})
+                    out.append((job, token))
+                    continue
+            out.append((self.job(job_id, row), token))
+        return out
 
     def job(self, job_id: str, row: Any) -> Job:
         """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel]``
         from start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
-        JSON, the default options, never delayed; rows of older scripts end after
-        ``created`` or ``started``). A ``cancel`` mark (a cancel asked for while the job was
-        held unstarted) sets ``_cancel_at_start``: the Worker stops the run as it begins."""
+        JSON, the default options, never delayed; the times are ints, or bytes from rows
+        of older scripts, which may end after ``created`` or ``started``). A ``cancel``
+        mark (a cancel asked for while the job was held unstarted) sets
+        ``_cancel_at_start``: the Worker stops the run as it begins."""
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times[:2] if times else (None, None)
-        fields = self._template.copy()
+        undecodable = None
         try:
-            fields["max_attempts"], fields["priority"], fields["backoff"], extra = \
-                self._parse(opts)
-            fields["payload"] = payload if enc == b"b" else codec.decode(payload, enc)
+            base, extra = self._base(opts)
+            payload = payload if enc == b"b" else codec.decode(payload, enc)
         except PayloadError as exc:  # one corrupt hash must not stop the worker
-            fields["_undecodable"] = exc
-            fields["max_attempts"], fields["priority"], fields["backoff"], extra = \
-                self._parse(None)
-            fields["payload"] = payload
-        fields["id"] = job_id
-        fields["attempts"] = int(attempts)
-        fields["created_ms"] = int(created) if created is not None else None
-        fields["run_at_ms"] = int(run_at) if run_at is not None else None
-        fields["started_ms"] = int(started) if started is not None else None
-        fields["extra"] = dict(extra) if extra else {}
+            undecodable = exc
+            base, extra = self._base(None)
+        fields = dict(base, id=job_id, payload=payload, attempts=int(attempts),
+                      created_ms=int(created) if created is not None else None,
+                      run_at_ms=int(run_at) if run_at is not None else None,
+                      started_ms=int(started) if started is not None else None,
+                      extra=dict(extra) if extra else {})
+        if undecodable is not None:
+            fields["_undecodable"] = undecodable
         if len(times) > 2 and times[2]:
             fields["_cancel_at_start"] = True
         job = _new_job(Job)
