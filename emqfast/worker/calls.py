@@ -313,14 +313,22 @@ _VERSION = KEYSPACE_VERSION.encode()
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
     """complete.lua for many successful outcomes: one call, one reply entry per job. Each
-    job's attempt, start and wait go along, as start.lua reported them, so the script
-    need not read them back from every job hash. Keys and arguments go as bytes (what
-    redis-py would send): the Batcher then joins them as they are, with no per-value
-    encoding pass on the drain's hot path."""
+    job's attempt and start go along, as start.lua reported them, so the script need not
+    read them back from every job hash. Keys and arguments go as bytes (what redis-py
+    would send): the Batcher then joins them as they are, with no per-value encoding
+    pass on the drain's hot path."""
+    return _complete(k, done)[0]
+
+
+def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
+    """:func:`complete_call` and each job's wait (due -> started ms, -1: not known): the
+    script answers a timed run with its run ms alone."""
     keys = [x.encode() for x in (k.active, k.leases, k.completed, k.meta, k.events,
                                   k.metrics, k.waiters, k.dependents, k.outbox)]
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
+    waits: List[int] = []
+    memo: Dict[int, bytes] = {}  # attempts and start instants repeat within a batch
     for o in done:
         job = o.job
         job_id = job.id.encode()
@@ -328,11 +336,18 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
         started = job.started_ms
         if started is None:
             args += (job_id, o.token.encode(), o.result, *run_record(job))
+            waits.append(-1)
             continue
         due = job.run_at_ms if job.run_at_ms is not None else job.created_ms  # run_record's
-        args += (job_id, o.token.encode(), o.result, b"%d" % job.attempts, b"%d" % started,
-                 b"%d" % (max(started - due, 0) if due is not None else -1))
-    return Call(_COMPLETE, keys, args)
+        waits.append(max(started - due, 0) if due is not None else -1)
+        attempt = memo.get(job.attempts)
+        if attempt is None:
+            attempt = memo[job.attempts] = b"%d" % job.attempts
+        at = memo.get(started)
+        if at is None:
+            at = memo[started] = b"%d" % started
+        args += (job_id, o.token.encode(), o.result, attempt, at, b"")
+    return Call(_COMPLETE, keys, args), waits
 
 
 def run_record(job: Any) -> Tuple[bytes, bytes, bytes]:
@@ -369,6 +384,9 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
     call is one command, and Redis drops a client whose single command outgrows its query
     buffer limit (1 GB by default), which 200 large results could; a pipeline of small
     calls never does."""
+    sizes = [len(batch[at].result) for at in done_at]  # type: ignore[union-attr]
+    if sum(sizes) <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
+        return [done_at[i:i + COMPLETE_CHUNK] for i in range(0, len(done_at), COMPLETE_CHUNK)]
     chunks: List[List[int]] = []
     size = 0
     for at in done_at:
@@ -403,12 +421,19 @@ class AckPlan:
         # per outcome: None (done) / True (retry) / False (failed), as tally() wants
         self.retrying: List[Optional[bool]] = []
         self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
+        self._waits: List[int] = [-1] * len(batch)  # per outcome: its wait, for a timed run
         done_at: List[int] = []
         if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
-            done_at = list(range(len(batch)))
             self.retrying = [None] * len(batch)
-            self._slots = [(-1, -1)] * len(batch)
-        for at, outcome in enumerate(batch if not done_at else ()):
+            self._slots, self._waits = [], []
+            for chunk in _chunks_of_results(batch, list(range(len(batch)))):
+                call, waits = _complete(k, batch[chunk[0]:chunk[-1] + 1])  # type: ignore[arg-type]
+                self._slots += [(len(self.calls), entry) for entry in range(len(chunk))]
+                self._waits += waits
+                self.calls.append(call)
+            self.calls += free_calls(k, batch)
+            return
+        for at, outcome in enumerate(batch):
             if isinstance(outcome, Failed):
                 call, retry = fail_call(k, outcome)
                 self._slots.append((len(self.calls), -1))
@@ -421,21 +446,28 @@ class AckPlan:
         for chunk in _chunks_of_results(batch, done_at):
             for entry, at in enumerate(chunk):
                 self._slots[at] = (len(self.calls), entry)
-            self.calls.append(complete_call(k, [batch[at] for at in chunk]))  # type: ignore[misc]
+            call, waits = _complete(k, [batch[at] for at in chunk])  # type: ignore[misc]
+            self.calls.append(call)
+            for at, wait in zip(chunk, waits):
+                self._waits[at] = wait
         # last: every finished grouped job freed a slot of its group; a group parked at its
         # cap rejoins the turn order and wakes a worker (no reply is read back per outcome)
         self.calls += free_calls(k, batch)
 
     def replies(self, replies: Sequence[Any]) -> List[Any]:
-        """One reply per outcome from the calls' replies: complete.lua's ``[wait, run]``,
-        fail.lua's ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job
-        whose lease was gone; a whole call's error for each of its jobs)."""
+        """One reply per outcome from the calls' replies: ``[wait, run]`` for a completed
+        job (complete.lua's run ms joined with the wait the plan sent), fail.lua's
+        ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job whose lease
+        was gone; a whole call's error for each of its jobs)."""
         out: List[Any] = []
-        for call_at, entry in self._slots:
+        waits = self._waits
+        for at, (call_at, entry) in enumerate(self._slots):
             reply = replies[call_at]
             if entry >= 0 and not isinstance(reply, Exception):
                 reply = reply[entry]
-                if isinstance(reply, bytes):  # 'EMQLEASE ...': this job only
+                if type(reply) is int:  # the run ms (-1: a re-sent ack, timed already)
+                    reply = [waits[at] if reply >= 0 else -1, reply]
+                elif isinstance(reply, bytes):  # 'EMQLEASE ...': this job only
                     reply = from_reply(reply.decode()) or LeaseLost(reply.decode())
             out.append(reply)
         return out
@@ -446,12 +478,10 @@ def run_times(batch: Sequence[Outcome], replies: Sequence[Any]) -> Observations:
     run]``) returned for a batch, bucketed for one :func:`metrics_call`; refused
     outcomes (lease lost, errors) were not timed."""
     waits, runs = [], []
-    for outcome, reply in zip(batch, replies):
-        if type(reply) is not list:  # an error reply: not timed
-            continue
-        wait, run = reply[-2:]  # fail.lua's reply leads with its retry flag
-        waits.append(wait)
-        runs.append(run)
+    for reply in replies:
+        if type(reply) is list:  # (an error reply: not timed)
+            waits.append(reply[-2])  # fail.lua's reply leads with its retry flag
+            runs.append(reply[-1])
     obs = Observations()
     obs.observe_many("wait", waits)
     obs.observe_many("run", runs)
