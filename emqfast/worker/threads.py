@@ -177,7 +177,7 @@ class Worker(WorkerMachine):
                                    max_memory_per_child_mb)
         if processes is not None:
             concurrency = processes * (concurrency or 1)
-        options: Dict[str, Any] = dict(concurrency=concurrency or 8, lease_ms=lease_ms, max_stalled=max_stalled,
+        options: Dict[str, Any] = dict(concurrency=8 if concurrency is None else concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
                        batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
                        keep_failed=keep_failed, max_age_ms=max_age_ms,
                        shutdown_timeout_s=shutdown_timeout_s, name=name,
