@@ -19,11 +19,14 @@
 -- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
 --          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
 --          the run as start.lua reported it to the Worker: attempt, started ms (server
---          clock), wait ms (due -> started); '' for all three: read them from the job hash
--- Returns: one entry per job, in order: {wait ms, run ms} of the run (due -> started and
---          started -> now, for the caller's histograms via metrics_add.lua; -1 for a time
---          not known), {-1, -1} when this very token already completed the job (a re-sent
---          ack: nothing is rewritten), or the text 'EMQLEASE ...' when the lease expired and
+--          clock), wait ms (due -> started; not read: '' will do); '' for all three: read
+--          them from the job hash
+-- Returns: one entry per job, in order: the run's times for the caller's histograms
+--          (via metrics_add.lua): given the run record, the run ms (started -> now; the
+--          caller knows the wait), else {wait ms, run ms} read from the hash (due ->
+--          started, started -> now; -1 for a time not known); -1 (or {-1, -1} without a
+--          run record) when this very token already completed the job (a re-sent ack:
+--          nothing is rewritten), or the text 'EMQLEASE ...' when the lease expired and
 --          the job was reaped, re-claimed or already ended (that job is left untouched), or
 --          'EMQGONE ...' when the job's hash is gone (the queue's keys were deleted)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version;
@@ -70,12 +73,15 @@ for i = 10, #KEYS do
   -- second mention must not pass the lease check again)
   if not seen[id] and held[i - 9] == token then
     seen[id] = true
-    local wait, run, attempt
+    local entry, attempt
     local started = tonumber(ARGV[a + 4])
-    if started then  -- the Worker's own record of the run: no read of the hash
-      wait, run, attempt = tonumber(ARGV[a + 5]) or -1, math.max(now - started, 0), ARGV[a + 3]
+    if started then  -- the Worker's own record of the run: no read of the hash, and
+      -- the run alone comes back (the Worker knows the wait it sent)
+      entry, attempt = math.max(now - started, 0), ARGV[a + 3]
     else
+      local wait, run
       wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
+      entry = {wait, run}
     end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
     -- an earlier attempt's failure is not this outcome's
@@ -84,13 +90,13 @@ for i = 10, #KEYS do
     attempts[#attempts + 1] = attempt
     scored[#scored + 1] = now
     scored[#scored + 1] = id
-    out[#out + 1] = {wait, run}
+    out[#out + 1] = entry
   else
     -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
     -- own completion: tokens are unique, so this is the same outcome, not a takeover.
     local f = redis.call('HMGET', key, 'state', 'worker')
     if f[1] == 'completed' and f[2] == token then
-      out[#out + 1] = {-1, -1}  -- timed already
+      out[#out + 1] = tonumber(ARGV[a + 4]) and -1 or {-1, -1}  -- timed already
     else
       out[#out + 1] = emq_lease_lost(key, id, meta_key, fenced)
     end

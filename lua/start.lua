@@ -44,7 +44,8 @@
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
---          cancel} when the lease holds (enc, opts, run_at nil when the hash omits them;
+--          cancel} when the lease holds (attempts and the times as integers; enc, opts,
+--          run_at nil when the hash omits them;
 --          started = the start instant, server ms, which the Worker hands back to
 --          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
 --          unstarted, so the Worker stops it as it starts, else nil), or 0
@@ -157,6 +158,9 @@ local function expire(id, key, token)
   expired[#expired + 1] = id
 end
 
+-- A stored time as a number (the reply's integer; false, a nil reply, for none).
+local function ms(v) return v and tonumber(v) or false end
+
 local out = {}
 local orphaned = 0
 local started, started_attempts = {}, {}  -- for the batched 'active' events
@@ -176,8 +180,8 @@ for i = 14, last_job do
       emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
-      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], h[4], h[6], tonumber(h[8] or stamp),
-        h[10]}
+      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], ms(h[4]), ms(h[6]),
+        tonumber(h[8] or stamp), h[10]}
     elseif h[9] and not h[5] and now > (tonumber(h[9]) or now) then
       expire(id, key, token)
     else
@@ -188,7 +192,7 @@ for i = 14, last_job do
           'worker', token)
         started[#started + 1] = id
         started_attempts[#started_attempts + 1] = attempts
-        row = {attempts, h[1], h[2], h[3], h[4], h[6], now, h[10]}
+        row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[10]}
       else
         defer(id, gw)
       end

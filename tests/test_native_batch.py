@@ -199,6 +199,19 @@ def test_c_and_python_agree(r):
             _comparable(pure.Batcher.from_redis(r).evalsha_many(sha, body, 1, calls))
 
 
+def test_walking_nodes_reads_int_arrays_whole_and_mixed_ones_item_by_item(c_only):
+    """walk_nodes reads an array of ints in one slice (an ack's run times); arrays that
+    hold anything else, nested or empty ones, read as before."""
+    from emqfast.backends.native_batcher import walk_nodes
+    data = b"ab"
+    nodes = [5, 3, 0, 1, 7, 0, 1, -1, 0, 1, 9, 0,        # [7, -1, 9]
+             5, 3, 0, 1, 1, 0, 5, 2, 0, 1, 2, 0, 1, 3, 0, 2, 0, 2,  # [1, [2, 3], b"ab"]
+             5, 0, 0,                                    # []
+             5, 2, 0, 3, 0, 0, 1, 4, 0,                  # [None, 4]
+             1, 5, 0]                                    # 5
+    assert walk_nodes(nodes, data, 5) == [[7, -1, 9], [1, [2, 3], b"ab"], [], [None, 4], 5]
+
+
 # --- the C Batcher's own connection --------------------------------------
 def test_connects_lazily_and_reports_where(c_only):
     b = c_only.Batcher(host="127.0.0.1", port=1)  # nothing listens on port 1

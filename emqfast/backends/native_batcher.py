@@ -132,6 +132,11 @@ def walk_nodes(nodes: List[int], data: bytes, count: int) -> List[Any]:
         elif kind == 4:  # EMQ_R_ERROR
             cur.append(_error_reply(data[a:a + b].decode("utf-8", "replace")))
         elif kind == 5:  # EMQ_R_ARRAY
+            end = i + 3 * a
+            if a and nodes[i:end:3].count(1) == a:  # ints only (an ack's run times): one slice
+                cur.append(nodes[i + 1:end:3])
+                i = end
+                continue
             child: List[Any] = []
             cur.append(child)
             stack.append((cur, left))

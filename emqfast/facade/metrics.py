@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -67,7 +68,7 @@ class Observations:
         if not known:
             return
         f = self.fields
-        for i, n in Counter(bisect_left(BUCKETS_MS, ms) for ms in known).items():
+        for i, n in Counter(map(partial(bisect_left, BUCKETS_MS), known)).items():
             key = f"{name}:le:{BUCKETS_MS[i] if i < len(BUCKETS_MS) else '+Inf'}"
             f[key] = f.get(key, 0) + n
         f[name + ":sum"] = f.get(name + ":sum", 0) + sum(known)

@@ -115,7 +115,7 @@ def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) 
 def started_jobs(rows: JobRows, pairs: Sequence[Pair],
                  reply: Sequence[Any]) -> List[Tuple[Job, str]]:
     """The running ``(job, token)`` for each start.lua row (an empty row: lease gone)."""
-    return [(rows.job(job_id, row), token) for (job_id, token), row in zip(pairs, reply) if row]
+    return rows.jobs(pairs, reply)
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -202,58 +202,92 @@ def idle(until_idle: bool, wait_scheduled: bool, status: int, next_due: int, now
 
 # --- start rows -> jobs --------------------------------------------------------------
 
-_Parsed = options.Options
 _new_job = Job.__new__
 
 
 class JobRows:
-    """Builds the running :class:`Job` of one ``start.lua`` row, like ``Job.from_hash``."""
+    """Builds the running :class:`Job` of one ``start.lua`` row, like ``Job.from_hash``.
+
+    Per options blob it keeps a base dict (every field at its default, the options'
+    fields set), so a job costs one dict built from it and the row's own values."""
 
     _MAX_CACHED = 256
 
     def __init__(self, queue: str):
         self.queue = queue
-        self._opts: Dict[bytes, _Parsed] = {}
-        # every field at its default, as Job(...) would set it: copied per job
+        # opts blob -> (base fields, None); options with extras are not cached: they may
+        # hold mutable values, so each job parses its own
+        self._bases: Dict[bytes, Tuple[Dict[str, Any], Optional[Dict[str, Any]]]] = {}
+        # every field at its default, as Job(...) would set it
         self._template = dict(Job(id="", queue=queue, state="active", payload=None).__dict__)
 
-    def _parse(self, opts: Optional[bytes]) -> _Parsed:
+    def _base(self, opts: Optional[bytes]) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
         key = opts or b""
-        hit = self._opts.get(key)
-        if hit is None:
-            # no 'opts' (start.lua's nil) or an empty one: the library defaults
-            hit = options.decode(opts)
-            # Extra options may hold mutable values: each job parses its own.
-            if not hit.extra:
-                if len(self._opts) >= self._MAX_CACHED:
-                    self._opts.clear()
-                self._opts[key] = hit
+        hit = self._bases.get(key)
+        if hit is not None:
+            return hit
+        # no 'opts' (start.lua's nil) or an empty one: the library defaults
+        parsed = options.decode(opts)  # PayloadError: the caller's
+        base = dict(self._template, max_attempts=parsed.max_attempts,
+                    priority=parsed.priority, backoff=parsed.backoff)
+        hit = (base, parsed.extra or None)
+        if hit[1] is None:  # extra options may hold mutable values: each job parses its own
+            if len(self._bases) >= self._MAX_CACHED:
+                self._bases.clear()
+            self._bases[key] = hit
         return hit
+
+    def jobs(self, pairs: Sequence[Pair], reply: Sequence[Any]) -> List[Tuple[Job, str]]:
+        """The running ``(job, token)`` for each row (an empty row: lease gone). A row of
+        today's start.lua with cached options and no cancel mark takes the short way."""
+        out = []
+        bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
+        for (job_id, token), row in zip(pairs, reply):
+            if not row:
+                continue
+            if len(row) == 8 and not row[7] and type(row[4]) is int:
+                attempts, payload, enc, opts, created, run_at, started, _ = row
+                hit = bases.get(opts or b"")
+                if hit is not None and type(started) is int \
+                        and (run_at is None or type(run_at) is int):
+                    if enc != b"b":
+                        try:
+                            payload = decode(payload, enc)
+                        except PayloadError:  # the long way records it
+                            out.append((self.job(job_id, row), token))
+                            continue
+                    job = new(cls)
+                    job.__dict__ = dict(hit[0], id=job_id, payload=payload,
+                                        attempts=attempts, created_ms=created,
+                                        run_at_ms=run_at, started_ms=started, extra={})
+                    out.append((job, token))
+                    continue
+            out.append((self.job(job_id, row), token))
+        return out
 
     def job(self, job_id: str, row: Any) -> Job:
         """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel]``
         from start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
-        JSON, the default options, never delayed; rows of older scripts end after
-        ``created`` or ``started``). A ``cancel`` mark (a cancel asked for while the job was
-        held unstarted) sets ``_cancel_at_start``: the Worker stops the run as it begins."""
+        JSON, the default options, never delayed; the times are ints, or bytes from rows
+        of older scripts, which may end after ``created`` or ``started``). A ``cancel``
+        mark (a cancel asked for while the job was held unstarted) sets
+        ``_cancel_at_start``: the Worker stops the run as it begins."""
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times[:2] if times else (None, None)
-        fields = self._template.copy()
+        undecodable = None
         try:
-            fields["max_attempts"], fields["priority"], fields["backoff"], extra = \
-                self._parse(opts)
-            fields["payload"] = payload if enc == b"b" else codec.decode(payload, enc)
+            base, extra = self._base(opts)
+            payload = payload if enc == b"b" else codec.decode(payload, enc)
         except PayloadError as exc:  # one corrupt hash must not stop the worker
-            fields["_undecodable"] = exc
-            fields["max_attempts"], fields["priority"], fields["backoff"], extra = \
-                self._parse(None)
-            fields["payload"] = payload
-        fields["id"] = job_id
-        fields["attempts"] = int(attempts)
-        fields["created_ms"] = int(created) if created is not None else None
-        fields["run_at_ms"] = int(run_at) if run_at is not None else None
-        fields["started_ms"] = int(started) if started is not None else None
-        fields["extra"] = dict(extra) if extra else {}
+            undecodable = exc
+            base, extra = self._base(None)
+        fields = dict(base, id=job_id, payload=payload, attempts=int(attempts),
+                      created_ms=int(created) if created is not None else None,
+                      run_at_ms=int(run_at) if run_at is not None else None,
+                      started_ms=int(started) if started is not None else None,
+                      extra=dict(extra) if extra else {})
+        if undecodable is not None:
+            fields["_undecodable"] = undecodable
         if len(times) > 2 and times[2]:
             fields["_cancel_at_start"] = True
         job = _new_job(Job)
@@ -279,14 +313,22 @@ _VERSION = KEYSPACE_VERSION.encode()
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
     """complete.lua for many successful outcomes: one call, one reply entry per job. Each
-    job's attempt, start and wait go along, as start.lua reported them, so the script
-    need not read them back from every job hash. Keys and arguments go as bytes (what
-    redis-py would send): the Batcher then joins them as they are, with no per-value
-    encoding pass on the drain's hot path."""
+    job's attempt and start go along, as start.lua reported them, so the script need not
+    read them back from every job hash. Keys and arguments go as bytes (what redis-py
+    would send): the Batcher then joins them as they are, with no per-value encoding
+    pass on the drain's hot path."""
+    return _complete(k, done)[0]
+
+
+def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
+    """:func:`complete_call` and each job's wait (due -> started ms, -1: not known): the
+    script answers a timed run with its run ms alone."""
     keys = [x.encode() for x in (k.active, k.leases, k.completed, k.meta, k.events,
                                   k.metrics, k.waiters, k.dependents, k.outbox)]
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
+    waits: List[int] = []
+    memo: Dict[int, bytes] = {}  # attempts and start instants repeat within a batch
     for o in done:
         job = o.job
         job_id = job.id.encode()
@@ -294,11 +336,18 @@ def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
         started = job.started_ms
         if started is None:
             args += (job_id, o.token.encode(), o.result, *run_record(job))
+            waits.append(-1)
             continue
         due = job.run_at_ms if job.run_at_ms is not None else job.created_ms  # run_record's
-        args += (job_id, o.token.encode(), o.result, b"%d" % job.attempts, b"%d" % started,
-                 b"%d" % (max(started - due, 0) if due is not None else -1))
-    return Call(_COMPLETE, keys, args)
+        waits.append(max(started - due, 0) if due is not None else -1)
+        attempt = memo.get(job.attempts)
+        if attempt is None:
+            attempt = memo[job.attempts] = b"%d" % job.attempts
+        at = memo.get(started)
+        if at is None:
+            at = memo[started] = b"%d" % started
+        args += (job_id, o.token.encode(), o.result, attempt, at, b"")
+    return Call(_COMPLETE, keys, args), waits
 
 
 def run_record(job: Any) -> Tuple[bytes, bytes, bytes]:
@@ -335,6 +384,9 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
     call is one command, and Redis drops a client whose single command outgrows its query
     buffer limit (1 GB by default), which 200 large results could; a pipeline of small
     calls never does."""
+    sizes = [len(batch[at].result) for at in done_at]  # type: ignore[union-attr]
+    if sum(sizes) <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
+        return [done_at[i:i + COMPLETE_CHUNK] for i in range(0, len(done_at), COMPLETE_CHUNK)]
     chunks: List[List[int]] = []
     size = 0
     for at in done_at:
@@ -369,12 +421,19 @@ class AckPlan:
         # per outcome: None (done) / True (retry) / False (failed), as tally() wants
         self.retrying: List[Optional[bool]] = []
         self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
+        self._waits: List[int] = [-1] * len(batch)  # per outcome: its wait, for a timed run
         done_at: List[int] = []
         if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
-            done_at = list(range(len(batch)))
             self.retrying = [None] * len(batch)
-            self._slots = [(-1, -1)] * len(batch)
-        for at, outcome in enumerate(batch if not done_at else ()):
+            self._slots, self._waits = [], []
+            for chunk in _chunks_of_results(batch, list(range(len(batch)))):
+                call, waits = _complete(k, batch[chunk[0]:chunk[-1] + 1])  # type: ignore[arg-type]
+                self._slots += [(len(self.calls), entry) for entry in range(len(chunk))]
+                self._waits += waits
+                self.calls.append(call)
+            self.calls += free_calls(k, batch)
+            return
+        for at, outcome in enumerate(batch):
             if isinstance(outcome, Failed):
                 call, retry = fail_call(k, outcome)
                 self._slots.append((len(self.calls), -1))
@@ -387,21 +446,28 @@ class AckPlan:
         for chunk in _chunks_of_results(batch, done_at):
             for entry, at in enumerate(chunk):
                 self._slots[at] = (len(self.calls), entry)
-            self.calls.append(complete_call(k, [batch[at] for at in chunk]))  # type: ignore[misc]
+            call, waits = _complete(k, [batch[at] for at in chunk])  # type: ignore[misc]
+            self.calls.append(call)
+            for at, wait in zip(chunk, waits):
+                self._waits[at] = wait
         # last: every finished grouped job freed a slot of its group; a group parked at its
         # cap rejoins the turn order and wakes a worker (no reply is read back per outcome)
         self.calls += free_calls(k, batch)
 
     def replies(self, replies: Sequence[Any]) -> List[Any]:
-        """One reply per outcome from the calls' replies: complete.lua's ``[wait, run]``,
-        fail.lua's ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job
-        whose lease was gone; a whole call's error for each of its jobs)."""
+        """One reply per outcome from the calls' replies: ``[wait, run]`` for a completed
+        job (complete.lua's run ms joined with the wait the plan sent), fail.lua's
+        ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job whose lease
+        was gone; a whole call's error for each of its jobs)."""
         out: List[Any] = []
-        for call_at, entry in self._slots:
+        waits = self._waits
+        for at, (call_at, entry) in enumerate(self._slots):
             reply = replies[call_at]
             if entry >= 0 and not isinstance(reply, Exception):
                 reply = reply[entry]
-                if isinstance(reply, bytes):  # 'EMQLEASE ...': this job only
+                if type(reply) is int:  # the run ms (-1: a re-sent ack, timed already)
+                    reply = [waits[at] if reply >= 0 else -1, reply]
+                elif isinstance(reply, bytes):  # 'EMQLEASE ...': this job only
                     reply = from_reply(reply.decode()) or LeaseLost(reply.decode())
             out.append(reply)
         return out
@@ -412,12 +478,10 @@ def run_times(batch: Sequence[Outcome], replies: Sequence[Any]) -> Observations:
     run]``) returned for a batch, bucketed for one :func:`metrics_call`; refused
     outcomes (lease lost, errors) were not timed."""
     waits, runs = [], []
-    for outcome, reply in zip(batch, replies):
-        if type(reply) is not list:  # an error reply: not timed
-            continue
-        wait, run = reply[-2:]  # fail.lua's reply leads with its retry flag
-        waits.append(wait)
-        runs.append(run)
+    for reply in replies:
+        if type(reply) is list:  # (an error reply: not timed)
+            waits.append(reply[-2])  # fail.lua's reply leads with its retry flag
+            runs.append(reply[-1])
     obs = Observations()
     obs.observe_many("wait", waits)
     obs.observe_many("run", runs)

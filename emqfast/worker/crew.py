@@ -190,6 +190,10 @@ class Crew(Solo):
         assert self.pool is not None
         return SharedPool(self.pool)
 
+    def handler_threads(self, w: Any) -> Any:
+        """The thread crew's handler threads (made per run), as a member may hold them."""
+        return self.handler_pool(w)
+
     def handler_slots(self, w: Any) -> AsyncSlots:
         """The crew's slots (made per run by the asyncio crew)."""
         assert self.slots is not None

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from emqfast.server import eviction
 from emqfast.worker import signals
 from emqfast.worker.crew import Crew
+from emqfast.worker.handler_threads import HandlerThreads
 from emqfast.worker.many_shared import SharedMarkers, gate_size, shared_client
 from emqfast.worker.outcomes import WorkerStats
 
@@ -158,7 +158,7 @@ class ThreadCrew(Crew):
                 self.stop()
 
         self.order.reset()
-        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="emq-handler")
+        self.pool = HandlerThreads(self.concurrency)
         threads = [threading.Thread(target=one, args=(m,), daemon=True,
                                     name=f"emq-queue-{m.queue.name}")
                    for m in self.members[1:]]

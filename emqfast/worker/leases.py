@@ -19,6 +19,7 @@ from typing import Any, Optional, Tuple
 
 from emqfast.facade.job import Job
 from emqfast.worker.async_slots import AsyncSlots
+from emqfast.worker.handler_threads import HandlerThreads
 
 PREFETCH_BUDGET_S = 0.002  # how long a prefetched job may wait for a handler slot
 PREFETCH_MAX = 2048        # jobs held beyond concurrency, at most
@@ -158,6 +159,10 @@ class Solo:
     def handler_pool(self, w: Any) -> Any:
         """The thread pool ``w``'s handlers run on for one run."""
         return ThreadPoolExecutor(w.concurrency, thread_name_prefix="emq-handler")
+
+    def handler_threads(self, w: Any) -> HandlerThreads:
+        """The thread Worker's handler threads for one run (no Future per task)."""
+        return HandlerThreads(w.concurrency)
 
     def handler_slots(self, w: Any) -> AsyncSlots:
         """The asyncio handler slots of one run."""

@@ -34,7 +34,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import (Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union,
                     cast)
 
@@ -55,6 +54,7 @@ from emqfast.worker.many_shared import MemberMarkers, gated
 from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_result,
                                      check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
+from emqfast.worker.handler_threads import HandlerThreads
 from emqfast.worker.leases import SOLO, RunningJob, Solo
 from emqfast.worker.outcomes import WorkerStats
 from emqfast.worker.wake import MarkerWaiter
@@ -152,7 +152,7 @@ class Worker(WorkerMachine):
     _listener: Optional["CancelListener"]
     _timer: Optional["TimeoutTimer"]
     _lock: threading.Condition
-    _pool: Optional[ThreadPoolExecutor]
+    _pool: Optional[HandlerThreads]
     _acks: "queue_mod.SimpleQueue[Optional[Outcome]]"
     _ack_batcher: Any
     _drainers: int
@@ -221,7 +221,7 @@ class Worker(WorkerMachine):
         self._ack_batcher: Any = None  # the acker thread's Batcher (hiredis under C)
         self._ack_reconnect = False  # a lost connection was met: make the Batcher anew
         self._stop = threading.Event()
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool: Optional[HandlerThreads] = None
         self._acker: Optional[threading.Thread] = None
         self._setup_listening()
 
@@ -307,7 +307,7 @@ class Worker(WorkerMachine):
             if self._procs is not None:
                 self._procs.start()  # HandlerNotImportable before anything is claimed
             else:
-                self._pool = self._crew.handler_pool(self)
+                self._pool = self._crew.handler_threads(self)
             self._acker = threading.Thread(target=self._ack_loop, name="emq-acker",
                                            daemon=True)
             self._acker.start()
