@@ -56,12 +56,14 @@ def decode(message: bytes) -> Frame:
     return json.loads(message[:cut]), message[cut + 1:]
 
 
-def bundle(messages: List[bytes]) -> bytes:
-    """Several messages as one (one write, one wake-up of the reader): a ``many``
-    header with their sizes, then the messages one after another."""
-    if len(messages) == 1:
-        return messages[0]
-    return encode({"k": "many", "n": [len(m) for m in messages]}, b"".join(messages))
+def bundle(frames: List[Frame]) -> bytes:
+    """Several messages as one (one write, one wake-up and one JSON parse for the
+    reader): a ``many`` header holding their headers and body sizes, then the bodies one
+    after another."""
+    if len(frames) == 1:
+        return encode(*frames[0])
+    return encode({"k": "many", "h": [h for h, _ in frames], "n": [len(b) for _, b in frames]},
+                  b"".join(b for _, b in frames))
 
 
 def unbundle(header: Dict[str, Any], body: bytes) -> List[Frame]:
@@ -69,11 +71,10 @@ def unbundle(header: Dict[str, Any], body: bytes) -> List[Frame]:
     if header["k"] != "many":
         return [(header, body)]
     out, at = [], 0
-    for size in header["n"]:
-        out.append(decode(body[at:at + size]))
+    for part, size in zip(header["h"], header["n"]):
+        out.append((part, body[at:at + size]))
         at += size
     return out
-
 
 def handler_path(handler: Callable[..., Any]) -> str:
     """``module:qualname`` of a handler a child can import again; typed refusal
@@ -119,7 +120,7 @@ def resolve(path: str, main: str = "") -> Callable[..., Any]:
 _payload_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> bytes:
+def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> Frame:
     """The ``run`` message of a started job (its payload re-encoded as stored), the
     ``place``-th sent to this child; ``say_begin``: the child sends ``began`` as its
     handler starts."""
@@ -127,14 +128,14 @@ def job_frame(job: Job, token: str, place: int, say_begin: bool = False) -> byte
     is_bytes = isinstance(payload, (bytes, bytearray))
     body = bytes(payload) if is_bytes else _payload_json(payload).encode()
     backoff = job.backoff
-    return encode({"k": "run", "id": job.id, "tok": token, "q": job.queue,
-                   "a": job.attempts, "ma": job.max_attempts, "pr": job.priority,
-                   "bo": None if backoff is None else [backoff.kind, backoff.base_ms,
-                                                       backoff.cap_ms, backoff.band,
-                                                       backoff.full],
-                   "c": job.created_ms, "r": job.run_at_ms, "s": job.started_ms,
-                   "x": job.extra, "b": is_bytes, **_wire_results(job._dep_results),
-                   "stop": job._stop_reason, "sb": say_begin, "p": place}, body)
+    header = {"k": "run", "id": job.id, "tok": token, "q": job.queue, "a": job.attempts,
+              "ma": job.max_attempts, "pr": job.priority,
+              "bo": None if backoff is None else [backoff.kind, backoff.base_ms,
+                                                  backoff.cap_ms, backoff.band, backoff.full],
+              "c": job.created_ms, "r": job.run_at_ms, "s": job.started_ms, "x": job.extra,
+              "b": is_bytes, **_wire_results(job._dep_results), "stop": job._stop_reason,
+              "sb": say_begin, "p": place}
+    return header, body
 
 
 def _wire_results(results: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -202,7 +203,7 @@ class Child:
         self._begun, self._taken = begun, 0
         # what goes to the Worker: one sender thread writes whatever has gathered as
         # one message, so a busy child costs the Worker one read per batch, not per job
-        self._outbox: "queue_mod.SimpleQueue[Optional[bytes]]" = queue_mod.SimpleQueue()
+        self._outbox: "queue_mod.SimpleQueue[Optional[Frame]]" = queue_mod.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name="emq-child-sender")
         self._jobs: "queue_mod.SimpleQueue[Optional[Tuple[Dict[str, Any], bytes]]]" = \
@@ -220,7 +221,7 @@ class Child:
 
     def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
         """Queue one message for the Worker (sent in order by the sender thread)."""
-        self._outbox.put(encode(header, body))
+        self._outbox.put((header, body))
 
     def _send_loop(self) -> None:
         get, more = self._outbox.get, self._outbox.get_nowait
