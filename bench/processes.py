@@ -29,12 +29,30 @@ GRACE_MS = 100
 TIMEOUT_MS = 100
 
 
-def cpu(job: Any) -> None:
-    """~5 ms of pure-Python work (holds the GIL throughout)."""
-    end = time.perf_counter() + CPU_MS / 1000.0
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
+def cpu(job: Any) -> int:
+    """A fixed amount of pure-Python work (~5 ms alone on this machine: ``job.payload["n"]``
+    iterations, calibrated by :func:`calibrate`): it holds the GIL throughout, so threads
+    of one process take turns."""
+    return _spin(job.payload["n"])
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total % 7
+
+
+def calibrate() -> int:
+    """Iterations of :func:`_spin` taking about ``CPU_MS`` here."""
+    n = 20_000
+    while True:
+        started = time.perf_counter()
+        _spin(n)
+        took = time.perf_counter() - started
+        if took > 0.02:
+            return int(n * CPU_MS / 1000.0 / took)
+        n *= 2
 
 
 def noop(job: Any) -> None:
@@ -49,15 +67,23 @@ def spin(job: Any) -> None:
         pass
 
 
-def _drain(url: str, handler: Any, n: int, processes: Optional[int]) -> float:
+def _drain(url: str, handler: Any, n: int, processes: Optional[int], work: int = 0) -> float:
+    """Jobs/s of a running Worker draining ``n`` jobs: timed from the enqueue to the last
+    completion, once its children (if any) are up; a Worker's start is not part of it."""
     q = emqfast.Queue("bench-proc-" + uuid.uuid4().hex[:8], emqfast.connect(url))
-    q.enqueue_many([{"i": i} for i in range(n)])
     options: Dict[str, Any] = {"processes": processes} if processes else {"concurrency": 8}
-    w = emqfast.Worker(q, handler, **options)
+    w = emqfast.Worker(q, handler, keep_completed=n, **options)
+    runner = threading.Thread(target=w.run, daemon=True)
+    runner.start()
+    while processes and len((w._children_report() or {}).get("children", [])) < processes:
+        time.sleep(0.01)
     started = time.perf_counter()
-    w.run_until_idle(timeout_s=600)
+    q.enqueue_many([{"i": i, "n": work} for i in range(n)])
+    while q.counts().get("completed", 0) < n:  # (a light poll: it shares this process)
+        time.sleep(0.05)
     took = time.perf_counter() - started
-    assert w.stats.completed == n, w.stats
+    w.stop()
+    runner.join(60)
     return n / took
 
 
@@ -110,14 +136,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("url", nargs="?", default="redis://localhost:6379/0")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cpu-jobs", type=int, default=400)
+    parser.add_argument("--cpu-jobs", type=int, default=1500)
     parser.add_argument("--noop-jobs", type=int, default=20_000)
     parser.add_argument("--kills", type=int, default=40)
     args = parser.parse_args(argv)
     cpu_ratio, noop_ratio = [], []
+    work = calibrate()
     for r in range(args.rounds):
-        t_cpu = _drain(args.url, cpu, args.cpu_jobs, None)
-        p_cpu = _drain(args.url, cpu, args.cpu_jobs, 2)
+        t_cpu = _drain(args.url, cpu, args.cpu_jobs, None, work)
+        p_cpu = _drain(args.url, cpu, args.cpu_jobs, 2, work)
         t_noop = _drain(args.url, noop, args.noop_jobs, None)
         p_noop = _drain(args.url, noop, args.noop_jobs, 2)
         cpu_ratio.append(p_cpu / t_cpu)

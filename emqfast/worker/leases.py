@@ -73,6 +73,10 @@ class Prefetch:
         self.concurrency = concurrency
         self.limit = limit
         self.handler_s: Optional[float] = None  # EWMA of handler run time
+        # held (claimed, unstarted) jobs kept whatever the handlers' speed: a process
+        # Worker keeps one per slot, so a freed slot starts one at once instead of
+        # claiming (a held job is not started: pause and cancel still stop it)
+        self.floor = 0
 
     def observe(self, seconds: float) -> None:
         """Record one handler run (called from handler threads; a lost update is harmless)."""
@@ -83,7 +87,7 @@ class Prefetch:
         """How many jobs may wait beyond ``concurrency`` right now (claimed, leased)."""
         if self.limit is not None:
             return self.limit
-        return self.ahead()
+        return max(self.floor, self.ahead())
 
     def ahead(self) -> int:
         """How many started jobs may wait for a handler slot: as many as the slots take up

@@ -214,6 +214,8 @@ class Worker(WorkerMachine):
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
         self._setup(queue, handler, batch_floor=DEFAULT_BATCH, crew=crew, **options)
+        if self._procs is not None:
+            self._holding.floor = self.concurrency
         self._setup_slots()
         self._lock = threading.Condition()
         self._guard = self._lock
