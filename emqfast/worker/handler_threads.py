@@ -5,7 +5,7 @@ What :class:`concurrent.futures.ThreadPoolExecutor` does for the Worker, without
 loop each time jobs wait for a free slot, many times a second on a busy drain, and never
 reads a result (a slot reports its outcomes itself). Threads start as tasks need them and
 are not daemons: like the executor's, a handler still running at interpreter exit is
-waited for, and :meth:`shutdown` (or the exit) ends the idle ones.
+waited for, and :meth:`HandlerThreads.shutdown` (or the exit) ends the idle ones.
 """
 from __future__ import annotations
 

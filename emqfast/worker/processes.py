@@ -412,10 +412,14 @@ class ProcessPool:
             Failed(job, token, _remote(header["t"], header["m"]), header["tb"],
                    header["retry"])
         child.jobs_run += 1
+        worn = child.retiring or self._worn_out(child)
+        if worn:  # before its slot is free: a job handed out then must not go to it
+            with self._lock:
+                child.retiring = True
         # the handler's own time (not its wait in the child's queue): the Worker sizes
         # how many jobs it starts ahead from it
         self._worker._process_run_ended(child.index, outcome, header["s"])
-        if child.retiring or self._worn_out(child):
+        if worn:
             self._retire(child)
 
     def _answer(self, child: _Child, header: Dict[str, Any], body: bytes) -> None:
