@@ -217,3 +217,46 @@ def test_a_long_wait_sends_a_bounded_number_of_commands(facade):
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_reader_left_unused_closes_without_a_command(facade, monkeypatch):
+    """Once its last wait ends, the pub/sub reader closes at its linger without PINGing
+    the connection it is about to drop (a quiet connection is probed only while someone
+    waits on it), so an idle process sends Redis nothing."""
+    import shutil
+    from conftest import start_redis_server
+    from emqfast.aio import job_wait
+    from emqfast.facade import wait_reader
+    from waiting import wait_until_async
+
+    monkeypatch.setattr(wait_reader, "QUIET_S", 0.2)  # probe soon, linger longer
+    monkeypatch.setattr(job_wait, "LINGER_S", 1.0)
+    proc, port, workdir = start_redis_server()
+    url = f"redis://127.0.0.1:{port}/0"
+    admin = redis.Redis(port=port)
+    pings = lambda: admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)  # noqa
+    subscribers = lambda: sum(1 for c in admin.client_list()  # noqa: E731
+                              if int(c.get("sub", 0)) or int(c.get("psub", 0)))
+    try:
+        ref = emqfast.Queue("idle", url).enqueue({"n": 1})  # nobody runs it
+        if facade == "sync":
+            q = emqfast.Queue("idle", url)  # (held: an app's queue outlives its waits)
+            with pytest.raises(emqfast.WaitTimeout):
+                q.ref(ref.id).wait(0.3)
+            before = pings()
+            wait_until(lambda: subscribers() == 0, timeout=30, what="the reader closed")
+        else:
+            async def main() -> int:  # (the loop lives on past the wait, to its linger)
+                q = emq.Queue("idle", url)
+                with pytest.raises(emqfast.WaitTimeout):
+                    await q.ref(ref.id).wait(0.3)
+                seen = pings()
+                await wait_until_async(lambda: subscribers() == 0, timeout=30,
+                                       what="the reader closed")
+                return seen
+            before = asyncio.run(main())
+        assert pings() == before, "an unused reader PINGed the connection it closed"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)

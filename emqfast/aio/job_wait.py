@@ -202,7 +202,9 @@ class AioRegistry:
         if verdict == "dead":
             raise redis.ConnectionError("the pub/sub connection of ref.wait did not answer "
                                         f"a PING within {self._live.deadline_s} s")
-        if verdict == "ping" and self._pubsub is not None:
+        if verdict == "ping" and not self._book:  # unused, closing at its linger: no probe
+            self._live.heard_now()
+        elif verdict == "ping" and self._pubsub is not None:
             async with self._sending:
                 await self._pubsub.ping(wait_reader.PING)
             self._live.sent_ping()

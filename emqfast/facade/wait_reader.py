@@ -268,6 +268,11 @@ class Registry:
         msg = pubsub.get_message(timeout=min(LINGER_S, self._live.next_check_s()))
         if msg is not None:
             self._live.heard_now()
+        else:
+            with self._lock:
+                if not self._book and not self._todo:
+                    self._thread = None  # the next add starts a new reader
+                    return False  # (unused: leave without PINGing a connection we close)
         verdict = self._live.due()
         if verdict == "dead":  # half-open: re-open, re-subscribe, and every wait re-reads
             raise redis.ConnectionError("the pub/sub connection of ref.wait did not answer "
@@ -276,10 +281,6 @@ class Registry:
             pubsub.ping(PING)
             self._live.sent_ping()
         if msg is None:
-            with self._lock:
-                if not self._book and not self._todo:
-                    self._thread = None  # the next add starts a new reader
-                    return False
             return True
         self._dispatch(msg)
         return True
