@@ -60,6 +60,7 @@ from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, HandlerPool, call_plain, first_step
 from emqfast.aio.crew import AioCrew
+from emqfast.worker.crew import expand_partitioned
 from emqfast.aio.many_shared import AioMemberMarkers
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
@@ -129,7 +130,9 @@ class Worker(WorkerMachine):
                  name: Optional[str] = None, allow_eviction: bool = False,
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
-                 order: str = "strict", weights: Optional[Sequence[int]] = None):
+                 order: Optional[str] = None, weights: Optional[Sequence[int]] = None,
+                 partitions: Optional[Sequence[int]] = None):
+        queue, order = expand_partitioned(queue, partitions, order)
         options: Dict[str, Any] = dict(concurrency=concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
                        batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
                        keep_failed=keep_failed, max_age_ms=max_age_ms,

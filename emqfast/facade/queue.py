@@ -54,6 +54,11 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
             QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
+    ``partitions=P`` spreads the queue over P partitions, each in its own Cluster slot
+    (so over the Cluster's masters): it returns a
+    :class:`~emqfast.facade.partitioned.PartitionedQueue` (see that module and the
+    docs' "Partitioned queues").
+
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
 
     ``wait_replicas=n`` (with ``wait_timeout_ms``) makes every enqueue path wait until
@@ -73,12 +78,35 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
 
     _resolve = staticmethod(resolve)
     is_async = False  # True in emqfast.aio.Queue: operations return coroutines
+    _partitioned: Optional[type] = None  # the PartitionedQueue of this facade (see __new__)
+
+    def __new__(cls, *args: Any, partitions: Optional[int] = None, **kwargs: Any) -> "Queue":
+        """``partitions=P`` makes a :class:`~emqfast.facade.partitioned.PartitionedQueue`
+        of this facade: one logical queue over P partitions (a Queue too)."""
+        if partitions is not None and not getattr(cls, "is_partitioned", False):
+            made = cls._partitioned_class()
+            return super().__new__(made)  # type: ignore[no-any-return]
+        return super().__new__(cls)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _partitioned_class(cls) -> type:
+        """The PartitionedQueue class of this facade: emqfast.facade.partitioned registers
+        it (it subclasses Queue; ``import emqfast`` imports it), emqfast.aio its own."""
+        if cls._partitioned is None:
+            raise InvalidInput("partitioned queues come with `import emqfast` "
+                               "(emqfast.facade.partitioned is not loaded)")
+        return cls._partitioned
+
+    is_partitioned = False  # True on a PartitionedQueue
 
     def __init__(self, name: str, conn: Any = None, *, attempts: int = options.DEFAULT_ATTEMPTS,
                  backoff: Backoff = DEFAULT_BACKOFF,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES,
                  wait_replicas: int = 0, wait_timeout_ms: int = 1000,
-                 group_commit: bool = True):
+                 group_commit: bool = True, partitions: Optional[int] = None):
+        if partitions is not None and not self.is_partitioned:
+            raise InvalidInput("partitions= makes a PartitionedQueue (Queue(name, conn, "
+                               "partitions=P)); this class is a plain queue")
         self.keys = QueueKeys(name)
         self.name = name
         self.redis: redis.Redis = self._resolve(conn)
