@@ -133,8 +133,10 @@ class Leaderboard(_SyncLeaderboard):
 
 async def promote_many(conn: Any, queues: Iterable[Any], limit: int = 1000) -> Dict[str, int]:
     """:func:`emqfast.promote_many` over ``redis.asyncio`` (two pipelined passes)."""
+    queues = list(queues)
     keys = bulk.validate(queues, limit)  # before anything is sent, or connected
-    return await run_async(resolve(conn), bulk.promote_many_op(keys, limit))
+    return bulk.fold_partitions(queues, await run_async(resolve(conn),
+                                                        bulk.promote_many_op(keys, limit)))
 
 
 class PartitionedQueue(_SyncPartitioned, Queue):

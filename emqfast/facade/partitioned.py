@@ -42,7 +42,7 @@ from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
 from emqfast.facade.queue import Queue, _iterable, _job_rows
 
-__all__ = ["PartitionedQueue", "PartitionedGroups"]
+__all__ = ["PartitionedQueue", "PartitionedGroups", "PartitionedSchedules"]
 
 _PARTITIONS = load("partitions")
 
@@ -118,9 +118,10 @@ class PartitionedQueue(Queue):
         return self.partitions
 
     def _place(self, partition_key: Optional[str], group: Optional[str],
-               dedupe_key: Optional[str]) -> int:
+               dedupe_key: Optional[str], job_id: Optional[str] = None) -> int:
         """The partition of one job: by its group, else its partition_key, else its
-        dedupe key, else the next in turn."""
+        dedupe key, else its caller-chosen id (so a re-sent id meets itself: duplicate),
+        else the next in turn."""
         if group is not None:
             if partition_key is not None:
                 raise InvalidInput("a grouped job is placed by its group (a group lives in "
@@ -133,6 +134,8 @@ class PartitionedQueue(Queue):
             return self.partition_for(partition_key)
         if dedupe_key is not None:
             return self.partition_for(check_key(dedupe_key))
+        if job_id is not None:
+            return self.partition_for(check_job_id(job_id))
         return next(self._turn) % self.partitions
 
     # --- enqueue -------------------------------------------------------------------------
@@ -149,7 +152,7 @@ class PartitionedQueue(Queue):
         options are :meth:`emqfast.Queue.enqueue`'s. ``partition_key``: jobs sharing it
         go to one partition and run in their order (and priority) there. The ref knows
         its partition (``ref.wait()`` works)."""
-        part = self.partition_queues[self._place(partition_key, group, dedupe_key)]
+        part = self.partition_queues[self._place(partition_key, group, dedupe_key, job_id)]
         yield from self._layout()
         ref: JobRef = yield from type(part).enqueue.op(  # type: ignore[attr-defined]
             part, payload, job_id=job_id, priority=priority, attempts=attempts,
@@ -189,7 +192,8 @@ class PartitionedQueue(Queue):
         keys = key_list(dedupe_keys, len(jobs))
         shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
                                                       expires_ms))
-        placement = self._placement(len(jobs), group, keys, partition_key, partition_keys)
+        placement = self._placement(len(jobs), group, keys, partition_key, partition_keys,
+                                    None if job_ids is None else [job.id for job in jobs])
         yield from self._layout()
         batch = EnqueueBatch(jobs, shared, self._wait, dedupe_keys=keys)
         refs: List[JobRef] = yield from self._admit_placed(batch, placement, {})
@@ -197,8 +201,10 @@ class PartitionedQueue(Queue):
 
     def _placement(self, n: int, group: Optional[str], keys: Optional[List[Optional[str]]],
                    partition_key: Optional[str],
-                   partition_keys: Optional[Sequence[Optional[str]]]) -> List[int]:
-        """The partition of each of ``n`` jobs of one enqueue_many."""
+                   partition_keys: Optional[Sequence[Optional[str]]],
+                   chosen_ids: Optional[List[str]]) -> List[int]:
+        """The partition of each of ``n`` jobs of one enqueue_many (``chosen_ids``: the
+        caller's job ids, or None when minted)."""
         if partition_keys is not None:
             if partition_key is not None:
                 raise InvalidInput("give partition_key or partition_keys, not both")
@@ -215,10 +221,11 @@ class PartitionedQueue(Queue):
                 raise InvalidInput("a grouped job is placed by its group: drop partition_keys")
             return [one] * n
         dedupe = keys if keys is not None else [None] * n
-        if keys is None and all(k is None for k in placing):  # dealt round robin
-            start = next(self._turn)
+        if keys is None and chosen_ids is None and all(k is None for k in placing):
+            start = next(self._turn)  # dealt round robin
             return [(start + i) % self.partitions for i in range(n)]
-        return [self._place(pk, None, dk) for pk, dk in zip(placing, dedupe)]
+        chosen = chosen_ids if chosen_ids is not None else [None] * n
+        return [self._place(pk, None, dk, j) for pk, dk, j in zip(placing, dedupe, chosen)]
 
     def _admit_placed(self, batch: EnqueueBatch, placement: Sequence[int],
                       done: Dict[str, JobRef]) -> Returns[List[JobRef]]:
@@ -289,7 +296,9 @@ class PartitionedQueue(Queue):
         """The partition queue holding job ``job_id``, or None (at most P reads)."""
         check_job_id(job_id)
         yield from self._layout(record)
-        for part in self.partition_queues:
+        first = self.partition_for(job_id)  # where a caller-chosen id is placed
+        for i in [first, *(i for i in range(self.partitions) if i != first)]:
+            part = self.partition_queues[i]
             if (yield from _exists(part, job_id)):
                 return part
         return None
@@ -529,11 +538,14 @@ class PartitionedQueue(Queue):
         return groups
 
     @property
-    def schedules(self) -> Any:
-        """Not offered on the logical queue: a schedule mints its jobs into one queue, so
-        use a partition's (``q.partition(i).schedules``)."""
-        raise InvalidInput("a partitioned queue has no schedules of its own: use "
-                           "q.partition(i).schedules (its jobs run in that partition)")
+    def schedules(self) -> "PartitionedSchedules":  # type: ignore[override]
+        """Repeatable schedules: each lives in the partition of its name (a Worker serving
+        that partition mints its jobs there); :meth:`PartitionedSchedules.list` and
+        ``pump`` cover them all."""
+        made = getattr(self, "_schedules", None)
+        if not isinstance(made, PartitionedSchedules):
+            made = self._schedules = PartitionedSchedules(self)  # type: ignore[assignment]
+        return made
 
 
 Queue._partitioned = PartitionedQueue  # Queue(name, conn, partitions=P) makes one
@@ -601,6 +613,71 @@ class PartitionedGroups:
             groups = part.groups
             found += yield from type(groups).list.op(groups)  # type: ignore[attr-defined]
         return sorted(set(found))
+
+
+class PartitionedSchedules:
+    """``q.schedules`` of a :class:`PartitionedQueue`: a schedule lives in the partition of
+    its name (its jobs are minted there); listing and pumping cover every partition."""
+
+    def __init__(self, queue: PartitionedQueue):
+        self.queue = queue
+
+    def _drive(self, op: Op) -> Any:
+        return self.queue._drive(op)
+
+    def _call(self, method: str, name: str, *args: Any, **kwargs: Any) -> Op:
+        yield from self.queue._layout()
+        part = self.queue.partition_queues[self.queue.partition_for(name)]
+        own = part.schedules
+        return (yield from getattr(type(own), method).op(own, name, *args, **kwargs))
+
+    def _each(self, method: str, *args: Any) -> Op:
+        yield from self.queue._layout(False)
+        out = []
+        for part in self.queue.partition_queues:
+            own = part.schedules
+            out.append((yield from getattr(type(own), method).op(own, *args)))
+        return out
+
+    @operation
+    def upsert(self, name: str, **spec: Any) -> Returns[Any]:
+        """Create or update schedule ``name`` (the options of
+        :meth:`emqfast.facade.schedules.Schedules.upsert`) in its partition."""
+        got = yield from self._call("upsert", name, **spec)
+        return got
+
+    @operation
+    def get(self, name: str) -> Returns[Any]:
+        """Schedule ``name``, or None."""
+        got = yield from self._call("get", name)
+        return got
+
+    @operation
+    def remove(self, name: str) -> Returns[bool]:
+        """Delete schedule ``name``; False if it did not exist."""
+        got: bool = yield from self._call("remove", name)
+        return got
+
+    @operation
+    def list(self) -> Returns[List[Any]]:
+        """Every schedule of every partition, soonest next run first."""
+        found = [x for each in (yield from self._each("list")) for x in each]
+        return sorted(found, key=lambda x: (x.next_run_ms is None, x.next_run_ms or 0))
+
+    @operation
+    def count(self) -> Returns[int]:
+        """Number of schedules over all partitions."""
+        return sum((yield from self._each("count")))
+
+    def __len__(self) -> int:
+        if getattr(self.queue, "is_async", False):
+            raise TypeError("len() cannot await: use `await queue.schedules.count()`")
+        return int(self.count())
+
+    @operation
+    def pump(self, limit: int = 100) -> Returns[int]:
+        """Mint the due occurrences of every partition's schedules (``limit`` each)."""
+        return sum((yield from self._each("pump", limit)))
 
 
 def _exists(part: Queue, job_id: str) -> Op:
