@@ -9,8 +9,9 @@ from __future__ import annotations
 import binascii
 import functools
 import logging
+import re
 import zlib
-from typing import Any, Iterable, List, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 from emqfast.core.errors import InvalidInput
 from emqfast.core.validation import check_queue_name
@@ -133,7 +134,8 @@ def queue_of_key(key: str) -> str:
 
 
 def queue_names_of(meta_keys: Iterable[Any]) -> List[str]:
-    """The sorted queue names of ``emq:{queue}:meta`` keys found by a SCAN. A queue whose
+    """The sorted queue names of ``emq:{queue}:meta`` keys found by a SCAN, the partitions of
+    a partitioned queue folded into its logical name (its meta records the layout). A queue whose
     name today's rules refuse (blank, control characters: written by an older version) is
     left out, so discovery (``emqfast stats``, the metrics exporter) still lists the rest."""
     names = set()
@@ -143,7 +145,25 @@ def queue_names_of(meta_keys: Iterable[Any]) -> List[str]:
             names.add(check_queue_name(name))
         except InvalidInput:
             log.warning("emqfast: skipping queue %r: its name is no longer valid", name)
-    return sorted(names)
+    return sorted(n for n in names if logical_of(n) not in names)
+
+
+_PARTITION = re.compile(r"^(.+)#(\d+)~(\d+)(?:~\d+)?$")
+
+
+def logical_of(name: str) -> Optional[str]:
+    """The logical queue whose partition ``name`` is (see :func:`partition_names`), or
+    None for a name no partitioned queue gives its partitions."""
+    found = _PARTITION.match(name)
+    if found is None:
+        return None
+    logical, i, p = found.group(1), int(found.group(2)), int(found.group(3))
+    if not 1 <= p <= MAX_PARTITIONS or i >= p or "#" in logical:
+        return None
+    try:
+        return logical if partition_names(logical, p)[i] == name else None
+    except InvalidInput:
+        return None
 
 
 CLUSTER_SLOTS = 16384

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, U
 
 from emqfast.backends.scripts import load
 from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
-from emqfast.core.keys import MAX_PARTITIONS, partition_names, partition_of
+from emqfast.core.keys import MAX_PARTITIONS, QueueKeys, partition_names, partition_of
 from emqfast.core.ops import Call, Cmd, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
 from emqfast.core.validation import check_group_name, check_int, check_job_id
@@ -42,7 +42,8 @@ from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
 from emqfast.facade.queue import Queue, _iterable, _job_rows
 
-__all__ = ["PartitionedQueue", "PartitionedGroups", "PartitionedSchedules"]
+__all__ = ["PartitionedQueue", "PartitionedGroups", "PartitionedSchedules", "open_queue",
+           "layout_of"]
 
 _PARTITIONS = load("partitions")
 
@@ -613,6 +614,23 @@ class PartitionedGroups:
             groups = part.groups
             found += yield from type(groups).list.op(groups)  # type: ignore[attr-defined]
         return sorted(set(found))
+
+
+def layout_of(client: Any, name: str) -> Optional[int]:
+    """The number of partitions queue ``name`` was made with, or None for a plain queue
+    (one read of its meta hash, on a blocking client): what tools open a queue with."""
+    got = client.hget(QueueKeys(name).meta, "partitions")
+    return int(got) if got is not None else None
+
+
+def open_queue(name: str, client: Any, **options: Any) -> Queue:
+    """Queue ``name`` as it was made: a :class:`PartitionedQueue` when its meta records a
+    layout, else a plain Queue (the CLI, the dashboard and the exporter open queues by
+    name with it, so they show a partitioned queue as one)."""
+    partitions = layout_of(client, name)
+    if partitions is None:
+        return Queue(name, client, **options)
+    return Queue(name, client, partitions=partitions, **options)
 
 
 class PartitionedSchedules:
