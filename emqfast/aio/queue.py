@@ -139,7 +139,7 @@ async def promote_many(conn: Any, queues: Iterable[Any], limit: int = 1000) -> D
                                                         bulk.promote_many_op(keys, limit)))
 
 
-class PartitionedQueue(_SyncPartitioned, Queue):
+class PartitionedQueue(_SyncPartitioned, Queue):  # type: ignore[misc]
     """:class:`emqfast.facade.partitioned.PartitionedQueue` over ``redis.asyncio``: what
     ``emqfast.aio.Queue(name, conn, partitions=P)`` returns; its partitions are aio
     Queues and each method is awaited (``await q.partition_for(...)`` is not: no I/O)."""

@@ -23,6 +23,7 @@ in rotation (:mod:`emqfast.worker.queue_order`, ``order="rotate"``).
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
@@ -36,6 +37,7 @@ from emqfast.core.validation import check_group_name, check_int, check_job_id
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import events as events_mod, metrics as metrics_mod
 from emqfast.facade.control import CancelResult
+from emqfast.facade.deps import Settled
 from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
 from emqfast.facade.enqueue_batch import EnqueueBatch, admit_many
 from emqfast.facade.job import Job, JobRef
@@ -155,7 +157,7 @@ class PartitionedQueue(Queue):
         its partition (``ref.wait()`` works)."""
         part = self.partition_queues[self._place(partition_key, group, dedupe_key, job_id)]
         yield from self._layout()
-        ref: JobRef = yield from type(part).enqueue.op(  # type: ignore[attr-defined]
+        ref: JobRef = yield from type(part).enqueue.op(
             part, payload, job_id=job_id, priority=priority, attempts=attempts,
             backoff=backoff, delay_ms=delay_ms, run_at_ms=run_at_ms, dedupe_key=dedupe_key,
             dedupe_ms=dedupe_ms, dedupe=dedupe, expires_ms=expires_ms, group=group,
@@ -311,39 +313,46 @@ class PartitionedQueue(Queue):
         return part
 
     @operation
+    def find_partition(self, job_id: str) -> Returns[Optional[Queue]]:
+        """The plain Queue of the partition holding job ``job_id``, or None (the id's own
+        partition is read first, then the others: at most P reads)."""
+        part: Optional[Queue] = yield from self._holder(job_id, record=False)
+        return part
+
+    @operation
     def get(self, job_id: str) -> Returns[Optional[Job]]:
         """Job ``job_id`` from whichever partition holds it, or None."""
         part = yield from self._holder(job_id, record=False)
         if part is None:
             return None
-        job: Optional[Job] = yield from type(part).get.op(part, job_id)  # type: ignore
+        job: Optional[Job] = yield from type(part).get.op(part, job_id)
         return job
 
     @operation
     def cancel(self, job_id: str) -> Returns[Union[bool, CancelResult]]:
         """:meth:`emqfast.Queue.cancel` in the partition holding the job."""
         part = yield from self._holder_or_raise(job_id)
-        got: Union[bool, CancelResult] = yield from type(part).cancel.op(part, job_id)  # type: ignore
+        got: Union[bool, CancelResult] = yield from type(part).cancel.op(part, job_id)
         return got
 
     @operation
     def retry(self, job_id: str) -> Returns[None]:
         """:meth:`emqfast.Queue.retry` in the partition holding the job."""
         part = yield from self._holder_or_raise(job_id)
-        yield from type(part).retry.op(part, job_id)  # type: ignore[attr-defined]
+        yield from type(part).retry.op(part, job_id)
 
     @operation
     def delete(self, job_id: str) -> Returns[bool]:
         """:meth:`emqfast.Queue.delete` in the partition holding the job."""
         part = yield from self._holder_or_raise(job_id)
-        got: bool = yield from type(part).delete.op(part, job_id)  # type: ignore
+        got: bool = yield from type(part).delete.op(part, job_id)
         return got
 
     @operation
     def promote_job(self, job_id: str) -> Returns[bool]:
         """:meth:`emqfast.Queue.promote_job` in the partition holding the job."""
         part = yield from self._holder_or_raise(job_id)
-        got: bool = yield from type(part).promote_job.op(part, job_id)  # type: ignore
+        got: bool = yield from type(part).promote_job.op(part, job_id)
         return got
 
     def ref(self, job_id: str) -> JobRef:
@@ -384,7 +393,7 @@ class PartitionedQueue(Queue):
         yield from self._layout(False)
         ids_: List[str] = []
         for part in self.partition_queues:
-            ids_ += yield from type(part).job_ids.op(part, state, 0, reach)  # type: ignore
+            ids_ += yield from type(part).job_ids.op(part, state, 0, reach)
         n = len(ids_)
         lo = start if start >= 0 else max(n + start, 0)
         hi = stop if stop >= 0 else n + stop
@@ -434,17 +443,14 @@ class PartitionedQueue(Queue):
         """Partition 0's rate limit (each partition's, when set by :meth:`set_rate_limit`)."""
         part = self.partition_queues[0]
         yield from self._layout(False)
-        got: Optional[Tuple[int, int]] = yield from type(part).rate_limit.op(part)  # type: ignore
+        got: Optional[Tuple[int, int]] = yield from type(part).rate_limit.op(part)
         return got
 
     @operation
     def metrics(self) -> Returns[metrics_mod.QueueMetrics]:
         """The partitions' metrics summed: counters, histograms and state sizes."""
         each: List[metrics_mod.QueueMetrics] = yield from self._each("metrics", layout=False)
-        return metrics_mod.QueueMetrics(
-            self.name, _sum_maps(m.counters for m in each),
-            _sum_histograms([m.wait for m in each]), _sum_histograms([m.run for m in each]),
-            _sum_maps(m.states for m in each))
+        return metrics_mod.combine(self.name, each)
 
     @operation
     def read_events(self, since: str = "0-0", *, count: int = 100,
@@ -458,11 +464,12 @@ class PartitionedQueue(Queue):
         if block_ms is not None:
             check_int(block_ms, "block_ms", 0, 1 << 40)
         yield from self._layout(False)
-        merged = yield from self._read_all(since, count, None)
+        merged: List[events_mod.Event] = yield from self._read_all(since, count, None)
         if merged or block_ms is None:
             return merged
         share = max(block_ms // self.partitions, 1) if block_ms else 1000
-        return (yield from self._read_all(since, count, share))
+        blocked: List[events_mod.Event] = yield from self._read_all(since, count, share)
+        return blocked
 
     def _read_all(self, since: str, count: int, block_ms: Optional[int]) -> Op:
         lists = []
@@ -478,7 +485,7 @@ class PartitionedQueue(Queue):
     @operation
     def last_event_id(self) -> Returns[str]:
         """The newest event id over all partitions (``"0-0"`` when none)."""
-        last = yield from self._each("last_event_id", layout=False)
+        last: List[str] = yield from self._each("last_event_id", layout=False)
         return max(last, key=_position)
 
     # --- maintenance: every partition -------------------------------------------------------
@@ -504,16 +511,19 @@ class PartitionedQueue(Queue):
             keep_expired=keep_expired)))
 
     @operation
-    def settle_dependencies(self, limit: int = 1000) -> Returns[int]:
-        """:meth:`emqfast.Queue.settle_dependencies` on each partition; settled in all."""
-        return sum((yield from self._each("settle_dependencies", limit)))
+    def settle_dependencies(self, grace_ms: Optional[int] = None) -> Returns[Settled]:
+        """:meth:`emqfast.Queue.settle_dependencies` on each partition; what they did, in
+        all."""
+        each: List[Settled] = yield from self._each("settle_dependencies", grace_ms)
+        return Settled(**{f.name: (any if f.name == "busy" else sum)(
+            getattr(x, f.name) for x in each) for f in dataclasses.fields(Settled)})
 
     @operation
     def obliterate(self) -> Returns[int]:
         """Delete every key of every partition and the layout record; keys deleted. The
         name may then be opened with another number of partitions."""
         n = sum((yield from self._each("obliterate", layout=None)))
-        n += yield from Queue.obliterate.op(self)  # type: ignore[attr-defined]
+        n += yield from Queue.obliterate.op(self)
         self._layout_known = False
         return int(n)
 
@@ -612,7 +622,7 @@ class PartitionedGroups:
         yield from self.queue._layout(False)
         for part in self.queue.partition_queues:
             groups = part.groups
-            found += yield from type(groups).list.op(groups)  # type: ignore[attr-defined]
+            found += yield from type(groups).list.op(groups)
         return sorted(set(found))
 
 
@@ -658,7 +668,7 @@ class PartitionedSchedules:
         return out
 
     @operation
-    def upsert(self, name: str, **spec: Any) -> Returns[Any]:
+    def upsert(self, name: str, /, **spec: Any) -> Returns[Any]:
         """Create or update schedule ``name`` (the options of
         :meth:`emqfast.facade.schedules.Schedules.upsert`) in its partition."""
         got = yield from self._call("upsert", name, **spec)
@@ -701,20 +711,6 @@ class PartitionedSchedules:
 def _exists(part: Queue, job_id: str) -> Op:
     found = yield Cmd.of("EXISTS", part.keys.job(job_id))
     return bool(int(found))
-
-
-def _sum_maps(maps: Iterable[Dict[str, int]]) -> Dict[str, int]:
-    total: Dict[str, int] = {}
-    for m in maps:
-        for k, v in m.items():
-            total[k] = total.get(k, 0) + v
-    return total
-
-
-def _sum_histograms(hists: List[metrics_mod.Histogram]) -> metrics_mod.Histogram:
-    buckets = [(bound, sum(h.buckets[i][1] for h in hists))
-               for i, (bound, _) in enumerate(hists[0].buckets)]
-    return metrics_mod.Histogram(buckets, sum(h.sum_ms for h in hists))
 
 
 def _position(stream_id: str) -> Tuple[int, int]:

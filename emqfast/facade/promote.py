@@ -244,7 +244,8 @@ def fold_partitions(queues: Iterable[QueueLike], moved: Dict[str, int]) -> Dict[
     """``moved`` with each partitioned queue's partitions summed under its own name."""
     for q in queues:
         if getattr(q, "is_partitioned", False):
-            moved[q.name] = sum(moved.pop(part.name, 0) for part in q.partition_queues)
+            parts: Any = getattr(q, "partition_queues")
+            moved[getattr(q, "name")] = sum(moved.pop(part.name, 0) for part in parts)
     return moved
 
 

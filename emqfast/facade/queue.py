@@ -85,8 +85,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         of this facade: one logical queue over P partitions (a Queue too)."""
         if partitions is not None and not getattr(cls, "is_partitioned", False):
             made = cls._partitioned_class()
-            return super().__new__(made)  # type: ignore[no-any-return]
-        return super().__new__(cls)  # type: ignore[no-any-return]
+            return super().__new__(made)
+        return super().__new__(cls)
 
     @classmethod
     def _partitioned_class(cls) -> type:
