@@ -120,6 +120,8 @@ def test_another_number_of_partitions_is_refused_before_any_write(client, qname)
         assert not client.exists(part.keys.meta)
     with pytest.raises(PartitionMismatch):  # a Worker too, before it serves
         Worker(other, lambda job: None)
+    with pytest.raises(PartitionMismatch):  # and a read: it would count the wrong keys
+        Queue(qname, client, partitions=4).counts()
     assert q.counts()["pending"] == 1
 
 

@@ -29,7 +29,7 @@ import itertools
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
 
 from emqfast.backends.scripts import load
-from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch
+from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch, PartitionMismatch
 from emqfast.core.keys import MAX_PARTITIONS, QueueKeys, partition_names, partition_of
 from emqfast.core.ops import Call, Cmd, Op, Returns, operation
 from emqfast.core.times import Delay, RunAt
@@ -114,11 +114,35 @@ class PartitionedQueue(Queue):
     def _layout(self, record: bool = True) -> Op:
         """The layout fence, once per client: writers record the layout when none is,
         readers only check it (a read never creates a queue)."""
-        if not self._layout_known:
-            got = yield Call(_PARTITIONS, [self.keys.meta],
-                             [self.partitions, KEYSPACE_VERSION, "record" if record else "check"])
-            self._layout_known = bool(int(got))
+        if self._layout_known:
+            return self.partitions
+        if not record:  # a plain read (the dashboard steps reads without scripts)
+            have = yield Cmd.of("HGET", self.keys.meta, "version")
+            self._layout_known = self._check_recorded(have)
+            return self.partitions
+        got = yield Call(_PARTITIONS, [self.keys.meta],
+                         [self.partitions, KEYSPACE_VERSION, "record"])
+        self._layout_known = bool(int(got))
         return self.partitions
+
+    def _check_recorded(self, have: Optional[bytes]) -> bool:
+        """Whether the layout ``have`` (the logical meta's ``version``) is this one; raises
+        PartitionMismatch as partitions.lua would when it is another (None: none yet)."""
+        if have is None:
+            return False
+        text = have.decode("utf-8", "replace")
+        recorded = text.split(":")[1] if text.startswith("partitioned:") else None
+        if recorded is None:
+            raise PartitionMismatch(
+                f"queue holds a plain (unpartitioned) queue of this name: it cannot be opened "
+                f"with partitions={self.partitions}; drain it and use another name (see the "
+                "docs: changing the number of partitions)")
+        if recorded != str(self.partitions):
+            raise PartitionMismatch(
+                f"queue was made with partitions={recorded}, this client opens it with "
+                f"partitions={self.partitions}: use {recorded}, or drain and switch (see the "
+                "docs: changing the number of partitions)")
+        return True
 
     def _place(self, partition_key: Optional[str], group: Optional[str],
                dedupe_key: Optional[str], job_id: Optional[str] = None) -> int:
