@@ -241,6 +241,12 @@ def test_aio_queue_and_worker_take_partitions(redis_url, qname):
         w = emqfast.aio.Worker(q, lambda job: job.payload)
         stats = await w.run_until_idle(timeout_s=30)
         assert (await q.counts())["completed"] == 13
+        wrong = emqfast.aio.Queue(qname, redis_url, partitions=4)
+        with pytest.raises(PartitionMismatch):
+            await emqfast.aio.Worker(wrong, lambda job: None).run_until_idle(timeout_s=5)
+        with pytest.raises(PartitionMismatch):
+            await wrong.enqueue("x")
+        assert (await q.aref(refs[0].id)).id == refs[0].id
         await q.aclose()
         return stats.completed
 

@@ -383,14 +383,14 @@ class PartitionedQueue(Queue):
         """A :class:`JobRef` to job ``job_id``, bound to the partition holding it (one
         read per partition at most; an id no partition holds is bound to partition 0, so
         waiting on it raises JobNotFound as for a plain queue)."""
-        found = self._drive(self._holder(job_id))
-        if getattr(found, "__await__", None) is not None:  # emqfast.aio: use aref
+        if self.is_async:  # a lookup cannot be awaited from a plain method
             raise InputTypeError("under emqfast.aio use `await q.aref(job_id)`")
+        found = self._drive(self._holder(job_id, record=False))
         return (found or self.partition_queues[0]).ref(job_id)
 
     async def aref(self, job_id: str) -> JobRef:
         """``ref`` for emqfast.aio (awaited)."""
-        found = await self._drive(self._holder(job_id))
+        found = await self._drive(self._holder(job_id, record=False))
         return (found or self.partition_queues[0]).ref(job_id)
 
     # --- logical views: every partition ----------------------------------------------------

@@ -193,7 +193,8 @@ class Worker(WorkerMachine):
             job_timeout_ms=job_timeout_ms, cancel_grace_ms=cancel_grace_ms)
         if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
             if children is not None:
-                raise InvalidInput("processes= serves one queue: run a Worker per queue")
+                raise InvalidInput("processes= serves one queue: run a Worker per queue (of "
+                                   "a partitioned queue: per partition, q.partition(i))")
             cls = type(self)
             self._led = ThreadCrew(lambda q, crew: cls._member(q, handler, crew, options),
                                   queue, order=order, weights=weights, name=name)
