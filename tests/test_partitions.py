@@ -251,3 +251,25 @@ def test_aio_queue_and_worker_take_partitions(redis_url, qname):
         return stats.completed
 
     assert asyncio.run(main()) == 13
+
+
+def test_a_batch_failing_in_one_partition_is_retried_whole_and_in_order(client, qname):
+    """A partition refusing its share (here: a keyspace of another major version) makes
+    enqueue_many raise one PartialBatch over the whole batch: the partitions before it
+    landed, the rest not sent; retry_partial sends the rest to the same partitions."""
+    q = Queue(qname, client, partitions=3)
+    q.enqueue("warm")
+    broken = q.partition(1).keys.meta
+    client.hset(broken, "version", "other:9.0")
+    with pytest.raises(emqfast.PartialBatch) as err:
+        q.enqueue_many([{"n": i} for i in range(30)])
+    partial = err.value
+    assert isinstance(partial.__cause__, VersionMismatch)
+    assert len(partial.landed) + len(partial.not_sent) == 30 and not partial.unknown
+    assert q.counts()["pending"] == 1 + len(partial.landed)
+    client.hset(broken, "version", emqfast.KEYSPACE_VERSION)
+    refs = q.retry_partial(partial)
+    assert [q.get(r.id).payload for r in refs] == [{"n": i} for i in range(30)]
+    assert q.counts()["pending"] == 31
+    with pytest.raises(InvalidInput):
+        Queue(qname + "-other", client, partitions=3).retry_partial(partial)

@@ -55,6 +55,18 @@ def check_partitions(partitions: Any) -> int:
     return check_int(partitions, "partitions", 1, MAX_PARTITIONS)
 
 
+Placement = Dict[int, Sequence[int]]  # partition -> indexes of its jobs in one batch
+
+
+def _subset(batch: EnqueueBatch, picks: Sequence[int]) -> EnqueueBatch:
+    """The jobs of ``batch`` at ``picks`` (a range is sliced: the bulk path)."""
+    if isinstance(picks, range):
+        cut = slice(picks.start, picks.stop, picks.step)
+        keys = None if batch.dedupe_keys is None else batch.dedupe_keys[cut]
+        return EnqueueBatch(batch.jobs[cut], batch.shared, batch.wait, batch.recovering, keys)
+    return batch.subset(picks, batch.recovering)
+
+
 class PartitionedQueue(Queue):
     """A logical queue over ``partitions`` partitions (see the module docstring).
 
@@ -229,9 +241,10 @@ class PartitionedQueue(Queue):
     def _placement(self, n: int, group: Optional[str], keys: Optional[List[Optional[str]]],
                    partition_key: Optional[str],
                    partition_keys: Optional[Sequence[Optional[str]]],
-                   chosen_ids: Optional[List[str]]) -> List[int]:
-        """The partition of each of ``n`` jobs of one enqueue_many (``chosen_ids``: the
-        caller's job ids, or None when minted)."""
+                   chosen_ids: Optional[List[str]]) -> Placement:
+        """Partition -> the indexes of its jobs, for ``n`` jobs of one enqueue_many
+        (``chosen_ids``: the caller's job ids, or None when minted). Jobs dealt round
+        robin get a ``range`` per partition (sliced, not looped, on the bulk path)."""
         if partition_keys is not None:
             if partition_key is not None:
                 raise InvalidInput("give partition_key or partition_keys, not both")
@@ -246,27 +259,33 @@ class PartitionedQueue(Queue):
             one = self._place(partition_key, group, None) if n else 0
             if group is not None and any(k is not None for k in placing):
                 raise InvalidInput("a grouped job is placed by its group: drop partition_keys")
-            return [one] * n
-        dedupe = keys if keys is not None else [None] * n
+            return {one: range(n)}
         if keys is None and chosen_ids is None and all(k is None for k in placing):
-            start = next(self._turn)  # dealt round robin
-            return [(start + i) % self.partitions for i in range(n)]
+            start = next(self._turn)  # dealt round robin: job i to partition start + i
+            by_range: Placement = {}
+            for p in range(min(n, self.partitions)):
+                by_range[(start + p) % self.partitions] = range(p, n, self.partitions)
+            return by_range
+        dedupe = keys if keys is not None else [None] * n
         chosen = chosen_ids if chosen_ids is not None else [None] * n
-        return [self._place(pk, None, dk, j) for pk, dk, j in zip(placing, dedupe, chosen)]
+        by_list: Dict[int, List[int]] = {}
+        for i, (pk, dk, j) in enumerate(zip(placing, dedupe, chosen)):
+            by_list.setdefault(self._place(pk, None, dk, j), []).append(i)
+        return dict(by_list)
 
-    def _admit_placed(self, batch: EnqueueBatch, placement: Sequence[int],
+    def _admit_placed(self, batch: EnqueueBatch, placement: Placement,
                       done: Dict[str, JobRef]) -> Returns[List[JobRef]]:
-        """Send each partition's share of ``batch``; the refs of the whole batch in its
-        order (``done``: refs landed by an earlier try). A partition failing part-way
-        raises one PartialBatch over the whole batch (retry_partial re-sends the rest)."""
-        by_part: Dict[int, List[int]] = {}
-        for i, p in enumerate(placement):
-            by_part.setdefault(p, []).append(i)
+        """Send each partition's share of ``batch``, partition after partition; the refs
+        of the whole batch in its order (``done``: refs landed by an earlier try, by the
+        id sent). A partition failing part-way raises one PartialBatch over the whole
+        batch (retry_partial re-sends the rest)."""
+        out: List[Optional[JobRef]] = [None] * len(batch.jobs)
         unsent: List[str] = []
         failed: Optional[PartialBatch] = None
-        for p, picks in sorted(by_part.items()):
+        first = True
+        for p, picks in sorted(placement.items()):
             part = self.partition_queues[p]
-            sub = batch.subset(picks, batch.recovering)
+            sub = _subset(batch, picks)
             if failed is not None:
                 unsent += sub.job_ids
                 continue
@@ -278,24 +297,36 @@ class PartitionedQueue(Queue):
                     done[ref.id] = part._bind(ref)
                 continue
             except Exception as exc:  # nothing of this partition written: say what was
-                if not done and not unsent and p == min(by_part):
+                if first and not done:
                     raise
                 failed = PartialBatch(f"enqueue_many failed part-way: {exc}",
                                       not_sent=sub.job_ids)
                 failed.__cause__ = exc
                 continue
-            for job, ref in zip(sub.jobs, refs):  # by the id sent: a deduplicated job's
-                done[job.id] = part._bind(ref)    # ref names the job holding its key
+            finally:
+                first = False
+            bind = part._bind
+            for ref in refs:  # (a deduplicated job's ref names the job holding its key)
+                bind(ref)
+            if isinstance(picks, range):
+                out[picks.start:picks.stop:picks.step] = refs
+            else:
+                for i, ref in zip(picks, refs):
+                    out[i] = ref
+        if done:  # an earlier try's, or this one's landed before a failure
+            for i, job in enumerate(batch.jobs):
+                if out[i] is None and job.id in done:
+                    out[i] = done[job.id]
         if failed is not None:
-            whole = PartialBatch(str(failed), [done[j] for j in batch.job_ids if j in done],
+            whole = PartialBatch(str(failed), [ref for ref in out if ref is not None],
                                  failed.unknown, failed.not_sent + unsent)
             whole.__cause__ = failed.__cause__
             whole.batch = batch.subset(range(len(batch.jobs)),
                                        batch.recovering | set(failed.unknown))
             whole.queue = self.name
-            whole.placement = list(placement)  # type: ignore[attr-defined]
+            whole.placement = placement  # type: ignore[attr-defined]
             raise whole
-        return [done[j] for j in batch.job_ids if j in done]
+        return [ref for ref in out if ref is not None]
 
     @operation
     def retry_partial(self, partial: PartialBatch) -> Returns[List[JobRef]]:
@@ -303,20 +334,25 @@ class PartitionedQueue(Queue):
         each job to the partition it was placed in, with the same ids (never duplicated;
         see :meth:`emqfast.Queue.retry_partial`). Refs for the whole original batch."""
         batch = getattr(partial, "batch", None)
-        placement = getattr(partial, "placement", None)
+        placement: Optional[Placement] = getattr(partial, "placement", None)
         if not isinstance(batch, EnqueueBatch) or placement is None \
                 or getattr(partial, "queue", None) != self.name:
             raise InvalidInput("retry_partial takes a PartialBatch raised by this queue's "
                                "enqueue_many")
         done = {ref.id: ref for ref in partial.landed}
         todo = set(partial.unknown) | set(partial.not_sent)
-        picks = [i for i, job in enumerate(batch.jobs) if job.id in todo]
+        picks: List[int] = []
+        by_part: Dict[int, List[int]] = {}
+        for p, held in placement.items():
+            for i in held:
+                if batch.jobs[i].id in todo:
+                    by_part.setdefault(p, []).append(len(picks))
+                    picks.append(i)
         again = batch.subset(picks, batch.recovering | set(partial.unknown))
-        refs: List[JobRef] = yield from self._admit_placed(
-            again, [placement[i] for i in picks], done)
-        got = {ref.id: ref for ref in refs}
+        refs: List[JobRef] = yield from self._admit_placed(again, dict(by_part), done)
+        got = {job.id: ref for job, ref in zip(again.jobs, refs)}
         got.update(done)
-        return [got[j] for j in batch.job_ids if j in got]
+        return [got[job.id] for job in batch.jobs if job.id in got]
 
     # --- by id: the partition holding the job ----------------------------------------------
     def _holder(self, job_id: str, record: bool = True) -> Op:
