@@ -42,7 +42,7 @@ from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
 from emqfast.facade.enqueue_batch import EnqueueBatch, admit_many
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
-from emqfast.facade.queue import Queue, _iterable, _job_rows
+from emqfast.facade.queue import Queue, _iterable, _job_rows, constructor_signature
 
 __all__ = ["PartitionedQueue", "PartitionedGroups", "PartitionedSchedules", "open_queue",
            "layout_of"]
@@ -620,6 +620,8 @@ class PartitionedQueue(Queue):
 
 
 Queue._partitioned = PartitionedQueue  # Queue(name, conn, partitions=P) makes one
+PartitionedQueue.__signature__ = constructor_signature(  # type: ignore[attr-defined]
+    PartitionedQueue)
 
 
 class PartitionedGroups:

@@ -7,6 +7,7 @@ whose reads, control writes and housekeeping moves come from its mixins
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Iterable, List, Optional, Sequence, Sized, Tuple
 
 import redis
@@ -449,6 +450,16 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         for batch in chunks(notes, 500):
             yield Cmd.of("UNLINK", *batch)
         return n + len(late.intersection(found))
+
+
+def constructor_signature(cls: type) -> inspect.Signature:
+    """``cls.__init__``'s signature without ``self``: what ``inspect`` (``help()``, IDEs,
+    the API reference) should show for a Queue class, whose ``__new__`` takes anything."""
+    init = inspect.signature(cls.__init__)  # type: ignore[misc]
+    return init.replace(parameters=list(init.parameters.values())[1:])
+
+
+Queue.__signature__ = constructor_signature(Queue)  # type: ignore[attr-defined]
 
 
 def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
