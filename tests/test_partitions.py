@@ -273,3 +273,20 @@ def test_a_batch_failing_in_one_partition_is_retried_whole_and_in_order(client, 
     assert q.counts()["pending"] == 31
     with pytest.raises(InvalidInput):
         Queue(qname + "-other", client, partitions=3).retry_partial(partial)
+
+
+def test_code_for_a_partitioned_queue_runs_on_a_plain_one(client, qname):
+    """A plain queue is one partition: it takes partition_key(s) and only checks them."""
+    q = Queue(qname, client)
+    refs = [q.enqueue(i, partition_key="user-1") for i in range(3)]
+    refs += q.enqueue_many([3, 4], partition_key="user-1")
+    refs += q.enqueue_many([5, 6], partition_keys=["a", None])
+    assert q.job_ids("pending") == [r.id for r in refs]
+    for bad in (1, "", b"k"):
+        with pytest.raises(emqfast.InputTypeError):
+            q.enqueue("x", partition_key=bad)
+    with pytest.raises(InvalidInput):
+        q.enqueue_many([1, 2], partition_keys=["a"])
+    with pytest.raises(InvalidInput):
+        q.enqueue_many([1], partition_key="a", partition_keys=["a"])
+    assert q.counts()["pending"] == 7

@@ -42,7 +42,8 @@ from emqfast.facade.dedupe import check_key, extras as dedupe_extras, key_list
 from emqfast.facade.enqueue_batch import EnqueueBatch, admit_many
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
-from emqfast.facade.queue import Queue, _iterable, _job_rows, constructor_signature
+from emqfast.facade.queue import (Queue, _iterable, _job_rows, check_placement_key,
+                                  constructor_signature, placement_keys)
 
 __all__ = ["PartitionedQueue", "PartitionedGroups", "PartitionedSchedules", "open_queue",
            "layout_of"]
@@ -110,9 +111,7 @@ class PartitionedQueue(Queue):
     def partition_for(self, key: str) -> int:
         """The partition a job with placement key ``key`` goes to (``partition_key``,
         group or dedupe key): the same in every process."""
-        if not isinstance(key, str) or not key:
-            raise InputTypeError("a placement key must be a non-empty str")
-        return partition_of(key, self.partitions)
+        return partition_of(check_placement_key(key), self.partitions)
 
     @operation
     def check_layout(self) -> Returns[int]:
@@ -245,16 +244,7 @@ class PartitionedQueue(Queue):
         """Partition -> the indexes of its jobs, for ``n`` jobs of one enqueue_many
         (``chosen_ids``: the caller's job ids, or None when minted). Jobs dealt round
         robin get a ``range`` per partition (sliced, not looped, on the bulk path)."""
-        if partition_keys is not None:
-            if partition_key is not None:
-                raise InvalidInput("give partition_key or partition_keys, not both")
-            if isinstance(partition_keys, str) or not _iterable(partition_keys):
-                raise InputTypeError("partition_keys takes a list (one key or None per job)")
-            placing = list(partition_keys)
-            if len(placing) != n:
-                raise InvalidInput(f"{len(placing)} partition_keys for {n} payloads")
-        else:
-            placing = [partition_key] * n
+        placing = placement_keys(n, partition_key, partition_keys)
         if group is not None or (keys is None and partition_key is not None):
             one = self._place(partition_key, group, None) if n else 0
             if group is not None and any(k is not None for k in placing):

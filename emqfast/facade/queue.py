@@ -187,7 +187,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                 dedupe: Optional[str] = None, expires_ms: Optional[Delay] = None,
                 group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
                 on_dep_failure: str = "fail",
-                timeout_ms: Optional[int] = None) -> Returns[JobRef]:
+                timeout_ms: Optional[int] = None,
+                partition_key: Optional[str] = None) -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
@@ -204,6 +205,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
         :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
+        ``partition_key`` places the job on a partitioned queue (see
+        :mod:`emqfast.facade.partitioned`); a plain queue is one partition, so it only
+        checks it is a str: code written for a partitioned queue runs on a plain one.
 
         Concurrent calls share round trips (group commit, unless the queue was made with
         ``group_commit=False``): while an enqueue of this queue is in flight on this
@@ -217,6 +221,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
         sent alone (see :mod:`emqfast.facade.group_commit`).
         """
+        if partition_key is not None:
+            check_placement_key(partition_key)
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms)
@@ -265,7 +271,10 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                      dedupe_keys: Optional[Sequence[Optional[str]]] = None,
                      dedupe_ms: Optional[Delay] = None, dedupe: Optional[str] = None,
                      expires_ms: Optional[Delay] = None,
-                     timeout_ms: Optional[int] = None) -> Returns[List[JobRef]]:
+                     timeout_ms: Optional[int] = None,
+                     partition_key: Optional[str] = None,
+                     partition_keys: Optional[Sequence[Optional[str]]] = None
+                     ) -> Returns[List[JobRef]]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
@@ -291,6 +300,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         unknown job that had landed is reported ``"recovered"``. (Re-sending the ids
         yourself with ``job_ids=`` is just as safe; those come back ``"duplicate"``.)
         A batch of which nothing was written raises the plain typed error instead.
+
+        ``partition_key`` (all jobs) or ``partition_keys`` (one per job) place jobs on a
+        partitioned queue; a plain queue only checks them (see :meth:`enqueue`).
         """
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) \
                 or not _iterable(payloads):
@@ -303,6 +315,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         keys = key_list(dedupe_keys, len(jobs))
         shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
                                                       expires_ms))
+        if partition_key is not None or partition_keys is not None:
+            placement_keys(len(jobs), partition_key, partition_keys)
         return (yield from admit_many(self.keys, self.name,
                                       EnqueueBatch(jobs, shared, self._wait, dedupe_keys=keys)))
 
@@ -481,6 +495,28 @@ def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
                 raise InvalidInput("job_ids and payloads differ in length")
         row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__
         return [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
+
+
+def check_placement_key(key: Any) -> str:
+    """A ``partition_key``: a non-empty str, else a typed error."""
+    if not isinstance(key, str) or not key:
+        raise InputTypeError(f"partition_key must be a non-empty str, not {key!r:.40}")
+    return key
+
+
+def placement_keys(n: int, partition_key: Optional[str],
+                   partition_keys: Optional[Sequence[Optional[str]]]) -> List[Optional[str]]:
+    """The placement key of each of ``n`` jobs of one enqueue_many (None: none), checked."""
+    if partition_keys is None:
+        return [None if partition_key is None else check_placement_key(partition_key)] * n
+    if partition_key is not None:
+        raise InvalidInput("give partition_key or partition_keys, not both")
+    if isinstance(partition_keys, (str, bytes)) or not _iterable(partition_keys):
+        raise InputTypeError("partition_keys takes a list (one key or None per job)")
+    placing = [None if k is None else check_placement_key(k) for k in partition_keys]
+    if len(placing) != n:
+        raise InvalidInput(f"{len(placing)} partition_keys for {n} payloads")
+    return placing
 
 
 def _iterable(value: Any) -> bool:
