@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type, Union, cast
 
 from emqfast.backends.scripts import load
 from emqfast.core.errors import InputTypeError, InvalidInput, PartialBatch, PartitionMismatch
@@ -111,7 +111,7 @@ class PartitionedQueue(Queue):
     def partition_for(self, key: str) -> int:
         """The partition a job with placement key ``key`` goes to (``partition_key``,
         group or dedupe key): the same in every process."""
-        return partition_of(check_placement_key(key), self.partitions)
+        return partition_of(cast(str, check_placement_key(key)), self.partitions)
 
     @operation
     def check_layout(self) -> Returns[int]:

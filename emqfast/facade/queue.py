@@ -167,8 +167,11 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
 
     def _shared(self, priority: int, attempts: Optional[int], backoff: Optional[Backoff],
                 delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
-                group: Optional[str], timeout_ms: Optional[int] = None) -> Shared:
-        """Validate and encode what every job of one enqueue call shares."""
+                group: Optional[str], timeout_ms: Optional[int] = None,
+                partition_key: Optional[str] = None) -> Shared:
+        """Validate and encode what every job of one enqueue call shares (a plain queue
+        only checks ``partition_key``: it is one partition)."""
+        check_placement_key(partition_key, optional=True)
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
         opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
                                                                 group), timeout_ms))
@@ -186,8 +189,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                 dedupe_key: Optional[str] = None, dedupe_ms: Optional[Delay] = None,
                 dedupe: Optional[str] = None, expires_ms: Optional[Delay] = None,
                 group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
-                on_dep_failure: str = "fail",
-                timeout_ms: Optional[int] = None,
+                on_dep_failure: str = "fail", timeout_ms: Optional[int] = None,
                 partition_key: Optional[str] = None) -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
@@ -205,9 +207,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
         :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
-        ``partition_key`` places the job on a partitioned queue (see
-        :mod:`emqfast.facade.partitioned`); a plain queue is one partition, so it only
-        checks it is a str: code written for a partitioned queue runs on a plain one.
+        ``partition_key`` places it on a partitioned queue; a plain one only checks it.
 
         Concurrent calls share round trips (group commit, unless the queue was made with
         ``group_commit=False``): while an enqueue of this queue is in flight on this
@@ -221,11 +221,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
         sent alone (see :mod:`emqfast.facade.group_commit`).
         """
-        if partition_key is not None:
-            check_placement_key(partition_key)
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
-                              timeout_ms)
+                              timeout_ms, partition_key)
         job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
         key = None if dedupe_key is None else check_key(dedupe_key)
         extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
@@ -497,8 +495,11 @@ def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
         return [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
 
 
-def check_placement_key(key: Any) -> str:
-    """A ``partition_key``: a non-empty str, else a typed error."""
+def check_placement_key(key: Any, optional: bool = False) -> Optional[str]:
+    """A ``partition_key``: a non-empty str (or None, when ``optional``), else a typed
+    error."""
+    if key is None and optional:
+        return key
     if not isinstance(key, str) or not key:
         raise InputTypeError(f"partition_key must be a non-empty str, not {key!r:.40}")
     return key
