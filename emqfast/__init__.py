@@ -9,6 +9,7 @@ import sys as _sys
 
 # the queue and its jobs
 from emqfast.facade.queue import Queue
+from emqfast.facade.partitioned import PartitionedQueue
 from emqfast.facade.job import Job, JobRef
 from emqfast.facade.options import Backoff
 from emqfast.facade.control import CancelResult
@@ -31,13 +32,14 @@ from emqfast.core.errors import (BackendUnavailable, Cancelled, CertificateRejec
     DependencyCycle, DependencyFailed, EmqError, EvictionRisk, InputTypeError, InvalidInput,
     HandlerNotImportable, JobExpired, JobFailed, JobNotFound, JobStateError, JobTimeout,
     KeyTypeConflict, KindError, LeaseLost,
-    PartialBatch, PayloadError, PermissionDenied, PoolExhausted, QueueKeysGone, RangeError,
+    PartialBatch, PartitionMismatch, PayloadError, PermissionDenied, PoolExhausted,
+    QueueKeysGone, RangeError,
     ReplyLost, ServerBusy, ServerFull,
     UnknownDependency, Unrecoverable, VersionMismatch, WaitTimeout, WorkerCrashed)
 
 __all__ = [
     # the queue and its jobs
-    "Queue", "Job", "JobRef", "Backoff", "CancelResult", "Flow", "FlowJob", "wait_all",
+    "Queue", "PartitionedQueue", "Job", "JobRef", "Backoff", "CancelResult", "Flow", "FlowJob", "wait_all",
     "promote_many", "Entry", "Leaderboard",
     # running jobs
     "Worker", "WorkerStats",
@@ -50,6 +52,7 @@ __all__ = [
     "DependencyFailed", "EvictionRisk", "HandlerNotImportable", "InputTypeError", "InvalidInput", "JobExpired",
     "JobFailed", "JobNotFound",
     "JobStateError", "JobTimeout", "KeyTypeConflict", "KindError", "LeaseLost", "PartialBatch",
+    "PartitionMismatch",
     "PayloadError", "PermissionDenied", "PoolExhausted", "QueueKeysGone", "RangeError",
     "ReplyLost", "ServerBusy", "ServerFull",
     "UnknownDependency", "Unrecoverable", "VersionMismatch", "WaitTimeout", "WorkerCrashed",

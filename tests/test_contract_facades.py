@@ -1,4 +1,7 @@
-"""Engine contract tests run against both facades: ``emqfast`` (sync) and ``emqfast.aio``.
+"""Engine contract tests run against both facades: ``emqfast`` (sync) and ``emqfast.aio``,
+each on a plain queue and on a partitioned one (``partitions=3``: one logical queue over
+three slots; order is per partition, so the tests of order place their jobs by one
+``partition_key``).
 
 The ``facade`` fixture gives the sync call shape either way; for ``async`` each
 coroutine is run on a background event loop thread, so the same test body
@@ -20,6 +23,7 @@ from conftest import dump_queue
 from emqfast import Backoff
 from emqfast.core.errors import (InvalidInput, KindError, LeaseLost, PayloadError, RangeError,
     VersionMismatch)
+from emqfast.core.keys import partition_names, partition_of
 from engine_util import claim, complete, server_ms, skewed_local_clock, wait_server_past  # noqa: F401
 
 EPOCH_2045_MS = 2_366_841_600_000  # 2045-01-01T00:00:00Z
@@ -65,12 +69,33 @@ class _Blocking:
 class Facade:
     """Builds queues, workers, boards with one facade's classes, in the sync call shape."""
 
-    def __init__(self, kind: str, redis_url: str):
-        self.kind, self.url = kind, redis_url
+    def __init__(self, kind: str, redis_url: str, partitions: Any = None):
+        self.kind, self.url, self.partitions = kind, redis_url, partitions
         self._loop = _Loop() if kind == "async" else None
         self._clients: list = []
 
+    @property
+    def place(self) -> dict:
+        """Enqueue options putting jobs in one partition (none for a plain queue)."""
+        return {"partition_key": "one"} if self.partitions else {}
+
+    def names(self, name: str) -> list:
+        """The queue names holding queue ``name``'s keys (its partitions too)."""
+        return [name, *(partition_names(name, self.partitions) if self.partitions else ())]
+
+    def home(self, name: str) -> str:
+        """The queue name holding the jobs placed with :attr:`place`."""
+        if not self.partitions:
+            return name
+        return partition_names(name, self.partitions)[partition_of("one", self.partitions)]
+
+    def dump(self, r: Any, name: str) -> dict:
+        """Every key of queue ``name`` (and its partitions) with its value."""
+        return {n: dump_queue(r, n) for n in self.names(name)}
+
     def queue(self, name: str, **opts: Any) -> Any:
+        if self.partitions and not name.endswith("-empty"):
+            opts.setdefault("partitions", self.partitions)
         if self._loop is None:
             client = redis.Redis.from_url(self.url)
             self._clients.append(client)
@@ -108,9 +133,10 @@ class Facade:
         self._loop.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "sync-partitioned", "async-partitioned"])
 def facade(request, redis_url):
-    f = Facade(request.param, redis_url)
+    kind, _, layout = request.param.partition("-")
+    f = Facade(kind, redis_url, 3 if layout else None)
     yield f
     f.close()
 
@@ -134,8 +160,8 @@ def test_enqueue_get_counts_and_duplicate(q, facade):
                           "completed": 0, "failed": 0, "cancelled": 0, "waiting_deps": 0, "expired": 0}
 
 
-def test_priority_order_then_arrival(q):
-    ids = [q.enqueue(i, priority=p).id for i, p in enumerate([5, 0, 5, 1, 0])]
+def test_priority_order_then_arrival(q, facade):
+    ids = [q.enqueue(i, priority=p, **facade.place).id for i, p in enumerate([5, 0, 5, 1, 0])]
     assert q.job_ids("pending") == [ids[1], ids[4], ids[3], ids[0], ids[2]]
 
 
@@ -155,11 +181,11 @@ def test_enqueue_at_2045_is_exact(q):
     assert q.job_ids("scheduled") == [ref.id]
 
 
-def test_enqueue_many_in_order_with_duplicates(q):
-    refs = q.enqueue_many([{"n": i} for i in range(50)])
+def test_enqueue_many_in_order_with_duplicates(q, facade):
+    refs = q.enqueue_many([{"n": i} for i in range(50)], **facade.place)
     assert [r.status for r in refs] == ["pending"] * 50
     assert q.job_ids("pending") == [r.id for r in refs]
-    again = q.enqueue_many(["x", "y"], job_ids=[refs[0].id, "JOB-new"])
+    again = q.enqueue_many(["x", "y"], job_ids=[refs[0].id, "JOB-new"], **facade.place)
     assert [r.status for r in again] == ["duplicate", "pending"]
     assert q.get(refs[7].id).payload == {"n": 7}
     mixed = q.enqueue_many([b"raw", {"j": 1}])  # bytes and JSON in one batch
@@ -199,9 +225,9 @@ def test_cancel_pause_resume(q):
     assert not q.is_paused()
 
 
-def test_bad_input_raises_typed_and_leaves_redis_unchanged(q, r, qname):
+def test_bad_input_raises_typed_and_leaves_redis_unchanged(q, r, qname, facade):
     q.enqueue("seed")
-    before = dump_queue(r, qname)
+    before = facade.dump(r, qname)
     bad = [
         (KindError, lambda: q.enqueue("x", job_id="nope")),
         (RangeError, lambda: q.enqueue("x", priority=-1)),
@@ -217,25 +243,27 @@ def test_bad_input_raises_typed_and_leaves_redis_unchanged(q, r, qname):
     for error, call in bad:
         with pytest.raises(error):
             call()
-    assert dump_queue(r, qname) == before
+    assert facade.dump(r, qname) == before
 
 
-def test_version_fence_refuses_writes(q, r, qname):
-    q.enqueue("seed")
-    r.hset(f"emq:{{{qname}}}:meta", "version", "other:9.0")
-    before = dump_queue(r, qname)
+def test_version_fence_refuses_writes(q, r, qname, facade):
+    q.enqueue("seed", **facade.place)
+    for name in facade.names(qname)[1:] or [qname]:  # a partitioned queue: each partition
+        r.hset(f"emq:{{{name}}}:meta", "version", "other:9.0")
+    before = facade.dump(r, qname)
     with pytest.raises(VersionMismatch):
         q.enqueue("x")
     with pytest.raises(VersionMismatch):
         q.pause()
-    assert dump_queue(r, qname) == before
+    assert facade.dump(r, qname) == before
 
 
 # --- leases, reaper, retries -----------------------------------------------------------------
 
-def test_reap_requeues_an_expired_lease_and_the_old_holder_is_refused(q, r, redis_url, qname):
-    ref = q.enqueue("x")
-    sync_q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+def test_reap_requeues_an_expired_lease_and_the_old_holder_is_refused(q, r, redis_url, qname,
+                                                                     facade):
+    ref = q.enqueue("x", **facade.place)
+    sync_q = emqfast.Queue(facade.home(qname), redis.Redis.from_url(redis_url))
     [(job_id, token)] = claim(sync_q, "zombie", lease_ms=50)
     assert job_id == ref.id
     wait_server_past(r, int(r.zscore(sync_q.keys.active, job_id)))
@@ -264,7 +292,7 @@ def test_retry_with_backoff_then_manual_retry(q, facade, r):
 
 
 def test_worker_runs_everything_and_stores_results(q, facade):
-    refs = q.enqueue_many([{"n": i} for i in range(40)])
+    refs = q.enqueue_many([{"n": i} for i in range(40)], **facade.place)
     stats = facade.worker(q, lambda job: job.payload["n"] * 2, concurrency=4) \
         .run_until_idle(timeout_s=30)
     assert (stats.claimed, stats.completed, stats.failed) == (40, 40, 0)

@@ -100,6 +100,10 @@ def _tour(q: emqfast.Queue, conn: redis.Redis) -> None:
     q.trim(keep_completed=1, keep_failed=1)                     # trim
     assert q.schedules.remove("tick")                           # schedule_remove
     _tour_flows(q)
+    spread = emqfast.Queue(q.name + "-spread", conn, partitions=2)  # partitions
+    spread.enqueue_many([{"n": i} for i in range(4)])
+    assert spread.counts()["pending"] == 4
+    spread.obliterate()
 
 
 def _tour_flows(q: emqfast.Queue) -> None:

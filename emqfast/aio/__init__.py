@@ -17,8 +17,9 @@ so it returns a coroutine.
 """
 from emqfast.aio.connection import connect
 from emqfast.aio.flow import Flow
-from emqfast.aio.queue import Leaderboard, Queue, promote_many
+from emqfast.aio.queue import Leaderboard, PartitionedQueue, Queue, promote_many
 from emqfast.aio.job_wait import wait_all
 from emqfast.aio.worker import Worker
 
-__all__ = ["Flow", "Leaderboard", "Queue", "Worker", "connect", "promote_many", "wait_all"]
+__all__ = ["Flow", "Leaderboard", "PartitionedQueue", "Queue", "Worker", "connect",
+           "promote_many", "wait_all"]

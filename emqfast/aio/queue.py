@@ -17,6 +17,7 @@ from emqfast.facade.leaderboard import Leaderboard as _SyncLeaderboard
 from emqfast.core.ops import Op
 from emqfast.backends.drive import run_async
 from emqfast.facade.queue import Queue as _SyncQueue
+from emqfast.facade.partitioned import PartitionedQueue as _SyncPartitioned
 from emqfast.facade.schedules import Schedules as _SyncSchedules
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
@@ -132,5 +133,21 @@ class Leaderboard(_SyncLeaderboard):
 
 async def promote_many(conn: Any, queues: Iterable[Any], limit: int = 1000) -> Dict[str, int]:
     """:func:`emqfast.promote_many` over ``redis.asyncio`` (two pipelined passes)."""
+    queues = list(queues)
     keys = bulk.validate(queues, limit)  # before anything is sent, or connected
-    return await run_async(resolve(conn), bulk.promote_many_op(keys, limit))
+    return bulk.fold_partitions(queues, await run_async(resolve(conn),
+                                                        bulk.promote_many_op(keys, limit)))
+
+
+class PartitionedQueue(_SyncPartitioned, Queue):  # type: ignore[misc]
+    """:class:`emqfast.facade.partitioned.PartitionedQueue` over ``redis.asyncio``: what
+    ``emqfast.aio.Queue(name, conn, partitions=P)`` returns; its partitions are aio
+    Queues and each method is awaited (``await q.partition_for(...)`` is not: no I/O)."""
+
+    _plain = Queue
+
+    def _given_client(self) -> Any:
+        return self._clients.template
+
+
+Queue._partitioned = PartitionedQueue

@@ -60,6 +60,7 @@ from emqfast.aio import tasks
 from emqfast.aio.cancel_listener import AioCancelListener
 from emqfast.aio.handlers import AioRunHooks, HandlerPool, call_plain, first_step
 from emqfast.aio.crew import AioCrew
+from emqfast.worker.crew import expand_partitioned
 from emqfast.aio.many_shared import AioMemberMarkers
 from emqfast.aio.queue import Queue
 from emqfast.aio.signals import SIGNALS
@@ -129,7 +130,11 @@ class Worker(WorkerMachine):
                  name: Optional[str] = None, allow_eviction: bool = False,
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
-                 order: str = "strict", weights: Optional[Sequence[int]] = None):
+                 order: Optional[str] = None, weights: Optional[Sequence[int]] = None,
+                 partitions: Optional[Sequence[int]] = None):
+        # a partitioned queue's layout is checked as a run starts (PartitionMismatch)
+        self._layout: Any = queue if getattr(queue, "is_partitioned", False) else None
+        queue, order = expand_partitioned(queue, partitions, order)
         options: Dict[str, Any] = dict(concurrency=concurrency, lease_ms=lease_ms, max_stalled=max_stalled,
                        batch_size=batch_size, prefetch=prefetch, keep_completed=keep_completed,
                        keep_failed=keep_failed, max_age_ms=max_age_ms,
@@ -187,6 +192,8 @@ class Worker(WorkerMachine):
         stops every Worker of the process). Cancelling the task that awaits this, or the
         loop's teardown, shuts down the same way (see the module docstring)."""
         if self._led is not None:  # every queue, a task each (see AioCrew)
+            if self._layout is not None:
+                await self._layout.check_layout()
             return await self._led.run()
         signals = SIGNALS.add(self, asyncio.get_running_loop())
         try:
@@ -206,6 +213,8 @@ class Worker(WorkerMachine):
         active under other workers' leases: ``wait_active``) is logged, as by
         :meth:`emqfast.Worker.run_until_idle`. ``TimeoutError`` after ``timeout_s``."""
         if self._led is not None:  # until every queue is idle at once (see AioCrew)
+            if self._layout is not None:
+                await self._layout.check_layout()
             return await self._led.run_until_idle(timeout_s, wait_scheduled, wait_active)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wait_active = wait_active

@@ -90,6 +90,14 @@ class VersionMismatch(EmqError):
     code = "EMQVERSION"
 
 
+class PartitionMismatch(VersionMismatch):
+    """The queue's partition layout is not the one this client opened it with: another
+    number of partitions, or a partitioned queue opened as a plain one (or the reverse).
+    Nothing was written; see the docs' "Changing the number of partitions"."""
+
+    code = "EMQPARTITIONS"
+
+
 class BackendUnavailable(EmqError, ImportError):
     """``EMQFAST_BACKEND=c`` was asked for but the C extension is not built."""
 
@@ -309,7 +317,7 @@ _BY_CODE: Dict[str, Type[EmqError]] = {
     cls.code: cls
     for cls in (InvalidInput, KindError, RangeError, PayloadError, JobNotFound,
                 LeaseLost, QueueKeysGone, JobStateError, DependencyFailed, VersionMismatch,
-                KeyTypeConflict)
+                PartitionMismatch, KeyTypeConflict)
 }
 
 

@@ -6,8 +6,12 @@ are co-located. Scripts never build keys; they receive them all in KEYS.
 """
 from __future__ import annotations
 
+import binascii
+import functools
 import logging
-from typing import Any, Iterable, List
+import re
+import zlib
+from typing import Any, Iterable, List, Optional, Tuple
 
 from emqfast.core.errors import InvalidInput
 from emqfast.core.validation import check_queue_name
@@ -130,7 +134,8 @@ def queue_of_key(key: str) -> str:
 
 
 def queue_names_of(meta_keys: Iterable[Any]) -> List[str]:
-    """The sorted queue names of ``emq:{queue}:meta`` keys found by a SCAN. A queue whose
+    """The sorted queue names of ``emq:{queue}:meta`` keys found by a SCAN, the partitions of
+    a partitioned queue folded into its logical name (its meta records the layout). A queue whose
     name today's rules refuse (blank, control characters: written by an older version) is
     left out, so discovery (``emqfast stats``, the metrics exporter) still lists the rest."""
     names = set()
@@ -140,4 +145,63 @@ def queue_names_of(meta_keys: Iterable[Any]) -> List[str]:
             names.add(check_queue_name(name))
         except InvalidInput:
             log.warning("emqfast: skipping queue %r: its name is no longer valid", name)
-    return sorted(names)
+    return sorted(n for n in names if logical_of(n) not in names)
+
+
+_PARTITION = re.compile(r"^(.+)#(\d+)~(\d+)(?:~\d+)?$")
+
+
+def logical_of(name: str) -> Optional[str]:
+    """The logical queue whose partition ``name`` is (see :func:`partition_names`), or
+    None for a name no partitioned queue gives its partitions."""
+    found = _PARTITION.match(name)
+    if found is None:
+        return None
+    logical, i, p = found.group(1), int(found.group(2)), int(found.group(3))
+    if not 1 <= p <= MAX_PARTITIONS or i >= p or "#" in logical:
+        return None
+    try:
+        return logical if partition_names(logical, p)[i] == name else None
+    except InvalidInput:
+        return None
+
+
+CLUSTER_SLOTS = 16384
+MAX_PARTITIONS = 1024
+_SLICES_MOST = 128  # partitions aim at this many slot ranges at most (see partition_names)
+
+
+def key_slot(tag: str) -> int:
+    """The Redis Cluster hash slot of hash tag ``tag`` (CRC16-XMODEM mod 16384)."""
+    return binascii.crc_hqx(tag.encode("utf-8"), 0) % CLUSTER_SLOTS
+
+
+@functools.lru_cache(maxsize=256)
+def partition_names(name: str, partitions: int) -> Tuple[str, ...]:
+    """The queue names of the ``partitions`` partitions of logical queue ``name``.
+
+    Partition ``i`` is ``<name>#<i>~<P>``, or ``<name>#<i>~<P>~<s>`` with the smallest
+    ``s`` that puts its hash tag in the ``i``-th of ``min(P, 128)`` equal ranges of the
+    16384 Cluster slots: a Cluster's masters hold contiguous slot ranges, so P partitions
+    spread over its masters as evenly as P allows (P = 12 on 3 masters: 4 each), and every
+    client derives the same names. The number P is in every name, so two layouts never
+    share a key."""
+    check_queue_name(name)
+    slices = min(partitions, _SLICES_MOST)
+    names = []
+    for i in range(partitions):
+        lo = (i % slices) * CLUSTER_SLOTS // slices
+        hi = (i % slices + 1) * CLUSTER_SLOTS // slices
+        base = f"{name}#{i}~{partitions}"
+        candidate, salt = base, 0
+        while not lo <= key_slot(candidate) < hi:
+            salt += 1
+            candidate = f"{base}~{salt}"
+        names.append(check_queue_name(candidate))
+    return tuple(names)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a placement key (``partition_key``, a group, a dedupe key) goes to:
+    CRC32 of its UTF-8 bytes mod ``partitions``, the same in every process and language."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions

@@ -26,7 +26,7 @@ from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from emqfast.core.keys import QueueKeys, queue_meta_glob, queue_names_of
+from emqfast.core.keys import QueueKeys, partition_names, queue_meta_glob, queue_names_of
 from emqfast.core.ops import Batch, Cmd, Op
 from emqfast.backends.drive import run
 from emqfast.facade.workers import WorkerInfo, live_workers_op
@@ -123,6 +123,33 @@ def parse(queue: str, raw: Dict[Any, Any], sizes: Sequence[int] = ()) -> QueueMe
                         dict(zip(STATES, (int(s) for s in sizes))))
 
 
+def combine(queue: str, parts: Sequence[QueueMetrics]) -> QueueMetrics:
+    """One snapshot summing ``parts`` (a partitioned queue's partitions) under ``queue``."""
+    def total(maps: Iterable[Dict[str, int]]) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for m in maps:
+            for k, v in m.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def merged(hists: List[Histogram]) -> Histogram:
+        return Histogram([(bound, sum(h.buckets[i][1] for h in hists))
+                          for i, (bound, _) in enumerate(hists[0].buckets)],
+                         sum(h.sum_ms for h in hists))
+    return QueueMetrics(queue, total(p.counters for p in parts),
+                        merged([p.wait for p in parts]), merged([p.run for p in parts]),
+                        total(p.states for p in parts))
+
+
+def physical_keys(client: Any, name: str) -> List[QueueKeys]:
+    """The keys holding queue ``name``'s jobs: its partitions' when its meta records a
+    partitioned layout (one read), else its own."""
+    partitions = client.hget(QueueKeys(name).meta, "partitions")
+    if partitions is None:
+        return [QueueKeys(name)]
+    return [QueueKeys(part) for part in partition_names(name, int(partitions))]
+
+
 def snapshot_op(keys: QueueKeys) -> Op:
     """Read one queue's metrics and state sizes in one round trip."""
     raw, *sizes = yield Batch([Cmd.of("HGETALL", keys.metrics),
@@ -151,17 +178,21 @@ class Collector:
         return queue_names_of(self.redis.scan_iter(match=queue_meta_glob(), count=1000))
 
     def snapshots(self) -> List[QueueMetrics]:
-        """The current metrics of every exported queue."""
-        return [run(self.redis, snapshot_op(QueueKeys(name))) for name in self._names()]
+        """The current metrics of every exported queue (a partitioned one: its partitions
+        summed under its name)."""
+        return [combine(name, [run(self.redis, snapshot_op(keys))
+                               for keys in physical_keys(self.redis, name)])
+                for name in self._names()]
 
     def process_workers(self) -> List[Tuple[str, WorkerInfo]]:
         """``(queue, worker)`` for every live process Worker of the exported queues, as
         its heartbeat says."""
         out = []
         for name in self._names():
-            for info in run(self.redis, live_workers_op(QueueKeys(name))):
-                if info.kind == "process":
-                    out.append((name, info))
+            for keys in physical_keys(self.redis, name):
+                for info in run(self.redis, live_workers_op(keys)):
+                    if info.kind == "process":
+                        out.append((name, info))
         return out
 
     def collect(self) -> Iterator[Any]:

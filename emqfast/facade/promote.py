@@ -231,11 +231,22 @@ def _keys_of(queues: Iterable[QueueLike]) -> List[QueueKeys]:
     for q in queues:
         if isinstance(q, str):
             out.append(QueueKeys(q))  # validates the name
+        elif getattr(q, "is_partitioned", False):  # its partitions (see fold_partitions)
+            out += [part.keys for part in q.partition_queues]
         elif isinstance(getattr(q, "keys", None), QueueKeys):
             out.append(q.keys)
         else:
             raise InvalidInput(f"expected a queue name or an emqfast.Queue, not {type(q).__name__}")
     return out
+
+
+def fold_partitions(queues: Iterable[QueueLike], moved: Dict[str, int]) -> Dict[str, int]:
+    """``moved`` with each partitioned queue's partitions summed under its own name."""
+    for q in queues:
+        if getattr(q, "is_partitioned", False):
+            parts: Any = getattr(q, "partition_queues")
+            moved[getattr(q, "name")] = sum(moved.pop(part.name, 0) for part in parts)
+    return moved
 
 
 def promote_many_op(keys: List[QueueKeys], limit: int,
@@ -347,12 +358,14 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
     """Release due delayed jobs of every queue in ``queues`` (server clock).
 
     ``conn`` is a redis-py client (or URL); ``queues`` are names or
-    :class:`emqfast.Queue` objects on that server. At most ``limit`` jobs per
+    :class:`emqfast.Queue` objects on that server (a partitioned queue counts as one: its
+    partitions' jobs are summed under its name). At most ``limit`` jobs per
     queue move in one call. Returns ``{queue name: jobs released}`` for every
     queue given. Same effect as ``Queue.promote`` on each, in a few pipelined round
     trips per round (a round reads at most ``DUE_BATCH`` due ids per queue and moves
     them ``PROMOTE_BATCH`` per script call: bounded work per call).
     """
+    queues = list(queues)
     keys = validate(queues, limit)
     client = resolve(conn)
     held: List[Any] = []
@@ -364,7 +377,8 @@ def promote_many(conn: Any, queues: Iterable[QueueLike], limit: int = 1000) -> D
 
     try:
         one_server = not isinstance(client, redis.RedisCluster)
-        return run(client, promote_many_op(keys, limit, one_server), batcher=one_batcher)
+        return fold_partitions(queues, run(client, promote_many_op(keys, limit, one_server),
+                                           batcher=one_batcher))
     finally:
         for batcher in held:
             batcher.close()

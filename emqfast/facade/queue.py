@@ -7,6 +7,7 @@ whose reads, control writes and housekeeping moves come from its mixins
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Iterable, List, Optional, Sequence, Sized, Tuple
 
 import redis
@@ -54,6 +55,11 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
             QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
 
+    ``partitions=P`` spreads the queue over P partitions, each in its own Cluster slot
+    (so over the Cluster's masters): it returns a
+    :class:`~emqfast.facade.partitioned.PartitionedQueue` (see that module and the
+    docs' "Partitioned queues").
+
     ``attempts`` and ``backoff`` are the defaults for jobs enqueued without their own.
 
     ``wait_replicas=n`` (with ``wait_timeout_ms``) makes every enqueue path wait until
@@ -73,12 +79,35 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
 
     _resolve = staticmethod(resolve)
     is_async = False  # True in emqfast.aio.Queue: operations return coroutines
+    _partitioned: Optional[type] = None  # the PartitionedQueue of this facade (see __new__)
+
+    def __new__(cls, *args: Any, partitions: Optional[int] = None, **kwargs: Any) -> "Queue":
+        """``partitions=P`` makes a :class:`~emqfast.facade.partitioned.PartitionedQueue`
+        of this facade: one logical queue over P partitions (a Queue too)."""
+        if partitions is not None and not getattr(cls, "is_partitioned", False):
+            made = cls._partitioned_class()
+            return super().__new__(made)
+        return super().__new__(cls)
+
+    @classmethod
+    def _partitioned_class(cls) -> type:
+        """The PartitionedQueue class of this facade: emqfast.facade.partitioned registers
+        it (it subclasses Queue; ``import emqfast`` imports it), emqfast.aio its own."""
+        if cls._partitioned is None:
+            raise InvalidInput("partitioned queues come with `import emqfast` "
+                               "(emqfast.facade.partitioned is not loaded)")
+        return cls._partitioned
+
+    is_partitioned = False  # True on a PartitionedQueue
 
     def __init__(self, name: str, conn: Any = None, *, attempts: int = options.DEFAULT_ATTEMPTS,
                  backoff: Backoff = DEFAULT_BACKOFF,
                  max_payload_bytes: int = codec.DEFAULT_MAX_PAYLOAD_BYTES,
                  wait_replicas: int = 0, wait_timeout_ms: int = 1000,
-                 group_commit: bool = True):
+                 group_commit: bool = True, partitions: Optional[int] = None):
+        if partitions is not None and not self.is_partitioned:
+            raise InvalidInput("partitions= makes a PartitionedQueue (Queue(name, conn, "
+                               "partitions=P)); this class is a plain queue")
         self.keys = QueueKeys(name)
         self.name = name
         self.redis: redis.Redis = self._resolve(conn)
@@ -138,8 +167,11 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
 
     def _shared(self, priority: int, attempts: Optional[int], backoff: Optional[Backoff],
                 delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
-                group: Optional[str], timeout_ms: Optional[int] = None) -> Shared:
-        """Validate and encode what every job of one enqueue call shares."""
+                group: Optional[str], timeout_ms: Optional[int] = None,
+                partition_key: Optional[str] = None) -> Shared:
+        """Validate and encode what every job of one enqueue call shares (a plain queue
+        only checks ``partition_key``: it is one partition)."""
+        check_placement_key(partition_key, optional=True)
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
         opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
                                                                 group), timeout_ms))
@@ -157,8 +189,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                 dedupe_key: Optional[str] = None, dedupe_ms: Optional[Delay] = None,
                 dedupe: Optional[str] = None, expires_ms: Optional[Delay] = None,
                 group: Optional[str] = None, depends_on: Optional[Iterable[Any]] = None,
-                on_dep_failure: str = "fail",
-                timeout_ms: Optional[int] = None) -> Returns[JobRef]:
+                on_dep_failure: str = "fail", timeout_ms: Optional[int] = None,
+                partition_key: Optional[str] = None) -> Returns[JobRef]:
         """Add one job. ``payload`` is bytes or JSON-serialisable.
 
         ``delay_ms`` (ms or a ``timedelta``) or ``run_at_ms`` (epoch ms or an aware
@@ -175,6 +207,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         as ``waiting_deps`` until they all completed (see :mod:`emqfast.facade.deps`).
         ``timeout_ms`` limits each run: a Worker stops the handler when it passes (see
         :mod:`emqfast.worker.cancels`); the job fails with ``JobTimeout`` (or retries).
+        ``partition_key`` places it on a partitioned queue; a plain one only checks it.
 
         Concurrent calls share round trips (group commit, unless the queue was made with
         ``group_commit=False``): while an enqueue of this queue is in flight on this
@@ -190,7 +223,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
-                              timeout_ms)
+                              timeout_ms, partition_key)
         job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
         key = None if dedupe_key is None else check_key(dedupe_key)
         extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
@@ -236,7 +269,10 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                      dedupe_keys: Optional[Sequence[Optional[str]]] = None,
                      dedupe_ms: Optional[Delay] = None, dedupe: Optional[str] = None,
                      expires_ms: Optional[Delay] = None,
-                     timeout_ms: Optional[int] = None) -> Returns[List[JobRef]]:
+                     timeout_ms: Optional[int] = None,
+                     partition_key: Optional[str] = None,
+                     partition_keys: Optional[Sequence[Optional[str]]] = None
+                     ) -> Returns[List[JobRef]]:
         """Add many jobs with shared options, pipelined (thousands per round trip).
 
         Every payload and id is validated before anything is sent, so bad input
@@ -262,6 +298,9 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         unknown job that had landed is reported ``"recovered"``. (Re-sending the ids
         yourself with ``job_ids=`` is just as safe; those come back ``"duplicate"``.)
         A batch of which nothing was written raises the plain typed error instead.
+
+        ``partition_key`` (all jobs) or ``partition_keys`` (one per job) place jobs on a
+        partitioned queue; a plain queue only checks them (see :meth:`enqueue`).
         """
         if isinstance(payloads, (str, bytes, bytearray, memoryview, dict)) \
                 or not _iterable(payloads):
@@ -274,6 +313,8 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         keys = key_list(dedupe_keys, len(jobs))
         shared = shared._replace(extras=dedupe_extras(keys is not None, dedupe_ms, dedupe,
                                                       expires_ms))
+        if partition_key is not None or partition_keys is not None:
+            placement_keys(len(jobs), partition_key, partition_keys)
         return (yield from admit_many(self.keys, self.name,
                                       EnqueueBatch(jobs, shared, self._wait, dedupe_keys=keys)))
 
@@ -423,6 +464,16 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         return n + len(late.intersection(found))
 
 
+def constructor_signature(cls: type) -> inspect.Signature:
+    """``cls.__init__``'s signature without ``self``: what ``inspect`` (``help()``, IDEs,
+    the API reference) should show for a Queue class, whose ``__new__`` takes anything."""
+    init = inspect.signature(cls.__init__)  # type: ignore[misc]
+    return init.replace(parameters=list(init.parameters.values())[1:])
+
+
+Queue.__signature__ = constructor_signature(Queue)  # type: ignore[attr-defined]
+
+
 def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
               max_payload_bytes: int) -> List[Job]:
     """``enqueue_many``'s jobs: every payload encoded and every id checked (or minted)
@@ -442,6 +493,31 @@ def _job_rows(payloads: Iterable[Any], job_ids: Optional[Sequence[str]],
                 raise InvalidInput("job_ids and payloads differ in length")
         row = tuple.__new__  # Job(j, data, enc) without its Python-level __new__
         return [row(Job, (j, data, enc)) for j, (data, enc) in zip(job_ids, encoded)]
+
+
+def check_placement_key(key: Any, optional: bool = False) -> Optional[str]:
+    """A ``partition_key``: a non-empty str (or None, when ``optional``), else a typed
+    error."""
+    if key is None and optional:
+        return key
+    if not isinstance(key, str) or not key:
+        raise InputTypeError(f"partition_key must be a non-empty str, not {key!r:.40}")
+    return key
+
+
+def placement_keys(n: int, partition_key: Optional[str],
+                   partition_keys: Optional[Sequence[Optional[str]]]) -> List[Optional[str]]:
+    """The placement key of each of ``n`` jobs of one enqueue_many (None: none), checked."""
+    if partition_keys is None:
+        return [None if partition_key is None else check_placement_key(partition_key)] * n
+    if partition_key is not None:
+        raise InvalidInput("give partition_key or partition_keys, not both")
+    if isinstance(partition_keys, (str, bytes)) or not _iterable(partition_keys):
+        raise InputTypeError("partition_keys takes a list (one key or None per job)")
+    placing = [None if k is None else check_placement_key(k) for k in partition_keys]
+    if len(placing) != n:
+        raise InvalidInput(f"{len(placing)} partition_keys for {n} payloads")
+    return placing
 
 
 def _iterable(value: Any) -> bool:

@@ -9,11 +9,17 @@ import click
 from emqfast.core.errors import JobNotFound, JobStateError
 from emqfast.core.validation import check_job_id
 from emqfast.facade.job import STATES, Job
+from emqfast.facade.partitioned import PartitionedQueue
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import (console, current_state, err_console, existing_queue, fail,
                                      print_unbounded, url_option)
 from emqfast.tools.render import (LONG_FIELDS, field_text, fmt_ms, job_detail_table,
                                   job_dict, jobs_table, json_text, plain, styled, visible)
+
+
+def physical_queues(q: Queue) -> List[Queue]:
+    """The queues holding ``q``'s jobs: a partitioned queue's partitions, else ``q``."""
+    return list(q.partition_queues) if isinstance(q, PartitionedQueue) else [q]
 
 
 def load_jobs(q: Queue, ids: List[str]) -> List[Job]:
@@ -62,7 +68,10 @@ def jobs(queue: str, job_id: Optional[str], states: Tuple[str, ...], limit: int,
         return
     found: List[Job] = []
     for st in states or STATES:
-        found += load_jobs(q, q.job_ids(st, 0, limit - 1))
+        of_state: List[Job] = []
+        for part in physical_queues(q):  # a partitioned queue: partition after partition
+            of_state += load_jobs(part, part.job_ids(st, 0, limit - 1))
+        found += of_state[:limit]
     if as_json:
         click.echo(json_text([job_dict(j) for j in found]))
         return
@@ -81,6 +90,8 @@ def _job_or_exit(q: Queue, job_id: str) -> Tuple[Job, int]:
     """The job and its stored payload's size in bytes (read in the same round trip as
     ``q.get``), or one line saying it is not there (exit 1)."""
     check_job_id(job_id)
+    if isinstance(q, PartitionedQueue):  # the partition holding it (at most P reads)
+        q = q.find_partition(job_id) or q.partition(0)
     pipe = q.redis.pipeline(transaction=False)
     pipe.hgetall(q.keys.job(job_id))
     pipe.zscore(q.keys.delayed, job_id)  # a waiting job's state is the set holding it

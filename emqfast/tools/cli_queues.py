@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from emqfast.core.keys import queue_meta_glob, queue_names_of
+from emqfast.facade.partitioned import PartitionedQueue, open_queue
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import (State, close_names, console, current_state, existing_queue,
                                      fail, piped, url_option)
@@ -27,16 +28,35 @@ def discover_queues(conn: redis.Redis) -> List[str]:
 
 
 def queue_row(q: Queue) -> Dict[str, Any]:
-    """The numbers ``stats`` shows for one queue."""
-    return {"queue": q.name, "counts": q.counts(), "paused": q.is_paused(),
-            "next_due_ms": q.next_due_ms(), "schedules": q.redis.zcard(q.keys.repeat)}
+    """The numbers ``stats`` shows for one queue (a partitioned one: its logical queue,
+    with ``partitions``, its number of partitions)."""
+    row = {"queue": q.name, "counts": q.counts(), "paused": q.is_paused(),
+           "next_due_ms": q.next_due_ms(), "schedules": q.schedules.count()}
+    if isinstance(q, PartitionedQueue):
+        row["partitions"] = q.partitions
+    return row
+
+
+def partition_rows(q: PartitionedQueue) -> List[Dict[str, Any]]:
+    """One row per partition of ``q``, named ``<queue> #<i>`` (the breakdown ``stats``
+    shows under a partitioned queue named on its own)."""
+    rows = []
+    for i, part in enumerate(q.partition_queues):
+        row = queue_row(part)
+        row["queue"] = f"{q.name} #{i}"
+        rows.append(row)
+    return rows
 
 
 def _stats_rows(state: State, queue: Optional[str]) -> Tuple[List[Dict[str, Any]], int]:
-    """Every shown queue's :func:`queue_row`, and the server clock (ms)."""
+    """Every shown queue's :func:`queue_row` (a partitioned queue named alone: then each
+    partition's), and the server clock (ms)."""
     conn = state.conn()
     names = [queue] if queue else discover_queues(conn)
-    rows = [queue_row(Queue(n, conn)) for n in names]
+    queues = [open_queue(n, conn) for n in names]
+    rows = [queue_row(q) for q in queues]
+    if queue and isinstance(queues[0], PartitionedQueue):
+        rows += partition_rows(queues[0])
     return rows, Queue(names[0] if names else "_", conn).server_time_ms()
 
 
@@ -47,7 +67,7 @@ def _stats_view(state: State, queue: Optional[str]) -> Any:
     if not rows:
         parts.append(styled(("no queues yet", "dim")))
     if queue and rows[0]["schedules"]:
-        parts.append(schedules_table(Queue(queue, state.conn()), now))
+        parts.append(schedules_table(open_queue(queue, state.conn()), now))
     return Group(*parts)
 
 

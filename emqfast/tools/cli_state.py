@@ -16,6 +16,7 @@ from rich.text import Text
 
 from emqfast.core.keys import queue_meta_glob, queue_names_of
 from emqfast.core.redaction import redact, scrub as scrub_text
+from emqfast.facade.partitioned import open_queue
 from emqfast.facade.queue import Queue
 from emqfast.server import embedded
 from emqfast.server.connection import connect
@@ -82,8 +83,9 @@ class State:
         return self._conn
 
     def queue(self, name: str) -> Queue:
-        """A :class:`Queue` on the shared client."""
-        return Queue(name, self.conn())
+        """A :class:`Queue` on the shared client, opened as it was made (a partitioned
+        queue as one logical queue)."""
+        return open_queue(name, self.conn())
 
     def where(self) -> str:
         """Where we talk to, safe to print."""

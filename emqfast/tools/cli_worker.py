@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import click
 
+from emqfast.facade.partitioned import PartitionedQueue
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_state import current_state, err_console, scrub, url_option, verbose_option
 from emqfast.tools.render import styled, visible
@@ -91,6 +92,9 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
                    "queues with work, in proportion to --weights.")
 @click.option("--weights", default=None, metavar="W1,W2,...",
               help="With --order weighted: one positive integer per queue (default all 1).")
+@click.option("--partitions", "partition_list", default=None, metavar="I,J,...",
+              help="With one partitioned queue: serve only these partitions (numbers from "
+                   "0; default all, in rotation).")
 @click.option("--concurrency", "-c", default=None, type=click.IntRange(1, 10_000),
               help="Handlers running at once (default 8); with --processes, per process "
                    "(default 1).")
@@ -130,6 +134,7 @@ def _refuse_unbound_method(spec: str, owner: Any, name: str) -> None:
                    "running those of a dead worker once their lease lapses.")
 @verbose_option
 def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Optional[str],
+           partition_list: Optional[str],
            concurrency: Optional[int], processes: Optional[int],
            max_jobs_per_child: Optional[int], max_memory_mb: Optional[int], lease_ms: int,
            shutdown_timeout: float, job_timeout_ms: Optional[int],
@@ -154,6 +159,8 @@ def worker(handler: str, queue_names: Tuple[str, ...], order: str, weights: Opti
     if processes is not None:
         stops.update(processes=processes, max_jobs_per_child=max_jobs_per_child,
                      max_memory_per_child_mb=max_memory_mb)
+    if partition_list is not None:
+        stops["partitions"] = _partitions(partition_list, queues)
     w = _make_worker(Worker, queues, fn, order, weights, concurrency=concurrency,
                      lease_ms=lease_ms, shutdown_timeout_s=shutdown_timeout,
                      allow_eviction=allow_eviction, **stops)
@@ -239,11 +246,28 @@ def exit_line(stats: Any, children: Optional[Dict[str, Any]]) -> str:
             f"{events.get('restarts', 0)}")
 
 
+def _partitions(text: str, queues: List[Queue]) -> List[int]:
+    """``--partitions 0,3``: the partition numbers of the one partitioned queue served."""
+    if len(queues) != 1 or not isinstance(queues[0], PartitionedQueue):
+        raise click.BadParameter("picks partitions of one partitioned queue (-q NAME made "
+                                 "with partitions=P)", param_hint="--partitions")
+    try:
+        picks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"comma-separated partition numbers, not {text!r}",
+                                 param_hint="--partitions") from None
+    top = queues[0].partitions - 1
+    if any(not 0 <= i <= top for i in picks) or len(set(picks)) != len(picks):
+        raise click.BadParameter(f"distinct numbers from 0 to {top}, not {text!r}",
+                                 param_hint="--partitions")
+    return picks
+
+
 def _make_worker(make: Callable[..., Any], queues: List[Queue], fn: Callable[..., Any],
                  order: str, weights: Optional[str], **options: Any) -> Any:
     """One queue: the plain Worker, as ever; several: the many-queue worker
     (:mod:`emqfast.worker.crew`) in ``order``."""
-    if len(queues) == 1:
+    if len(queues) == 1:  # a partitioned queue: its partitions in rotation
         if weights is not None:
             raise click.BadParameter("--weights needs several queues", param_hint="--weights")
         return make(queues[0], fn, **options)

@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 import click
 
-from emqfast.core.keys import QueueKeys
+from emqfast.facade.metrics import physical_keys
 from emqfast.facade.workers import ChildInfo, WorkerInfo, live_workers_op
 from emqfast.backends.drive import run
 from emqfast.tools.cli_queues import discover_queues
@@ -21,9 +21,10 @@ def live_workers(conn: object, names: List[str]) -> List[WorkerInfo]:
     freshest beat first."""
     seen: Dict[str, WorkerInfo] = {}
     for name in names:
-        for info in run(conn, live_workers_op(QueueKeys(name))):
-            if info.token not in seen or info.age_ms < seen[info.token].age_ms:
-                seen[info.token] = info
+        for keys in physical_keys(conn, name):  # a partitioned queue: each partition
+            for info in run(conn, live_workers_op(keys)):
+                if info.token not in seen or info.age_ms < seen[info.token].age_ms:
+                    seen[info.token] = info
     return sorted(seen.values(), key=lambda w: (w.age_ms, w.token))
 
 

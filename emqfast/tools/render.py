@@ -249,7 +249,8 @@ def stats_line(row: Dict[str, Any], now_ms: int) -> str:
     return " ".join([fmt_ms(now_ms), f"queue={visible(row['queue'])}",
                      *(f"{s}={c.get(s, 0)}" for s in _COLUMNS),
                      f"paused={'yes' if row.get('paused') else 'no'}",
-                     f"schedules={row.get('schedules', '-')}", f"next_due={due}"])
+                     f"schedules={row.get('schedules', '-')}", f"next_due={due}",
+                     *([f"partitions={row['partitions']}"] if row.get("partitions") else [])])
 
 
 # every column (``-o wide``, or when they fit); a narrower terminal gets the compact ones

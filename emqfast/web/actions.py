@@ -18,6 +18,7 @@ from emqfast.core.redaction import redact
 from emqfast.core.validation import check_job_id, check_schedule_name
 from emqfast.facade.control import CancelResult
 from emqfast.facade.job import STATES
+from emqfast.facade.partitioned import open_queue
 from emqfast.facade.queue import Queue
 from emqfast.tools.cli_jobs import retry_every
 from emqfast.web.app import (Dashboard, Handler, Problem, app_root, client_of, cookie_path,
@@ -91,7 +92,7 @@ def job_action(dash: Dashboard, request: Request, form: Any) -> Response:
     action = JOB_ACTIONS.get(str(form.get("action", "")))
     if action is None:
         raise Problem(400, "unknown job action")
-    kind, text = _try(action, Queue(name, dash.client), job_id)
+    kind, text = _try(action, open_queue(name, dash.client), job_id)
     gone = kind == "ok" and form.get("action") in ("cancel", "delete") and \
         not text.startswith(ASKED)  # a running job stays until its worker ends it
     target = link(request, "queue", q=name) if gone else link(request, "job", q=name, id=job_id)
@@ -152,7 +153,7 @@ def queue_action(dash: Dashboard, request: Request, form: Any) -> Response:
     action = str(form.get("action", ""))
     state = str(form.get("state", ""))
     back = link(request, "queue", q=name, state=state if state in STATES else None)
-    q = Queue(name, dash.client)
+    q = open_queue(name, dash.client)
     row = str(form.get("row", ""))
     if row:  # a per-row button of the job list: "<verb>:<id>", verb a JOB_ACTIONS key
         verb, _, job_id = row.partition(":")
@@ -179,7 +180,7 @@ def schedule_remove(dash: Dashboard, request: Request, form: Any) -> Response:
     _writable(dash)
     name = known_queue(dash, form.get("q"))
     schedule = check_schedule_name(str(form.get("name", "")))
-    removed = Queue(name, dash.client).schedules.remove(schedule)
+    removed = open_queue(name, dash.client).schedules.remove(schedule)
     text = f"removed schedule {schedule} of {name}" if removed else f"no schedule {schedule}"
     return flash(RedirectResponse(link(request, "schedules"), 303), request,
                  "ok" if removed else "error", text)

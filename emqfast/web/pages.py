@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from emqfast.core.validation import check_job_id, check_queue_name
 from emqfast.facade.job import STATES as JOB_STATES
 from emqfast.facade.leaderboard import Leaderboard
+from emqfast.facade.partitioned import open_queue
 from emqfast.facade.queue import Queue
 from emqfast.web import format as fmt, reads
 from emqfast.web.app import Dashboard, Handler, Problem, link
@@ -103,7 +104,7 @@ def queue(dash: Dashboard, request: Request) -> Response:
     wanted = request.query_params.get("id", "").strip()
     if wanted:
         check_job_id(wanted)
-        if Queue(name, dash.client).get(wanted) is None:
+        if open_queue(name, dash.client).get(wanted) is None:
             raise Problem(404, missing_job(wanted, name))
         return RedirectResponse(link(request, "job", q=name, id=wanted), 303)
     page = reads.queue_page(dash.client, name, state, start)
@@ -117,16 +118,17 @@ def api_queue(dash: Dashboard, request: Request) -> Response:
     """Counts and the paused flag; with ``state`` (and ``start``), the ids of that page of
     the job list too, so the page's script sees when its list changed."""
     name = queue_param(dash, request)
-    q = Queue(name, dash.client)
+    q = open_queue(name, dash.client)
     state = request.query_params.get("state")
     if state is None:
         return JSONResponse({"name": name, "counts": q.counts(), "paused": q.is_paused()})
     if state not in JOB_STATES:
         raise Problem(400, f"state must be one of {', '.join(JOB_STATES)}")
     start = _int_param(request, "start", 0, 1 << 40)
+    kind = type(q)
     counts, paused, ids = run_many(dash.client, [
-        Queue.counts.op(q), Queue.is_paused.op(q),
-        Queue.job_ids.op(q, state, start, start + reads.PAGE_SIZE - 1)])
+        kind.counts.op(q), kind.is_paused.op(q),
+        kind.job_ids.op(q, state, start, start + reads.PAGE_SIZE - 1)])
     for value in (counts, paused, ids):
         if isinstance(value, Exception):
             raise value
@@ -159,7 +161,7 @@ def job(dash: Dashboard, request: Request) -> Response:
 
 def api_job(dash: Dashboard, request: Request) -> Response:
     name = queue_param(dash, request)
-    got = Queue(name, dash.client).get(job_param(request))
+    got = open_queue(name, dash.client).get(job_param(request))
     if got is None:
         raise Problem(404, "no such job")
     return JSONResponse({"state": got.state, "attempts": got.attempts})
@@ -169,7 +171,7 @@ def payload(dash: Dashboard, request: Request) -> Response:
     """The whole payload as a download (never rendered inline)."""
     name = queue_param(dash, request)
     job_id = job_param(request)
-    got = Queue(name, dash.client).get(job_id)
+    got = open_queue(name, dash.client).get(job_id)
     if got is None:
         raise Problem(404, missing_job(job_id, name))
     body, media = fmt.download(got.payload)

@@ -21,6 +21,8 @@ from emqfast.core.redaction import redact
 from emqfast.facade.deps import split_member
 from emqfast.facade.job import Job
 from emqfast.facade.leaderboard import Leaderboard
+from emqfast.facade.metrics import physical_keys
+from emqfast.facade.partitioned import PartitionedQueue, open_queue
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedule, Schedules
 from emqfast.web.lockstep import run_many
@@ -58,6 +60,7 @@ class QueueRow:
     rate: Optional[Tuple[int, int]] = None
     completed_total: int = 0
     failed_total: int = 0
+    partitions: Optional[int] = None  # a partitioned queue: its number of partitions
     error: Optional[str] = None
 
 
@@ -128,6 +131,19 @@ def _exists_op(key: str) -> Op:
     return int((yield Cmd.of("EXISTS", key))) > 0
 
 
+def _queue_settings_op(q: Queue) -> Op:
+    """:func:`_settings_op` of a queue; a partitioned one's over its partitions: paused
+    when all are, partition 0's rate limit (each partition's), the counters summed."""
+    if not isinstance(q, PartitionedQueue):
+        got = yield from _settings_op(q.keys)
+        return got
+    each = []
+    for part in q.partition_queues:
+        each.append((yield from _settings_op(part.keys)))
+    return (all(paused for paused, _, _ in each), each[0][1],
+            (sum(t[0] for _, _, t in each), sum(t[1] for _, _, t in each)))
+
+
 def _settings_op(keys: QueueKeys) -> Op:
     """Paused flag and rate limit (the meta hash fields ``Queue.is_paused`` and
     ``Queue.rate_limit`` read, in one HMGET) and the metrics hash's outcome counters (the
@@ -154,8 +170,8 @@ class Queues:
         out = []
         for name in names:
             q = made.get(name)
-            if q is None:
-                q = made[name] = Queue(name, self.client)
+            if q is None:  # opened as it was made: a partitioned queue as one
+                q = made[name] = open_queue(name, self.client)
             out.append(q)
         return out
 
@@ -166,12 +182,14 @@ def overview(client: Any, names: Sequence[str],
     queues = (cache or Queues(client)).of(names)
     ops: List[Op] = []
     for q in queues:
-        ops += [Queue.counts.op(q), _settings_op(q.keys)]
+        ops += [type(q).counts.op(q), _queue_settings_op(q)]
     results = run_many(client, ops)
     rows = []
     for i, q in enumerate(queues):
         counts, settings = results[2 * i:2 * i + 2]
         row = QueueRow(q.name)
+        if isinstance(q, PartitionedQueue):
+            row.partitions = q.partitions
         failure = next((r for r in (counts, settings) if isinstance(r, Exception)), None)
         if failure is not None:
             row.error = redact(f"{type(failure).__name__}: {failure}")
@@ -194,7 +212,14 @@ class JobLine:
     exists: bool
 
 
-def _line_op(keys: QueueKeys, job_id: str) -> Op:
+def _line_op(holders: List[QueueKeys], job_id: str) -> Op:
+    """One job's list line, read from the first of ``holders`` (a partitioned queue's
+    partitions) holding it."""
+    for keys in holders[:-1]:
+        if int((yield Cmd.of("EXISTS", keys.job(job_id)))):
+            break
+    else:
+        keys = holders[-1]
     created, attempts, error, group = yield Cmd.of(
         "HMGET", keys.job(job_id), "created", "attempts", "error", "group")
     text: Callable[[Optional[bytes]], Optional[str]] = (
@@ -218,29 +243,48 @@ class QueuePage:
     groups: List[Dict[str, Any]]
     metrics: Any
     next_due_ms: Optional[int]
+    # a partitioned queue: each partition's name and counts, in partition order
+    partitions: List[Tuple[str, Dict[str, int]]] = field(default_factory=list)
 
 
 def queue_page(client: Any, name: str, state: str, start: int) -> QueuePage:
     """A queue's counts and settings, ``PAGE_SIZE`` job ids of ``state`` from index
-    ``start``, its group lanes and its metrics."""
-    q = Queue(name, client)
+    ``start``, its group lanes and its metrics (a partitioned queue: over its partitions,
+    with each partition's counts)."""
+    q = open_queue(name, client)
+    kind = type(q)
     counts, paused, rate, metrics, due, ids, groups = run_many(client, [
-        Queue.counts.op(q), Queue.is_paused.op(q), Queue.rate_limit.op(q),
-        Queue.metrics.op(q), Queue.next_due_ms.op(q),
-        Queue.job_ids.op(q, state, start, start + PAGE_SIZE - 1),
-        _groups_op(q.keys)])
+        kind.counts.op(q), kind.is_paused.op(q), kind.rate_limit.op(q),
+        kind.metrics.op(q), kind.next_due_ms.op(q),
+        kind.job_ids.op(q, state, start, start + PAGE_SIZE - 1),
+        _groups_op(q)])
     for value in (counts, paused, rate, metrics, due, ids, groups):
         if isinstance(value, Exception):
             raise value
-    lines = run_many(client, [_line_op(q.keys, i) for i in ids])
+    lines = run_many(client, [_line_op(_holders(q), i) for i in ids])
     lanes = _lanes(client, q, groups)
-    return QueuePage(name, counts, paused, rate, state, start,
+    page = QueuePage(name, counts, paused, rate, state, start,
                      [x for x in lines if isinstance(x, JobLine)], lanes, metrics, due)
+    if isinstance(q, PartitionedQueue):
+        each = q.partition_counts()
+        page.partitions = [(part.name, c) for part, c in zip(q.partition_queues, each)]
+    return page
 
 
-def _groups_op(keys: QueueKeys) -> Op:
-    raw = yield Cmd.of("ZRANGE", keys.groups, 0, MAX_GROUPS - 1)
-    return [g.decode("utf-8", "replace") for g in raw]
+def _holders(q: Queue) -> List[QueueKeys]:
+    """The keys that may hold a job of ``q``: its partitions', or its own."""
+    if isinstance(q, PartitionedQueue):
+        return [part.keys for part in q.partition_queues]
+    return [q.keys]
+
+
+def _groups_op(q: Queue) -> Op:
+    """Up to :data:`MAX_GROUPS` group lanes with waiting jobs (over the partitions)."""
+    found: List[str] = []
+    for keys in _holders(q):
+        raw = yield Cmd.of("ZRANGE", keys.groups, 0, MAX_GROUPS - 1)
+        found += [g.decode("utf-8", "replace") for g in raw]
+    return sorted(set(found))[:MAX_GROUPS]
 
 
 def _lanes(client: Any, q: Queue, groups: List[str]) -> List[Dict[str, Any]]:
@@ -351,7 +395,9 @@ def _depends_on(job: Job) -> List[Tuple[str, str]]:
 def job_page(client: Any, queue: str, job_id: str) -> Optional[JobPage]:
     """The job, its lease, its dependencies and dependents, and its timeline; None when
     there is no such job."""
-    q = Queue(queue, client)
+    q = open_queue(queue, client)
+    if isinstance(q, PartitionedQueue):  # the job's partition holds all it shows
+        q = q.find_partition(job_id) or q.partition(0)
     job, lease, waiting = run_many(client, [Queue.get.op(q, job_id), _lease_op(q.keys, job_id),
                                             _dependents_op(q.keys, job_id)])
     for value in (job, lease, waiting):
@@ -390,10 +436,10 @@ def timeline(q: Queue, job: Job) -> List[Any]:
 
 def schedules(client: Any, names: Sequence[str]) -> List[Tuple[str, List[Schedule]]]:
     """Every queue's schedules (queues without any left out)."""
-    queues = [Queue(n, client) for n in names]
-    sizes = run_many(client, [Schedules.count.op(q.schedules) for q in queues])
+    queues = [open_queue(n, client) for n in names]
+    sizes = run_many(client, [type(q.schedules).count.op(q.schedules) for q in queues])
     having = [q for q, n in zip(queues, sizes) if isinstance(n, int) and n > 0]
-    lists = run_many(client, [Schedules.list.op(q.schedules) for q in having])
+    lists = run_many(client, [type(q.schedules).list.op(q.schedules) for q in having])
     return [(q.name, found) for q, found in zip(having, lists) if isinstance(found, list)]
 
 
@@ -422,6 +468,11 @@ def leaderboards(client: Any, names: Sequence[str],
 
 def workers(client: Any, names: Sequence[str]) -> List[WorkerInfo]:
     """The live workers of every queue, freshest beat first."""
-    found = run_many(client, [live_workers_op(QueueKeys(n)) for n in names])
-    rows = [w for got in found if isinstance(got, list) for w in got]
-    return sorted(rows, key=lambda w: (w.age_ms, w.token))
+    found = run_many(client, [live_workers_op(keys) for n in names
+                              for keys in physical_keys(client, n)])  # partitions too
+    rows: Dict[str, WorkerInfo] = {}
+    for got in found:  # a worker of several queues (or partitions) beats in each: once
+        for w in got if isinstance(got, list) else []:
+            if w.token not in rows or w.age_ms < rows[w.token].age_ms:
+                rows[w.token] = w
+    return sorted(rows.values(), key=lambda w: (w.age_ms, w.token))

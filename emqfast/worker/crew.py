@@ -9,7 +9,8 @@ beat, pause check, rate limits and groups, stats and heartbeat record) and one
   queues: :meth:`Crew.room` counts every member's running and held jobs, a member
   reserves the slots it starts into, and the handlers run on one pool (asyncio: under
   one set of slots) of ``concurrency``;
-- the claim order (:mod:`emqfast.worker.queue_order`): ``strict`` or ``weighted``;
+- the claim order (:mod:`emqfast.worker.queue_order`): ``strict``, ``weighted`` or
+  ``rotate``;
 - wake-ups that reach every member (a job of one queue ending may let another claim).
 
 A Worker of one queue holds :data:`~emqfast.worker.leases.SOLO` instead: its own
@@ -99,7 +100,7 @@ class Crew(Solo):
             room = 0
             if self.order.turn != turn:  # a new round was drawn: wake its queue
                 self._notify_all()
-        elif not self.order.strict:
+        elif not self.order.strict and not self.order.rotate:
             # a weighted round claims at most a handler pool's worth: with fast handlers
             # the prefetch budget would let one draw take hundreds of jobs, and the split
             # (per draw) would stray far from the weights per job
@@ -214,3 +215,30 @@ class Crew(Solo):
         self._stopping = True
         for m in self.members:
             m.stop()
+
+
+def expand_partitioned(queue: Any, partitions: Optional[Sequence[int]],
+                       order: Optional[str]) -> Tuple[Any, str]:
+    """What a Worker serves, and in which order: a partitioned queue becomes the list of
+    its partitions (all, or those listed in ``partitions``, for affinity), served in
+    rotation unless ``order`` says otherwise; a list of queues keeps ``order`` (default
+    ``strict``), a partitioned queue in it standing for all its partitions."""
+    if getattr(queue, "is_partitioned", False):
+        if partitions is None:
+            picks: List[int] = list(range(queue.partitions))
+        elif isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
+            raise InputTypeError("partitions takes a list of partition numbers, not "
+                                 f"{type(partitions).__name__}")
+        else:
+            picks = list(partitions)
+            if not picks or len(set(picks)) != len(picks):
+                raise InvalidInput(f"partitions must list distinct partition numbers: {picks}")
+        return [queue.partition(i) for i in picks], order or "rotate"
+    if partitions is not None:
+        raise InvalidInput("partitions= picks partitions of a partitioned queue "
+                           "(Queue(name, conn, partitions=P))")
+    if isinstance(queue, (list, tuple)) and any(getattr(q, "is_partitioned", False)
+                                                for q in queue):
+        queue = [p for q in queue for p in (q.partition_queues
+                                             if getattr(q, "is_partitioned", False) else [q])]
+    return queue, order or "strict"

@@ -18,6 +18,12 @@ claim, not by a read of Redis.
   grant ends when that queue's claim returns, and the next round draws again. A round
   claims at most ``concurrency`` jobs (:mod:`emqfast.worker.crew`), so the split per job
   follows the weights even where fast handlers would let the prefetch take hundreds.
+- ``rotate`` (a partitioned queue's, :mod:`emqfast.facade.partitioned`): claim rounds go
+  to the ready queues in turn, each after the last one served, so a queue with work waits
+  at most one rotation. A round claims what the budget allows (a whole batch for fast
+  handlers: a partitioned queue drains as fast as one queue); at ``concurrency=1`` with
+  ``prefetch=0`` a round is one job, so an urgent job waits behind at most P - 1 others
+  (one per other partition) and the running one.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from typing import List, Optional, Sequence
 from emqfast.core.errors import InputTypeError, InvalidInput
 from emqfast.core.validation import check_int
 
-ORDERS = ("strict", "weighted")
+ORDERS = ("strict", "weighted", "rotate")
 MAX_WEIGHT = 1_000_000
 
 
@@ -35,10 +41,10 @@ def check_order(order: str, weights: Optional[Sequence[int]], n: int) -> List[in
     """The weights to use for ``n`` queues (all 1 under ``strict``); typed errors for a
     wrong ``order``, a weight list of the wrong length, or a weight outside 1..10**6."""
     if order not in ORDERS:
-        raise InvalidInput(f"order must be 'strict' or 'weighted', not {order!r}")
+        raise InvalidInput(f"order must be 'strict', 'weighted' or 'rotate', not {order!r}")
     if weights is None:
         return [1] * n
-    if order == "strict":
+    if order != "weighted":
         raise InvalidInput("weights apply to order='weighted' only")
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise InputTypeError(f"weights must be a list of ints, not {type(weights).__name__}")
@@ -54,6 +60,8 @@ class QueueOrder:
                  rng: Optional[random.Random] = None):
         self.weights = check_order(order, weights, n)
         self.strict = order == "strict"
+        self.rotate = order == "rotate"
+        self.last: int = -1  # rotate: the queue whose round came last
         self.ready = [True] * n     # loop not blocked on its marker (see the docstring)
         self.serving = [False] * n  # its claim loop runs
         self.turn: Optional[int] = None  # weighted: the queue granted this claim round
@@ -101,10 +109,14 @@ class QueueOrder:
         return self.turn is None or self.turn == i
 
     def draw(self) -> Optional[int]:
-        """Grant the next claim round to a ready queue, drawn in proportion to weight."""
+        """Grant the next claim round to a ready queue, drawn in proportion to weight
+        (rotate: the first ready one after the last served)."""
         candidates = [j for j, r in enumerate(self.ready) if r]
         if not candidates:
             self.turn = None
+        elif self.rotate:
+            after = [j for j in candidates if j > self.last]
+            self.turn = self.last = (after or candidates)[0]
         else:
             self.turn = self.rng.choices(candidates,
                                          [self.weights[j] for j in candidates])[0]

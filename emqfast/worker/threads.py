@@ -48,6 +48,7 @@ from emqfast.worker import signals
 from emqfast.worker.machine import ACK_BATCH
 from emqfast.worker.cancels import (ABANDON, DEFAULT_GRACE_MS, TIMEOUT,
                                     timeout_ms_of)
+from emqfast.worker.crew import expand_partitioned
 from emqfast.worker.crew_threads import ThreadCrew
 from emqfast.worker.machine import WorkerMachine
 from emqfast.worker.many_shared import MemberMarkers, gated
@@ -78,7 +79,9 @@ class Worker(WorkerMachine):
 
     - ``queue``: a :class:`~emqfast.Queue`, or a list of them: one Worker serving them
       all, claiming by ``order`` (``"strict"``: the first queue with work ready;
-      ``"weighted"``: a share per queue by ``weights``, one per queue).
+      ``"weighted"``: a share per queue by ``weights``, one per queue; ``"rotate"``:
+      in turn). A partitioned queue (``Queue(name, conn, partitions=P)``) is served
+      over all its partitions in rotation, or over those listed in ``partitions``.
     - ``handler``: a plain function of the :class:`~emqfast.Job`; what it returns is
       the job's result.
     - ``concurrency`` (8): handler threads; with ``processes``, per process (default 1);
@@ -171,9 +174,13 @@ class Worker(WorkerMachine):
                  name: Optional[str] = None, allow_eviction: bool = False,
                  job_timeout_ms: Optional[int] = None,
                  cancel_grace_ms: int = DEFAULT_GRACE_MS,
-                 order: str = "strict", weights: Optional[Sequence[int]] = None,
+                 order: Optional[str] = None, weights: Optional[Sequence[int]] = None,
                  processes: Optional[int] = None, max_jobs_per_child: Optional[int] = None,
-                 max_memory_per_child_mb: Optional[int] = None):
+                 max_memory_per_child_mb: Optional[int] = None,
+                 partitions: Optional[Sequence[int]] = None):
+        if getattr(queue, "is_partitioned", False):
+            cast(Any, queue).check_layout()  # PartitionMismatch before serving a wrong layout
+        queue, order = expand_partitioned(queue, partitions, order)
         children = check_processes(processes, concurrency, max_jobs_per_child,
                                    max_memory_per_child_mb)
         if processes is not None:
@@ -186,7 +193,8 @@ class Worker(WorkerMachine):
             job_timeout_ms=job_timeout_ms, cancel_grace_ms=cancel_grace_ms)
         if isinstance(queue, (list, tuple)):  # a Worker of this class per queue, one crew
             if children is not None:
-                raise InvalidInput("processes= serves one queue: run a Worker per queue")
+                raise InvalidInput("processes= serves one queue: run a Worker per queue (of "
+                                   "a partitioned queue: per partition, q.partition(i))")
             cls = type(self)
             self._led = ThreadCrew(lambda q, crew: cls._member(q, handler, crew, options),
                                   queue, order=order, weights=weights, name=name)

@@ -70,6 +70,12 @@ local function emq_fence_check(have, version)
   if type(version) ~= 'string' or not string.match(version, '^[%w_%-]+:%d') then
     return 'EMQINPUT expected a keyspace version (e.g. emqfast:1.0), got ' .. tostring(version)
   end
+  if have and string.sub(have, 1, 12) == 'partitioned:' then
+    -- the logical queue of a partitioned queue (partitions.lua): its jobs live in its
+    -- partitions, so a plain client must not write here
+    return 'EMQPARTITIONS queue is partitioned (layout ' .. have .. '): open it with ' ..
+      'Queue(name, conn, partitions=P) using the P it was made with'
+  end
   if have and string.match(have, '^[^.]*') ~= string.match(version, '^[^.]*') then
     return 'EMQVERSION queue keyspace is ' .. have .. ', this client speaks ' .. version
   end
