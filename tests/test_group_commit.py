@@ -133,8 +133,7 @@ def test_mixed_options_in_one_flush(backend, r, redis_url, qname):
             lambda: q.enqueue("urgent", priority=0), lambda: q.enqueue("low", priority=9),
             lambda: q.enqueue("lane", group="g1"), lambda: q.enqueue("exp", expires_ms=60_000),
             lambda: q.enqueue(b"raw")]
-    # (the expiring job is sent alone, as jobs with dedupe keys are: it is not queued)
-    got = shared_round(r, q, lambda: q.enqueue("first"), rest, len(rest) - 1)
+    got = shared_round(r, q, lambda: q.enqueue("first"), rest, len(rest))  # all queued
     statuses = [ref.status for ref in got]
     assert statuses == ["pending", "pending", "pending", "scheduled", "pending", "pending",
                         "pending", "pending", "pending"], got

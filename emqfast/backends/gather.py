@@ -38,7 +38,7 @@ DriveAsync = Callable[[Op], Awaitable[Any]]
 class _Waiter:
     """One thread waiting in a gate: for its outcome, or to lead the next flush."""
 
-    __slots__ = ("req", "outcome", "batch", "done", "wake")
+    __slots__ = ("req", "outcome", "batch", "done", "wake", "then")
 
     def __init__(self, req: Gathered) -> None:
         self.req = req
@@ -47,6 +47,7 @@ class _Waiter:
         self.done = False  # outcome or batch set (read after an interrupted wait)
         self.wake = threading.Lock()  # held until the outcome or the lead is handed over
         self.wake.acquire()
+        self.then: Optional["_Waiter"] = None  # the next of its flush to wake (a chain)
 
 
 class _Gate:
@@ -137,6 +138,7 @@ def submit(client: Any, req: Gathered, drive: Drive) -> Any:
     _wait(gate, me, drive)
     if me.batch is not None:
         return _lead(gate, req, drive, [w.req.item for w in me.batch], me.batch[1:])
+    _pass_on(me)
     return me.outcome
 
 
@@ -153,6 +155,8 @@ def _wait(gate: _Gate, me: _Waiter, drive: Drive) -> None:
             me.wake.acquire(timeout=0.05)
         if me.batch is not None:
             _lead(gate, me.req, drive, [w.req.item for w in me.batch], me.batch[1:])
+        else:
+            _pass_on(me)
         raise
 
 
@@ -165,12 +169,24 @@ def _lead(gate: _Gate, req: Gathered, drive: Drive, items: List[Any],
     except BaseException as exc:  # noqa: BLE001 - nobody may be left waiting
         interrupt, outcomes = exc, _lost(exc, len(items))
     _hand_on(gate)
-    for waiter, outcome in zip(others, outcomes[1:]):
+    # Wake one waiter; each wakes the next as it goes (_pass_on): one thread at a time
+    # takes the GIL, where waking all at once sends all but one back to sleep on it.
+    for i, (waiter, outcome) in enumerate(zip(others, outcomes[1:]), 1):
         waiter.outcome, waiter.done = outcome, True
-        waiter.wake.release()
+        waiter.then = others[i] if i < len(others) else None
+    if others:
+        others[0].wake.release()
     if interrupt is not None:
         raise interrupt
     return outcomes[0]
+
+
+def _pass_on(me: _Waiter) -> None:
+    """Wake the next waiter of ``me``'s flush (its outcome is set already)."""
+    then = me.then
+    if then is not None:
+        me.then = None
+        then.wake.release()
 
 
 def _hand_on(gate: _Gate) -> None:

@@ -9,10 +9,9 @@ was in flight) and runs :func:`flush_op` for them. Sans-IO, like every operation
 A flush of one job sends exactly what an enqueue always sent (one enqueue.lua call). A
 flush of many sends, in one round trip per part, the jobs sharing their options as one
 enqueue_many.lua call (the same state as one enqueue.lua per job) and the others (grouped
-jobs, or a lone job of its options) as pipelined enqueue.lua / enqueue_group.lua calls.
-(Jobs with a dedupe key, an expiry or dependencies are not gathered: they take their own
-multi-step paths.) Each caller
-gets its own outcome:
+jobs, jobs with an expiry, or a lone job of its options) as pipelined enqueue.lua /
+enqueue_group.lua calls. (Jobs with a dedupe key or dependencies are not gathered: they
+take their own multi-step paths.) Each caller gets its own outcome:
 
 - its :class:`~emqfast.JobRef` (``pending``, ``scheduled``, ``duplicate``);
 - its own typed error when its job was refused (nothing of it written);

@@ -98,6 +98,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         self._gather_key = (self.name, self._wait)
         self._flush = functools.partial(flush_op, self.keys, self._wait)
         self._default_opts: Optional[Tuple[int, Backoff, bytes]] = None  # see _options
+        self._default_shared: Optional[Shared] = None  # see _shared
         self._batcher: Any = None  # the live backend's Batcher, made by _live_batcher
         self._batcher_backend: Optional[str] = None  # the backend it was made under
         self._schedules: Optional[Schedules] = None
@@ -140,6 +141,15 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                 delay_ms: Optional[Delay], run_at_ms: Optional[RunAt],
                 group: Optional[str], timeout_ms: Optional[int] = None) -> Shared:
         """Validate and encode what every job of one enqueue call shares."""
+        if delay_ms is None and run_at_ms is None and timeout_ms is None and group is None \
+                and attempts is None and backoff is None and type(priority) is int \
+                and priority == 0:  # the defaults (the per-request path): one Shared per queue
+            opts = self._options(0, None, None)
+            made = self._default_shared
+            if made is None or made.opts is not opts:  # (the queue's defaults changed)
+                made = self._default_shared = Shared(opts, 0, admission.NOW, None)
+            stamped = tracing.stamp(opts)  # a span active: its traceparent (facade/tracing.py)
+            return made if stamped is opts else made._replace(opts=stamped)
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
         opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
                                                                 group), timeout_ms))
@@ -185,20 +195,24 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         alone and writes nothing. If a shared call's reply is lost, its jobs are read
         back (found: status ``recovered``) and those not found are sent once more with
         their ids (never written twice); :class:`~emqfast.errors.ReplyLost` only when
-        that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
-        sent alone (see :mod:`emqfast.facade.group_commit`).
+        that fails too. Jobs with ``dedupe_key`` or ``depends_on`` are sent alone (see
+        :mod:`emqfast.facade.group_commit`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms)
         job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
-        key = None if dedupe_key is None else check_key(dedupe_key)
-        extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
-        if extras is not None:  # expiry or a dedupe key (facade/dedupe.py, keyed.py)
-            if depends_on is not None:
+        if dedupe_key is not None or dedupe_ms is not None or dedupe is not None \
+                or expires_ms is not None:  # (facade/dedupe.py)
+            key = None if dedupe_key is None else check_key(dedupe_key)
+            extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
+            if extras is not None and depends_on is not None:
                 raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
-            return (yield from admit_one(self.keys, Job(job_id, data, enc),
-                                         shared._replace(extras=extras), key, self._wait))
+            if key is not None:  # reads the key's holder first (facade/keyed.py)
+                return (yield from admit_one(self.keys, Job(job_id, data, enc),
+                                             shared._replace(extras=extras), key, self._wait))
+            if extras is not None:  # an expiry: one enqueue.lua call, gathered like any
+                shared = shared._replace(extras=extras)
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
