@@ -9,7 +9,9 @@ out together in the next flush, led by one of them:
 - threads (:func:`submit`): the first waiting thread is woken to lead the next flush on its
   own connection, so a leader returns as soon as its own flush has (no thread is held up
   by others' jobs, and no helper thread exists);
-- asyncio (:func:`submit_async`): the next flush runs in a task of its own, so a cancelled
+- asyncio (:func:`submit_async`): a call that finds its gate idle first lets the loop run
+  the tasks already ready (one turn, no timer), so those woken together by a flush's
+  replies go out together; a flush of several runs in a task of its own, so a cancelled
   caller never strands the others.
 
 Each caller gets its own outcome: a reply, or an exception raised to it alone. The
@@ -213,7 +215,19 @@ async def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Any:
         gate.queue.append((req, future))
         return await future  # cancelled while queued: the flush skips it (never sent)
     gate.busy = True
-    try:  # nothing in flight: out at once, alone
+    try:
+        # one turn of the loop first: the tasks already ready in it (those woken by the
+        # last flush's replies) join this call instead of waiting behind it
+        await asyncio.sleep(0)
+    except BaseException:  # cancelled before anything was sent
+        _hand_on_async(gate, drive)
+        raise
+    if gate.queue:  # others joined: one flush in a task of its own, as for any batch
+        future = asyncio.get_running_loop().create_future()
+        gate.queue.insert(0, (req, future))
+        _hand_on_async(gate, drive)
+        return await future
+    try:  # alone: out now, from this task
         outcomes = await drive(req.flush([req.item]))
     finally:
         _hand_on_async(gate, drive)
