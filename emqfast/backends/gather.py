@@ -167,7 +167,7 @@ def _lead(gate: _Gate, req: Gathered, drive: Drive, items: List[Any],
     """Flush ``items`` (this thread's first), hand the gate on, tell ``others``."""
     interrupt: Optional[BaseException] = None
     try:
-        outcomes = list(drive(req.flush(items)))
+        outcomes = drive(req.flush(items))
     except BaseException as exc:  # noqa: BLE001 - nobody may be left waiting
         interrupt, outcomes = exc, _lost(exc, len(items))
     _hand_on(gate)

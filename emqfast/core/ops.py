@@ -127,8 +127,7 @@ class Watched:
     then: Callable[[Any], List[Cmd]]
 
 
-@dataclass(frozen=True)
-class Gathered:
+class Gathered(NamedTuple):  # (a tuple: made once per single enqueue, on its hot path)
     """One item for a group commit: while an earlier flush of the same ``key`` is in
     flight on the same client (in this process), concurrent items wait and go out
     together in one later flush; with none in flight this item's flush goes out at once.

@@ -50,6 +50,20 @@ MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handl
 TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
 
 
+def _with_extras(shared: Shared, dedupe_key: Optional[str], dedupe_ms: Optional[Delay],
+                 dedupe: Optional[str], expires_ms: Optional[Delay],
+                 has_deps: bool) -> Tuple[Optional[str], Shared]:
+    """A single enqueue's dedupe key (checked) and ``shared`` with its expiry / dedupe
+    options (facade/dedupe.py); a job with only an expiry is one enqueue.lua call."""
+    if dedupe_key is None and dedupe_ms is None and dedupe is None and expires_ms is None:
+        return None, shared  # (the per-request path: nothing to check)
+    key = None if dedupe_key is None else check_key(dedupe_key)
+    extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
+    if extras is not None and has_deps:
+        raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
+    return key, shared if extras is None else shared._replace(extras=extras)
+
+
 class Queue(QueueInspection, QueueControl, QueueDependencies,
             QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
@@ -202,17 +216,11 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms)
         job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
-        if dedupe_key is not None or dedupe_ms is not None or dedupe is not None \
-                or expires_ms is not None:  # (facade/dedupe.py)
-            key = None if dedupe_key is None else check_key(dedupe_key)
-            extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
-            if extras is not None and depends_on is not None:
-                raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
-            if key is not None:  # reads the key's holder first (facade/keyed.py)
-                return (yield from admit_one(self.keys, Job(job_id, data, enc),
-                                             shared._replace(extras=extras), key, self._wait))
-            if extras is not None:  # an expiry: one enqueue.lua call, gathered like any
-                shared = shared._replace(extras=extras)
+        key, shared = _with_extras(shared, dedupe_key, dedupe_ms, dedupe, expires_ms,
+                                   depends_on is not None)
+        if key is not None:  # reads the key's holder first (facade/keyed.py)
+            return (yield from admit_one(self.keys, Job(job_id, data, enc), shared, key,
+                                         self._wait))
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
