@@ -137,8 +137,9 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
         elif isinstance(reply, Exception):
             outcomes.append(own(map_error(reply)))
         else:
-            status = ADMITTED.get(int(reply), "recovered" if again else "duplicate")
-            outcomes.append(_replicated(JobRef(entry.job.id, status), acked, wait, cut))
+            ref = JobRef(entry.job.id, ADMITTED.get(int(reply),
+                                                    "recovered" if again else "duplicate"))
+            outcomes.append(ref if wait is None else _replicated(ref, acked, wait, cut))
     if lost and not again:
         found = yield from _recover(k, wait, [part[i] for i in lost], cut)
         for i, outcome in zip(lost, found):
