@@ -321,6 +321,30 @@ def test_lost_request_of_a_shared_call_is_sent_again_once(r, redis_url, qname):
         assert [o.id for o in out] == [e.job.id for e in entries]
 
 
+@pytest.mark.parametrize("direction", ["s2c", "c2s"])
+def test_expiring_jobs_in_a_shared_call_keep_their_expiry_after_a_cut(r, redis_url, qname,
+                                                                       direction):
+    """Jobs with an expiry share calls too: a cut reply is read back (each written once,
+    its expiry with it); a cut request is sent again once, the expiry still set."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    from emqfast.facade.dedupe import extras
+
+    with FaultProxy(upstream_port_of(redis_url), seed=3) as proxy:
+        q = emqfast.Queue(qname, redis.Redis(port=proxy.port))
+        q.enqueue("warm")
+        expiring = [e._replace(shared=e.shared._replace(extras=extras(False, None, None,
+                                                                      60_000)))
+                    for e in _entries(q, 6)]
+        proxy.cut_after(0, direction=direction)
+        out = run(q.redis, flush_op(q.keys, None, expiring), batcher=q._live_batcher)
+        want = "recovered" if direction == "s2c" else "pending"
+        assert [o.status for o in out] == [want] * 6, out
+        assert [o.id for o in out] == [e.job.id for e in expiring]
+        assert r.zcard(q.keys.pending) == 7
+        assert all(r.hget(q.keys.job(e.job.id), "exp") is not None for e in expiring)
+
+
 def test_unreachable_server_after_a_lost_reply_says_unknown(r, redis_url, qname):
     """(C backend: its connection stays up while new ones are refused.)"""
     from conftest import require_native
