@@ -289,6 +289,33 @@ def test_a_forked_child_never_joins_the_parents_gathering(backend, r, redis_url,
                               + [f"parent-{i}" for i in range(5)])
 
 
+class _Interrupted(Exception):
+    """Raised into a waiting thread from outside (as a signal handler's exception would)."""
+
+
+def test_waiters_interrupted_as_they_wake_still_wake_the_rest(r, redis_url, qname):
+    """Each waiter of a flush wakes the next: one that is interrupted as it wakes still
+    passes the wake on (every thread returns) and every job sent lands once."""
+    import ctypes
+
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+    q.enqueue("warm")
+    with writes_paused(r):
+        lead = in_threads([lambda: q.enqueue("first")])
+        wait_until(lambda: gather._registry.get(q.redis, {}).get(q._gather_key) is not None
+                   and gather._registry[q.redis][q._gather_key].busy, what="the first call")
+        others = in_threads([lambda i=i: q.enqueue(f"w{i}") for i in range(5)])
+        wait_until(lambda: queued(q) == 5, what="five enqueues queued")
+        for t in others:  # delivered when each runs again, right after it is woken
+            assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(t.ident), ctypes.py_object(_Interrupted)) == 1
+    got = joined(lead) + joined(others)
+    assert got[0].status == "pending"
+    assert all(isinstance(x, _Interrupted) for x in got[1:]), got
+    payloads = sorted(q.get(m.decode()).payload for m in r.zrange(q.keys.pending, 0, -1))
+    assert payloads == ["first", "w0", "w1", "w2", "w3", "w4", "warm"]
+
+
 def test_lost_reply_of_a_shared_call_is_recovered_by_reading(r, redis_url, qname):
     """The shared call ran but its reply was cut: a read finds every job written."""
     from fault_proxy import FaultProxy, upstream_port_of

@@ -137,10 +137,13 @@ def submit(client: Any, req: Gathered, drive: Drive) -> Any:
             gate.busy = True
     if me is None:  # nothing in flight: out at once, alone
         return _lead(gate, req, drive, [req.item], [])
-    _wait(gate, me, drive)
+    try:
+        _wait(gate, me, drive)
+    finally:  # (even when interrupted: the waiters after it are woken by it alone)
+        if me.batch is None:
+            _pass_on(me)
     if me.batch is not None:
         return _lead(gate, req, drive, [w.req.item for w in me.batch], me.batch[1:])
-    _pass_on(me)
     return me.outcome
 
 
@@ -157,8 +160,6 @@ def _wait(gate: _Gate, me: _Waiter, drive: Drive) -> None:
             me.wake.acquire(timeout=0.05)
         if me.batch is not None:
             _lead(gate, me.req, drive, [w.req.item for w in me.batch], me.batch[1:])
-        else:
-            _pass_on(me)
         raise
 
 
