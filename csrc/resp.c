@@ -193,6 +193,10 @@ int emq_batch_begin(emq_conn *c, emq_replies *out, size_t n)
             strcpy(c->err, "not connected");
         return EMQ_EUNSENT;
     }
+    /* Checked here, not by a call of its own: the caller drops the GIL once per batch. */
+    if (!emq_conn_usable(c))
+        return emq_batch_fail(c, "connection found closed or out of step before sending",
+                              0, 0);
     if (emq_reserve((void **)&out->ints, &out->ints_cap, 0, n ? n : 1, sizeof(int64_t)))
         return EMQ_ENOMEM;
     return EMQ_OK;

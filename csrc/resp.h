@@ -52,7 +52,8 @@ int emq_frame_evalsha(emq_wbuf *w, const char *sha, size_t shalen, int64_t numke
 /* ---- a batch's I/O over one emq_conn ------------------------------------- */
 
 /* Start a batch of n calls: out emptied, room for n integer replies. EMQ_OK,
- * EMQ_EUNSENT (not connected) or EMQ_ENOMEM; nothing sent either way. */
+ * EMQ_EUNSENT (not connected, or not usable: see emq_conn_usable; then closed) or
+ * EMQ_ENOMEM; nothing sent either way. */
 int emq_batch_begin(emq_conn *c, emq_replies *out, size_t n);
 
 /* One send() of w's unwritten bytes; *sent counts the bytes that left. 0, or -1

@@ -133,8 +133,7 @@ def test_mixed_options_in_one_flush(backend, r, redis_url, qname):
             lambda: q.enqueue("urgent", priority=0), lambda: q.enqueue("low", priority=9),
             lambda: q.enqueue("lane", group="g1"), lambda: q.enqueue("exp", expires_ms=60_000),
             lambda: q.enqueue(b"raw")]
-    # (the expiring job is sent alone, as jobs with dedupe keys are: it is not queued)
-    got = shared_round(r, q, lambda: q.enqueue("first"), rest, len(rest) - 1)
+    got = shared_round(r, q, lambda: q.enqueue("first"), rest, len(rest))  # all queued
     statuses = [ref.status for ref in got]
     assert statuses == ["pending", "pending", "pending", "scheduled", "pending", "pending",
                         "pending", "pending", "pending"], got
@@ -290,6 +289,33 @@ def test_a_forked_child_never_joins_the_parents_gathering(backend, r, redis_url,
                               + [f"parent-{i}" for i in range(5)])
 
 
+class _Interrupted(Exception):
+    """Raised into a waiting thread from outside (as a signal handler's exception would)."""
+
+
+def test_waiters_interrupted_as_they_wake_still_wake_the_rest(r, redis_url, qname):
+    """Each waiter of a flush wakes the next: one that is interrupted as it wakes still
+    passes the wake on (every thread returns) and every job sent lands once."""
+    import ctypes
+
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+    q.enqueue("warm")
+    with writes_paused(r):
+        lead = in_threads([lambda: q.enqueue("first")])
+        wait_until(lambda: gather._registry.get(q.redis, {}).get(q._gather_key) is not None
+                   and gather._registry[q.redis][q._gather_key].busy, what="the first call")
+        others = in_threads([lambda i=i: q.enqueue(f"w{i}") for i in range(5)])
+        wait_until(lambda: queued(q) == 5, what="five enqueues queued")
+        for t in others:  # delivered when each runs again, right after it is woken
+            assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(t.ident), ctypes.py_object(_Interrupted)) == 1
+    got = joined(lead) + joined(others)
+    assert got[0].status == "pending"
+    assert all(isinstance(x, _Interrupted) for x in got[1:]), got
+    payloads = sorted(q.get(m.decode()).payload for m in r.zrange(q.keys.pending, 0, -1))
+    assert payloads == ["first", "w0", "w1", "w2", "w3", "w4", "warm"]
+
+
 def test_lost_reply_of_a_shared_call_is_recovered_by_reading(r, redis_url, qname):
     """The shared call ran but its reply was cut: a read finds every job written."""
     from fault_proxy import FaultProxy, upstream_port_of
@@ -320,6 +346,30 @@ def test_lost_request_of_a_shared_call_is_sent_again_once(r, redis_url, qname):
         assert [o.status for o in out] == ["pending"] * 6, out
         assert r.zcard(q.keys.pending) == 7
         assert [o.id for o in out] == [e.job.id for e in entries]
+
+
+@pytest.mark.parametrize("direction", ["s2c", "c2s"])
+def test_expiring_jobs_in_a_shared_call_keep_their_expiry_after_a_cut(r, redis_url, qname,
+                                                                       direction):
+    """Jobs with an expiry share calls too: a cut reply is read back (each written once,
+    its expiry with it); a cut request is sent again once, the expiry still set."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    from emqfast.facade.dedupe import extras
+
+    with FaultProxy(upstream_port_of(redis_url), seed=3) as proxy:
+        q = emqfast.Queue(qname, redis.Redis(port=proxy.port))
+        q.enqueue("warm")
+        expiring = [e._replace(shared=e.shared._replace(extras=extras(False, None, None,
+                                                                      60_000)))
+                    for e in _entries(q, 6)]
+        proxy.cut_after(0, direction=direction)
+        out = run(q.redis, flush_op(q.keys, None, expiring), batcher=q._live_batcher)
+        want = "recovered" if direction == "s2c" else "pending"
+        assert [o.status for o in out] == [want] * 6, out
+        assert [o.id for o in out] == [e.job.id for e in expiring]
+        assert r.zcard(q.keys.pending) == 7
+        assert all(r.hget(q.keys.job(e.job.id), "exp") is not None for e in expiring)
 
 
 def test_unreachable_server_after_a_lost_reply_says_unknown(r, redis_url, qname):

@@ -135,3 +135,40 @@ def test_decode_responses_client_and_grouped_jobs(r, redis_url, qname):
         assert r.zscore(q.keys.group_pending("g"), got[-1].id) is not None
         await client.aclose()
     asyncio.run(main())
+
+
+def test_tasks_ready_together_share_one_call_with_nothing_in_flight(r, redis_url, qname):
+    """Tasks woken in one turn of the loop (as a flush's replies wake its callers) go out
+    together: the first lets the others join before it sends."""
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
+        before = evalsha_calls(r)
+        got = await asyncio.wait_for(asyncio.gather(*(q.enqueue({"n": i})
+                                                      for i in range(50))), 30)
+        assert evalsha_calls(r) - before == 1
+        assert [ref.status for ref in got] == ["pending"] * 50
+        assert sorted([(await q.get(ref.id)).payload["n"] for ref in got]) == list(range(50))
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_the_first_task_cancelled_before_sending_strands_nobody(r, redis_url, qname):
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        tasks = [asyncio.ensure_future(q.enqueue(f"job{i}")) for i in range(5)]
+        await asyncio.sleep(0)  # each ran once: the first waits a turn, four joined it
+        assert len(gate_of(q).queue) == 4
+        tasks[0].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[0]
+        refs = await asyncio.wait_for(asyncio.gather(*tasks[1:]), 30)
+        assert [ref.status for ref in refs] == ["pending"] * 4
+        names = sorted([(await q.get(m.decode())).payload
+                        for m in r.zrange(q.keys.pending, 0, -1)])
+        assert names == ["job1", "job2", "job3", "job4", "warm"]
+        assert not gate_of(q).busy and not gate_of(q).queue
+        await q.aclose()
+    asyncio.run(main())

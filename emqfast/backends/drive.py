@@ -169,6 +169,9 @@ async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None,
             try:
                 if isinstance(request, WAITS):
                     reply = await waits.perform(request)  # type: ignore[union-attr]
+                elif isinstance(request, Gathered) and gate is None:  # (one await less)
+                    reply = _outcome(await gather.submit_async(
+                        client, request, lambda op: run_async(client, op)))
                 elif gate is None:
                     reply = await _perform_async(client, request)
                 else:

@@ -9,7 +9,9 @@ out together in the next flush, led by one of them:
 - threads (:func:`submit`): the first waiting thread is woken to lead the next flush on its
   own connection, so a leader returns as soon as its own flush has (no thread is held up
   by others' jobs, and no helper thread exists);
-- asyncio (:func:`submit_async`): the next flush runs in a task of its own, so a cancelled
+- asyncio (:func:`submit_async`): a call that finds its gate idle first lets the loop run
+  the tasks already ready (one turn, no timer), so those woken together by a flush's
+  replies go out together; a flush of several runs in a task of its own, so a cancelled
   caller never strands the others.
 
 Each caller gets its own outcome: a reply, or an exception raised to it alone. The
@@ -38,7 +40,7 @@ DriveAsync = Callable[[Op], Awaitable[Any]]
 class _Waiter:
     """One thread waiting in a gate: for its outcome, or to lead the next flush."""
 
-    __slots__ = ("req", "outcome", "batch", "done", "wake")
+    __slots__ = ("req", "outcome", "batch", "done", "wake", "then")
 
     def __init__(self, req: Gathered) -> None:
         self.req = req
@@ -47,6 +49,7 @@ class _Waiter:
         self.done = False  # outcome or batch set (read after an interrupted wait)
         self.wake = threading.Lock()  # held until the outcome or the lead is handed over
         self.wake.acquire()
+        self.then: Optional["_Waiter"] = None  # the next of its flush to wake (a chain)
 
 
 class _Gate:
@@ -134,7 +137,11 @@ def submit(client: Any, req: Gathered, drive: Drive) -> Any:
             gate.busy = True
     if me is None:  # nothing in flight: out at once, alone
         return _lead(gate, req, drive, [req.item], [])
-    _wait(gate, me, drive)
+    try:
+        _wait(gate, me, drive)
+    finally:  # (even when interrupted: the waiters after it are woken by it alone)
+        if me.batch is None:
+            _pass_on(me)
     if me.batch is not None:
         return _lead(gate, req, drive, [w.req.item for w in me.batch], me.batch[1:])
     return me.outcome
@@ -161,16 +168,28 @@ def _lead(gate: _Gate, req: Gathered, drive: Drive, items: List[Any],
     """Flush ``items`` (this thread's first), hand the gate on, tell ``others``."""
     interrupt: Optional[BaseException] = None
     try:
-        outcomes = list(drive(req.flush(items)))
+        outcomes = drive(req.flush(items))
     except BaseException as exc:  # noqa: BLE001 - nobody may be left waiting
         interrupt, outcomes = exc, _lost(exc, len(items))
     _hand_on(gate)
-    for waiter, outcome in zip(others, outcomes[1:]):
+    # Wake one waiter; each wakes the next as it goes (_pass_on): one thread at a time
+    # takes the GIL, where waking all at once sends all but one back to sleep on it.
+    for i, (waiter, outcome) in enumerate(zip(others, outcomes[1:]), 1):
         waiter.outcome, waiter.done = outcome, True
-        waiter.wake.release()
+        waiter.then = others[i] if i < len(others) else None
+    if others:
+        others[0].wake.release()
     if interrupt is not None:
         raise interrupt
     return outcomes[0]
+
+
+def _pass_on(me: _Waiter) -> None:
+    """Wake the next waiter of ``me``'s flush (its outcome is set already)."""
+    then = me.then
+    if then is not None:
+        me.then = None
+        then.wake.release()
 
 
 def _hand_on(gate: _Gate) -> None:
@@ -197,7 +216,19 @@ async def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Any:
         gate.queue.append((req, future))
         return await future  # cancelled while queued: the flush skips it (never sent)
     gate.busy = True
-    try:  # nothing in flight: out at once, alone
+    try:
+        # one turn of the loop first: the tasks already ready in it (those woken by the
+        # last flush's replies) join this call instead of waiting behind it
+        await asyncio.sleep(0)
+    except BaseException:  # cancelled before anything was sent
+        _hand_on_async(gate, drive)
+        raise
+    if gate.queue:  # others joined: one flush in a task of its own, as for any batch
+        future = asyncio.get_running_loop().create_future()
+        gate.queue.insert(0, (req, future))
+        _hand_on_async(gate, drive)
+        return await future
+    try:  # alone: out now, from this task
         outcomes = await drive(req.flush([req.item]))
     finally:
         _hand_on_async(gate, drive)

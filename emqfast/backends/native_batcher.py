@@ -433,7 +433,10 @@ class Batcher:
         connection found broken is an error, never replaced. ``deadline_s``: the read
         deadline of this batch when it blocks on the server longer than the usual one."""
         with self._locked():
-            if self._pid != os.getpid() or not lib.emq_conn_usable(self._conn):
+            # A plain batch checks its connection in C (emq_batch_begin: EMQ_EUNSENT when
+            # unusable, so it reconnects below) and drops the GIL once, not twice.
+            if self._pid != os.getpid() or ((not reconnect or deadline_s is not None)
+                                            and not lib.emq_conn_usable(self._conn)):
                 if not reconnect:
                     raise errors.ReplyLost(f"redis at {self._where}: connection lost before "
                                            "WAIT: the writes reached the master, their "

@@ -127,8 +127,7 @@ class Watched:
     then: Callable[[Any], List[Cmd]]
 
 
-@dataclass(frozen=True)
-class Gathered:
+class Gathered(NamedTuple):  # (a tuple: made once per single enqueue, on its hot path)
     """One item for a group commit: while an earlier flush of the same ``key`` is in
     flight on the same client (in this process), concurrent items wait and go out
     together in one later flush; with none in flight this item's flush goes out at once.
@@ -314,8 +313,27 @@ def _call_values(slots: Sequence[Tuple[Any, ...]], columns: Sequence[Sequence[An
         e = s
         while e < len(slots) and len(slots[e]) > 2 and slots[e][2]:
             e += 1
-        out += [value(slot, row) for row in range(lo, hi) for slot in slots[s:e]]
+        out += _rows(slots[s:e], columns, lo, hi)
         s = e
+    return out
+
+
+def _rows(run: Sequence[Tuple[Any, ...]], columns: Sequence[Sequence[Any]], lo: int,
+          hi: int) -> List[bytes]:
+    """The values of a run of repeated slots for rows ``[lo, hi)``, row by row (what
+    :func:`_call_values` says; each slot's prefix and column looked up once, not per row)."""
+    picks = [(as_bytes(slot[0]), None if slot[1] is None else columns[slot[1]])
+             for slot in run]
+    out: List[bytes] = []
+    for row in range(lo, hi):
+        for prefix, col in picks:
+            if col is None:
+                out.append(prefix)
+                continue
+            value = col[row]
+            if type(value) is not bytes:
+                value = as_bytes(value)
+            out.append(prefix + value if prefix else value)
     return out
 
 

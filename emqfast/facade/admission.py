@@ -39,6 +39,9 @@ class When(NamedTuple):
     value: int    # 0 for b"now"
 
 
+NOW = When(b"now", 0)  # due at once (the default)
+
+
 def when(delay_ms: Optional[Delay], run_at_ms: Optional[RunAt]) -> When:
     """Validate ``delay_ms`` (ms or timedelta) / ``run_at_ms`` (epoch ms or aware
     datetime; seconds-looking ints refused), at most one of them."""
@@ -48,7 +51,7 @@ def when(delay_ms: Optional[Delay], run_at_ms: Optional[RunAt]) -> When:
         return When(b"at", check_run_at(run_at_ms, "run_at_ms", MAX_RUN_AT_MS))
     if delay_ms is not None:
         return When(b"in", check_delay(delay_ms, "delay_ms", 0, MAX_OFFSET_MS))
-    return When(b"now", 0)
+    return NOW
 
 
 def check_backoff(backoff: Any) -> Backoff:

@@ -9,10 +9,9 @@ was in flight) and runs :func:`flush_op` for them. Sans-IO, like every operation
 A flush of one job sends exactly what an enqueue always sent (one enqueue.lua call). A
 flush of many sends, in one round trip per part, the jobs sharing their options as one
 enqueue_many.lua call (the same state as one enqueue.lua per job) and the others (grouped
-jobs, or a lone job of its options) as pipelined enqueue.lua / enqueue_group.lua calls.
-(Jobs with a dedupe key, an expiry or dependencies are not gathered: they take their own
-multi-step paths.) Each caller
-gets its own outcome:
+jobs, jobs with an expiry, or a lone job of its options) as pipelined enqueue.lua /
+enqueue_group.lua calls. (Jobs with a dedupe key or dependencies are not gathered: they
+take their own multi-step paths.) Each caller gets its own outcome:
 
 - its :class:`~emqfast.JobRef` (``pending``, ``scheduled``, ``duplicate``);
 - its own typed error when its job was refused (nothing of it written);
@@ -138,8 +137,9 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
         elif isinstance(reply, Exception):
             outcomes.append(own(map_error(reply)))
         else:
-            status = ADMITTED.get(int(reply), "recovered" if again else "duplicate")
-            outcomes.append(_replicated(JobRef(entry.job.id, status), acked, wait, cut))
+            ref = JobRef(entry.job.id, ADMITTED.get(int(reply),
+                                                    "recovered" if again else "duplicate"))
+            outcomes.append(ref if wait is None else _replicated(ref, acked, wait, cut))
     if lost and not again:
         found = yield from _recover(k, wait, [part[i] for i in lost], cut)
         for i, outcome in zip(lost, found):

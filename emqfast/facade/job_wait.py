@@ -117,6 +117,8 @@ def binds_refs(fn: _F) -> _F:
     @functools.wraps(fn)
     def bound(self: Any, *args: Any, **kwargs: Any) -> Op:
         result = yield from fn(self, *args, **kwargs)
+        if type(result) is JobRef:  # one ref (a single enqueue: the per-request path)
+            return self._bind(result)
         refs = result if isinstance(result, list) else [result]
         with gc_paused(len(refs)):  # (binding allocates nothing new, but a pass may land)
             for ref in refs:

@@ -51,6 +51,20 @@ MAX_MOVE_LIMIT = 1_000_000  # the most jobs one promote/reap/trim call may handl
 TRIM_LIMIT = 50_000  # trim's default per finished set: bounds one Worker beat too
 
 
+def _with_extras(shared: Shared, dedupe_key: Optional[str], dedupe_ms: Optional[Delay],
+                 dedupe: Optional[str], expires_ms: Optional[Delay],
+                 has_deps: bool) -> Tuple[Optional[str], Shared]:
+    """A single enqueue's dedupe key (checked) and ``shared`` with its expiry / dedupe
+    options (facade/dedupe.py); a job with only an expiry is one enqueue.lua call."""
+    if dedupe_key is None and dedupe_ms is None and dedupe is None and expires_ms is None:
+        return None, shared  # (the per-request path: nothing to check)
+    key = None if dedupe_key is None else check_key(dedupe_key)
+    extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
+    if extras is not None and has_deps:
+        raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
+    return key, shared if extras is None else shared._replace(extras=extras)
+
+
 class Queue(QueueInspection, QueueControl, QueueDependencies,
             QueueWaiting):
     """A named queue on one Redis (or Cluster). Cheap to create; holds no state but config.
@@ -127,6 +141,7 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         self._gather_key = (self.name, self._wait)
         self._flush = functools.partial(flush_op, self.keys, self._wait)
         self._default_opts: Optional[Tuple[int, Backoff, bytes]] = None  # see _options
+        self._default_shared: Optional[Shared] = None  # see _shared
         self._batcher: Any = None  # the live backend's Batcher, made by _live_batcher
         self._batcher_backend: Optional[str] = None  # the backend it was made under
         self._schedules: Optional[Schedules] = None
@@ -171,7 +186,17 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
                 partition_key: Optional[str] = None) -> Shared:
         """Validate and encode what every job of one enqueue call shares (a plain queue
         only checks ``partition_key``: it is one partition)."""
-        check_placement_key(partition_key, optional=True)
+        if partition_key is not None:
+            check_placement_key(partition_key, optional=True)
+        if delay_ms is None and run_at_ms is None and timeout_ms is None and group is None \
+                and attempts is None and backoff is None and type(priority) is int \
+                and priority == 0:  # the defaults (the per-request path): one Shared per queue
+            opts = self._options(0, None, None)
+            made = self._default_shared
+            if made is None or made.opts is not opts:  # (the queue's defaults changed)
+                made = self._default_shared = Shared(opts, 0, admission.NOW, None)
+            stamped = tracing.stamp(opts)  # a span active: its traceparent (facade/tracing.py)
+            return made if stamped is opts else made._replace(opts=stamped)
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
         opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
                                                                 group), timeout_ms))
@@ -218,20 +243,18 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         alone and writes nothing. If a shared call's reply is lost, its jobs are read
         back (found: status ``recovered``) and those not found are sent once more with
         their ids (never written twice); :class:`~emqfast.errors.ReplyLost` only when
-        that fails too. Jobs with ``dedupe_key``, ``expires_ms`` or ``depends_on`` are
-        sent alone (see :mod:`emqfast.facade.group_commit`).
+        that fails too. Jobs with ``dedupe_key`` or ``depends_on`` are sent alone (see
+        :mod:`emqfast.facade.group_commit`).
         """
         data, enc = codec.encode(payload, self.max_payload_bytes)
         shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                               timeout_ms, partition_key)
         job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
-        key = None if dedupe_key is None else check_key(dedupe_key)
-        extras = dedupe_extras(key is not None, dedupe_ms, dedupe, expires_ms)
-        if extras is not None:  # expiry or a dedupe key (facade/dedupe.py, keyed.py)
-            if depends_on is not None:
-                raise InvalidInput("depends_on does not combine with dedupe_key/expires_ms yet")
-            return (yield from admit_one(self.keys, Job(job_id, data, enc),
-                                         shared._replace(extras=extras), key, self._wait))
+        key, shared = _with_extras(shared, dedupe_key, dedupe_ms, dedupe, expires_ms,
+                                   depends_on is not None)
+        if key is not None:  # reads the key's holder first (facade/keyed.py)
+            return (yield from admit_one(self.keys, Job(job_id, data, enc), shared, key,
+                                         self._wait))
         if depends_on is not None:  # waits for other jobs first (facade/deps.py)
             return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
                                                depends_on, on_dep_failure, self._wait))
