@@ -58,6 +58,7 @@ SETTINGS: Dict[str, Dict[str, str]] = {
 }
 WORKLOADS = ("enqueue", "drain")
 DRIVER = Path(__file__).with_name("peer_driver.py")
+CLOSE_TIMEOUT_S = 20  # peer_driver.CLOSE_TIMEOUT_S
 BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 
 
@@ -103,7 +104,7 @@ def ensure_venv(root: Path, peer: str, progress: Callable[[str], None] = lambda 
 def drive(python: Path, peer: str, workload: str, url: str, n: int) -> Dict:
     """Run one peer workload in the peer's venv; its JSON answer."""
     proc = subprocess.run([str(python), str(DRIVER), peer, workload, url, str(n)],
-                          capture_output=True, text=True, timeout=3600)
+                          capture_output=True, text=True, timeout=900)
     check(proc.returncode == 0,
           f"{peer} {workload} failed: {(proc.stderr or proc.stdout).strip()[-800:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -174,7 +175,7 @@ def summarize(samples: Dict[Tuple[str, str], List[Dict]], counts: Dict[str, int]
                        "max": s.high, "version": rounds[0].get("version", ""),
                        "settings": SETTINGS.get(who, {}).get(workload, "")}
             if workload == "drain":
-                for key in ("runs", "duplicates", "lost"):
+                for key in ("runs", "duplicates", "lost", "close_timed_out"):
                     details[key] = sum(int(r.get(key, 0)) for r in rounds)
                 verified = (f"{n}/{n} exactly once, each of {len(rounds)} rounds"
                             if details["duplicates"] == 0 and details["lost"] == 0 else
@@ -304,6 +305,13 @@ def to_markdown(results: List[Result], machine: Dict[str, str], command: str,
         lines.append("BullMQ's Redis bytes per job (one round, fresh server, payload excluded): "
                      + ", ".join(f"{state} {value:.1f}" for state, value in bull.items()) + ".")
         lines.append("")
+    for who in who_order:
+        stuck = rows[(who, "drain")].details.get("close_timed_out", 0) if (who, "drain") in rows else 0
+        if stuck:
+            lines.append(f"{LABELS.get(who, who)}'s worker did not finish closing within "
+                         f"{CLOSE_TIMEOUT_S} s after {stuck} of {rounds} drains (after the "
+                         "clock stopped, so no figure includes it; the driver went on).")
+            lines.append("")
     if "rq" in who_order:
         lines.append("RQ's drain rate is its per-job overhead: `SimpleWorker` makes dozens of "
                      "Redis calls per job (registries, heartbeats, result), one round trip "

@@ -61,6 +61,7 @@ def test_every_contender_discloses_its_settings_as_the_driver_runs_them():
     assert f"concurrency {peer_driver.CONCURRENCY}" in peers.SETTINGS["bullmq"]["drain"]
     assert f"max_jobs {peer_driver.CONCURRENCY}" in peers.SETTINGS["arq"]["drain"]
     assert f"concurrency {peer_driver.CONCURRENCY}" in peers.SETTINGS["saq"]["drain"]
+    assert peers.CLOSE_TIMEOUT_S == peer_driver.CLOSE_TIMEOUT_S
     for peer in ("arq", "saq"):
         assert f"{peer_driver.IN_FLIGHT} awaited together" in peers.SETTINGS[peer]["enqueue"]
 
@@ -100,6 +101,7 @@ def test_a_peer_that_runs_a_job_twice_is_reported_not_hidden():
     assert "1 ran twice, 2 never ran" in saq.verified
     md = peers.to_markdown(list(rows.values()), MACHINE, "emqfast bench --peers")
     saq_line = next(ln for ln in md.splitlines() if ln.startswith("| SAQ 9.9.9 "))
+    assert "did not finish closing" not in md
     assert saq_line.rstrip(" |").endswith("1 / 2")
 
 
