@@ -51,10 +51,11 @@ SETTINGS: Dict[str, Dict[str, str]] = {
            "drain": "`SimpleWorker` in-process (no fork per job), burst"},
     "arq": {"enqueue": "no bulk API: `enqueue_job` (a WATCH/MULTI transaction each), "
                        "32 awaited together",
-            "drain": "`Worker` max_jobs 8, burst"},
+            "drain": "`Worker` max_jobs 8, burst; otherwise arq's defaults "
+                     "(it polls for jobs: poll_delay 0.5 s)"},
     "saq": {"enqueue": "no bulk API: `Queue.enqueue` (one script call each), "
                        "32 awaited together",
-            "drain": "`Worker` concurrency 8"},
+            "drain": "`Worker` concurrency 8, otherwise SAQ's defaults"},
 }
 WORKLOADS = ("enqueue", "drain")
 DRIVER = Path(__file__).with_name("peer_driver.py")
