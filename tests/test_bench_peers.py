@@ -182,3 +182,12 @@ def test_rq_driver_runs_from_its_own_pinned_venv_and_leaves_nothing(redis_url):
     assert enq["jobs_per_s"] > 0 and enq["verified"] == "200/200 queued"
     assert (drain["runs"], drain["distinct"], drain["duplicates"], drain["lost"]) == (200, 200, 0, 0)
     assert left == set()
+
+
+def test_a_peer_worker_that_never_finishes_closing_is_disclosed():
+    samples = _samples()
+    samples[("bullmq", "drain")][1]["close_timed_out"] = True
+    results = peers.summarize(samples, {"enqueue": 20_000, "drain": 100})
+    md = peers.to_markdown(results, MACHINE, "emqfast bench --peers")
+    assert (f"BullMQ-py's worker did not finish closing within {peers.CLOSE_TIMEOUT_S} s "
+            "after 1 of 3 drains") in md
