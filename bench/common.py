@@ -32,7 +32,8 @@ class Ctx:
     notes: List[str] = field(default_factory=list)
     peers_n: int = 20_000        # --peers: jobs per bulk-enqueue comparison
     peers_drain_n: int = 5_000   # --peers: jobs per drain comparison (peers are slow)
-    peers_venv: str = ""         # --peers: where the peers' virtualenv lives
+    peers_venv: str = ""         # --peers: the directory of the peers' virtualenvs
+    peers_rounds: int = 3        # --peers: rounds (medians, min-max)
 
     def n(self, full: int, quick: int) -> int:
         """The job count for this run's size."""

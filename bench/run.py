@@ -5,7 +5,8 @@
     emqfast bench --only drain    # one workload (repeat or comma-separate for more)
     emqfast bench --only concurrent  # 16 threads / 100 tasks x q.enqueue vs enqueue_many
     emqfast bench --json out.json # machine-readable results as well as the table
-    emqfast bench --peers         # also BullMQ / RQ / arq, same workloads, same Redis
+    emqfast bench --peers         # also BullMQ / RQ / arq / SAQ, same workloads, same Redis
+    emqfast bench --only peers --rounds 3 --update-benchmarks  # BENCHMARKS.md's peers section
     emqfast bench --only slowlog  # slowest emqfast command in SLOWLOG, 1M-job backlog
     emqfast bench --only scheduling  # due jobs behind a backlog, lanes, spin, caps
     emqfast bench --only server   # Redis CPU per job vs floor scripts
@@ -74,14 +75,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help=f"run only these workloads: {', '.join(WORKLOADS)}")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the results as a Markdown table")
-    p.add_argument("--peers", action="store_true", help="compare with BullMQ, RQ and arq")
+    p.add_argument("--peers", action="store_true",
+                   help="compare with BullMQ, RQ, arq and SAQ (each from its own pinned venv)")
     p.add_argument("--backend", choices=("auto", "c", "python"), default=None,
                    help="emqfast backend (default: EMQFAST_BACKEND, else auto)")
     p.add_argument("--reps", type=int, default=None, help="repetitions (median; default 3, quick 1)")
     p.add_argument("--url", default=None, help="Redis URL (default: EMQ_REDIS_URL, else a private server)")
     p.add_argument("--peers-n", type=int, default=20_000, help="jobs per peer enqueue run")
     p.add_argument("--peers-drain-n", type=int, default=5_000, help="jobs per peer drain run")
-    p.add_argument("--peers-venv", default="", help="virtualenv for the peers (created if missing)")
+    p.add_argument("--peers-venv", default="",
+                   help="directory of the peers' virtualenvs, one per peer (created if missing; "
+                        "default: EMQ_BENCH_PEERS_VENV, else ~/.cache/emqfast-bench/peers)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="peer rounds, contenders' order rotated each round (median, min-max)")
+    p.add_argument("--peers-markdown", action="store_true",
+                   help="also print the peers' comparison as Markdown (implies --peers)")
+    p.add_argument("--update-benchmarks", nargs="?", const="BENCHMARKS.md", default=None,
+                   metavar="PATH", help="rewrite the peers section of BENCHMARKS.md "
+                                        "(or PATH) from this run (implies --peers)")
     return p.parse_args(argv)
 
 
@@ -155,6 +166,10 @@ def table(results: List[Result]) -> Table:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the suite; returns the process exit status."""
     args = parse_args(argv)
+    if args.peers_markdown or args.update_benchmarks:
+        args.peers = True
+        if args.only and "peers" not in {n.strip() for o in args.only for n in o.split(",")}:
+            args.only.append("peers")
     names = selected(args)
     with_backend(args.backend)
     # A pipe or a file gets the full table, not an 80-column squeeze.
@@ -164,7 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failures: List[str] = []
     ctx = Ctx(server=srv, quick=args.quick,
               reps=args.reps if args.reps else (1 if args.quick else 3),
-              peers_n=args.peers_n, peers_drain_n=args.peers_drain_n, peers_venv=args.peers_venv)
+              peers_n=args.peers_n, peers_drain_n=args.peers_drain_n, peers_venv=args.peers_venv,
+              peers_rounds=max(1, args.rounds))
     started = time.time()
     try:
         info = machine(srv)
@@ -196,6 +212,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = "emqfast bench " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.markdown:
         Path(args.markdown).write_text(report.to_markdown(results, info, command, failures))
+    if (args.peers_markdown or args.update_benchmarks) and "peers" in names:
+        if any(f.startswith("peers:") for f in failures):
+            console.print("peers failed: BENCHMARKS.md left as it was", style="bold red")
+        else:
+            section = peers.to_markdown(results, info, command, peers.revision(), peers.utc_now())
+            if args.peers_markdown:
+                print(section)
+            if args.update_benchmarks:
+                peers.update_benchmarks(Path(args.update_benchmarks), section)
+                console.print(f"wrote the peers section of {args.update_benchmarks}")
     if args.json:
         payload = {"command": command,
                    "started": started, "seconds": time.time() - started, "quick": args.quick,
