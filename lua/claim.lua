@@ -223,7 +223,9 @@ if count == 0 then return nothing_claimed(unpassed, rate_open) end
 -- token in leases and, when limited, a member of the queue's window each; their id/token
 -- pairs go into the reply. Returns their ids.
 local function lease_popped(last)
-  local deadline = now + lease
+  -- (numbers as text made once: Redis prints a number argument of redis.call with
+  -- snprintf("%.17g"), a cost per job when a shared number goes in per job)
+  local deadline, at = emq_int(now + lease), emq_int(now)
   local zargs, hargs, rargs, ids = {}, {}, {}, {}
   for i = 1, count do
     local id = popped[2 * i - 1]
@@ -233,7 +235,7 @@ local function lease_popped(last)
     hargs[#hargs + 1] = id
     hargs[#hargs + 1] = token
     if limited then
-      rargs[#rargs + 1] = now
+      rargs[#rargs + 1] = at
       rargs[#rargs + 1] = token
     end
     ids[i] = id

@@ -88,7 +88,7 @@ for i = 10, #KEYS do
     redis.call('HDEL', key, 'error', 'traceback')
     done[#done + 1] = id
     attempts[#attempts + 1] = attempt
-    scored[#scored + 1] = now
+    scored[#scored + 1] = finished  -- (text: a number would be printed per job)
     scored[#scored + 1] = id
     out[#out + 1] = entry
   else

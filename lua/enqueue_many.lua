@@ -143,8 +143,10 @@ for i = 1, n do
     local ps = tier + (seq % 4294967296)
     local enc = shared_enc
     if stride == 3 then enc = ARGV[at + 2] end
-    write_job(KEYS[6 + i], ARGV[at + 1], emq_int(ps), enc)
-    local score = ps
+    -- (the score goes to ZADD as the text written to the hash: Redis prints a number
+    -- argument of redis.call with snprintf, once per job)
+    local score = emq_int(ps)
+    write_job(KEYS[6 + i], ARGV[at + 1], score, enc)
     if slot0 then
       score = first + math.min(slot0, 4095)
       slot0 = slot0 + 1

@@ -188,8 +188,9 @@ for i = 14, last_job do
       local admitted, gw = window_admits(token, h[3])
       if admitted then
         local attempts = (tonumber(h[5] or '0') or 0) + 1
-        redis.call('HSET', key, 'attempts', attempts, 'state', 'active', 'started', stamp,
-          'worker', token)
+        -- (a first run's count as text: Redis prints a number argument with snprintf)
+        redis.call('HSET', key, 'attempts', attempts == 1 and '1' or attempts, 'state',
+          'active', 'started', stamp, 'worker', token)
         started[#started + 1] = id
         started_attempts[#started_attempts + 1] = attempts
         row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[10]}
