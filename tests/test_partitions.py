@@ -17,25 +17,9 @@ from emqfast.core.keys import partition_names, partition_of
 from emqfast.core.errors import InvalidInput, JobNotFound, RangeError
 from emqfast.facade.partitioned import PartitionedQueue
 
-from cluster_util import start_cluster
+from partition_fixtures import client, cluster  # noqa: F401 (fixtures)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = start_cluster(3)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(params=["standalone", "cluster"])
-def client(request, redis_url):
-    """A client of each deployment the queue runs on."""
-    if request.param == "standalone":
-        c = emqfast.connect(redis_url)
-    else:
-        c = emqfast.connect(request.getfixturevalue("cluster").url)
-    yield c
-    c.close()
 
 
 def _holders(q: PartitionedQueue) -> Dict[str, int]:

@@ -11,25 +11,10 @@ import pytest
 import emqfast
 from emqfast import Queue, Worker
 
-from cluster_util import start_cluster
+from partition_fixtures import client, cluster  # noqa: F401 (fixtures)
 from waiting import wait_until
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = start_cluster(3)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(params=["standalone", "cluster"])
-def client(request, redis_url):
-    if request.param == "standalone":
-        c = emqfast.connect(redis_url)
-    else:
-        c = emqfast.connect(request.getfixturevalue("cluster").url)
-    yield c
-    c.close()
 
 
 def _keys_per_partition(q: Queue) -> List[str]:
