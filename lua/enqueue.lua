@@ -42,7 +42,8 @@
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range; EMQINPUT an
 --          id with ':', malformed mode/number/extras, or a replace whose waiting job is in another
 --          group's lane; EMQVERSION keyspace of another major version; NOPERM the user's ACL denies
---          a command it writes with. Each before any write.
+--          a command it writes with; EMQKEYTYPE a queue key it writes holds another type (or
+--          WRONGTYPE from a key it reads). Each before any write.
 --@include common
 --@include admit
 --@include dedupe
@@ -103,6 +104,8 @@ if not denied and keyed then
   denied = emq_dedupe_denied(acl, dedupe_hash_key, holder_key, pending_key, delayed_key)
 end
 if denied then return redis.error_reply(denied) end
+local wrong = emq_admit_types(dscore, pending_key, marker_key, events_key, cap ~= nil)
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 

@@ -40,7 +40,8 @@
 -- Errors:  EMQKIND id without the JOB brand; EMQRANGE priority or run-at out of range; EMQINPUT an
 --          id with ':', malformed mode/number/extras, empty group, or a replace whose waiting job
 --          is in another group's lane; EMQVERSION keyspace of another major version; NOPERM the
---          user's ACL denies a command it writes with. Each before any write.
+--          user's ACL denies a command it writes with; EMQKEYTYPE a queue key it writes holds
+--          another type (or WRONGTYPE from a key it reads). Each before any write.
 --@include common
 --@include admit
 --@include groups
@@ -112,6 +113,9 @@ if not denied and keyed then
   denied = emq_dedupe_denied(acl, dedupe_hash_key, holder_key, lane_key, delayed_key)
 end
 if denied then return redis.error_reply(denied) end
+local wrong = emq_admit_types(dscore, lane_key, marker_key, events_key, cap ~= nil)
+  or (not dscore and emq_key_type_error(groups_key, 'zset'))
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)  -- its version stamp is the first write
 if err then return redis.error_reply(err) end
 

@@ -28,8 +28,9 @@
 -- Errors:  EMQINPUT ARGV does not hold 2 (or 3) values per job key, no job, or more than 4000 jobs;
 --          EMQKIND an id without the JOB brand (EMQINPUT: with a ':'); EMQRANGE priority or run-at
 --          out of range; EMQINPUT malformed mode/number; EMQVERSION keyspace of another major
---          version; NOPERM the user's ACL denies a command it writes with. Each refuses the whole
---          call before any write: one bad job writes nothing at all, for any job.
+--          version; NOPERM the user's ACL denies a command it writes with; EMQKEYTYPE a queue key
+--          it writes holds another type (or WRONGTYPE from a key it reads). Each refuses the
+--          whole call before any write: one bad job writes nothing at all, for any job.
 --@include common
 --@include admit
 
@@ -105,6 +106,7 @@ while not new[first_new] do first_new = first_new + 1 end
 local denied = emq_admit_denied(acl, dscore, KEYS[6 + first_new], pending_key, delayed_key,
                                 marker_key, counter_key, events_key, cap ~= nil)
   or counter_denied(acl, counter_key)
+  or emq_admit_types(dscore, pending_key, marker_key, events_key, cap ~= nil)
 if denied then return redis.error_reply(denied) end
 local err = emq_fence(meta_key, version)  -- its version stamp is the first write
 if err then return redis.error_reply(err) end

@@ -26,7 +26,7 @@
 --          0 no-op (registry moved on, generation changed, or not due on the server clock)
 -- Errors:  EMQKIND id without the JOB brand; EMQINPUT an id with ':', malformed numbers or
 --          incomplete record; EMQRANGE instants out of range; EMQVERSION keyspace of another major
---          version
+--          version; EMQKEYTYPE a queue key it writes holds another type. Each before any write.
 --@include common
 --@include admit
 --@include schedule
@@ -69,16 +69,20 @@ local prio = tonumber(f[4] or '')
 if not f[1] or not f[2] or not f[3] or not prio then
   return redis.error_reply('EMQINPUT schedule record ' .. name .. ' is incomplete')
 end
+local new_job = redis.call('EXISTS', job_key) == 0
+local cap = emq_events_cap(meta_key)
+local wrong = new_job and emq_admit_types(nil, pending_key, marker_key, events_key, cap ~= nil)
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 
 local minted = 2
-if redis.call('EXISTS', job_key) == 0 then
+if new_job then
   -- run-at = the occurrence instant: a past instant is pending at once
   local state = emq_admit(job_key, pending_key, delayed_key, marker_key, counter_key, id, f[1],
     f[2], f[3], prio, occ, now)
   redis.call('HSET', job_key, 'sched', name, 'occ', emq_int(occ))
-  emq_event(events_key, emq_events_cap(meta_key), 'enqueued', 'id', id, 'state', state,
+  emq_event(events_key, cap, 'enqueued', 'id', id, 'state', state,
     'schedule', name)
   minted = 1
 end

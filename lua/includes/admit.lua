@@ -93,3 +93,15 @@ local function emq_admit_denied(acl_arg, dscore, job_key, pending, delayed, mark
   return 'NOPERM this user may not run every command an enqueue writes with ' ..
     '(INCR, HSET, ZADD, XADD on the queue keys): nothing was written'
 end
+
+-- The keys an admission writes whose type no earlier read has checked (see
+-- emq_key_type_error): the set the job waits in (the delayed set was read by
+-- emq_admit_score when `dscore` is set), the marker and, with events on, the stream.
+-- The counter needs none: its INCR is the first write, so a counter of another type
+-- fails the script before anything is written. Returns an EMQKEYTYPE error text, or nil.
+local function emq_admit_types(dscore, pending, marker, events, with_events)
+  return emq_key_type_error(marker, 'zset')
+    or (not dscore and emq_key_type_error(pending, 'zset'))
+    or (with_events and emq_key_type_error(events, 'stream'))
+    or nil
+end

@@ -82,6 +82,25 @@ local function emq_fence_check(have, version)
   return nil
 end
 
+-- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset' or
+-- 'stream'), the type the script writes there (nil: it holds that type, or nothing). A key
+-- another writer put under the queue's name would otherwise fail a write half-way through
+-- a script, after earlier writes (a job's hash written, its ZADD refused). One O(1) read
+-- of that type, a command the least-privilege ACL rule already allows (TYPE is not in
+-- it); scripts check only the keys no earlier read of theirs has checked.
+local function emq_key_type_error(checked_key, want)
+  local got
+  if want == 'stream' then
+    got = redis.pcall('XREVRANGE', checked_key, '+', '+', 'COUNT', 1)
+  else
+    got = redis.pcall('ZCARD', checked_key)
+  end
+  if type(got) ~= 'table' or not got.err then return nil end
+  return 'EMQKEYTYPE ' .. checked_key .. ' holds another type than the ' .. want ..
+    ' emqfast keeps there (another program wrote under the queue\'s keys): nothing was ' ..
+    'written. Use another queue name, or delete that key if nothing needs it'
+end
+
 -- The boot fence: the first write records the keyspace version; a client of
 -- another major version is refused instead of corrupting the queue.
 -- Returns an error string, or nil when the caller may proceed.
