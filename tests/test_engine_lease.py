@@ -241,6 +241,7 @@ _FROZEN_WORKER = textwrap.dedent("""
     report = {}
 
     def handler(job):
+        q.redis.set(qname + ":began", job.id)  # the test freezes us inside the handler
         # runs until somebody else finished this job (we get frozen meanwhile)
         wait_until(lambda: q.get(job.id).state == "completed", 60,
                    "another worker to complete the job", interval=0.01)
@@ -266,7 +267,9 @@ def test_frozen_worker_loses_its_lease_to_a_live_one(r, redis_url, qname):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": CHILD_PATH})
     try:
-        wait_until(lambda: q.get(ref.id).state == "active", what="frozen worker claimed")
+        # frozen inside its handler (frozen between claim and start, it would never run it)
+        wait_until(lambda: r.get(qname + ":began") == ref.id.encode(),
+                   what="frozen worker's handler began")
         frozen.send_signal(signal.SIGSTOP)
         ran = []
         live = emqfast.Worker(make_queue(redis_url, qname),
