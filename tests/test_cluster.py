@@ -591,3 +591,34 @@ def test_master_killed_mid_run_replica_takes_over_and_waited_enqueues_survive(
     assert counts["active"] == 0 and counts["pending"] == 0, counts
     assert not lost["waited"], f"{len(lost['waited'])} waited enqueues lost: {lost['waited'][:5]}"
     assert result.never_run == 0 and not result.untyped_errors, result
+
+
+def test_one_slot_script_batches_reach_the_slots_master_and_follow_a_move(cluster, conn,
+                                                                          qname, backend):
+    """A Worker's outcome writes are one queue's calls, so one slot: a pipelined batch of
+    them runs on that slot's master (under C over the C core), each call once, also when
+    the slot has moved meanwhile (MOVED: nothing ran there; the calls go to the new
+    owner). A batch over several slots is routed call by call."""
+    import hashlib
+
+    from emqfast.backends import select as backend_select
+
+    script = b"return redis.call('INCR', KEYS[1])"
+    sha = hashlib.sha1(script).hexdigest()
+    key = f"{{{qname}}}:counter"
+    others = [f"{{{name}}}:counter" for name in names_over_masters(cluster, 1, f"{qname}-o")]
+    batcher = backend_select.batcher_for(conn)
+    try:
+        assert batcher.evalsha_many(sha, script, 1, [[key]] * 5) == [1, 2, 3, 4, 5]
+        slot = slot_of(qname)
+        src = cluster.owner_port(slot)
+        dst = next(p for p in cluster.ports if p != src)
+        assert migrate_slot(cluster, slot, dst) == 1  # the client's slot map is stale now
+        assert batcher.evalsha_many(sha, script, 1, [[key]] * 5) == [6, 7, 8, 9, 10]
+        assert int(redis.Redis(port=dst).get(key)) == 10 and keys_on_node(src, qname) == set()
+        assert batcher.evalsha_many(sha, script, 1, [[k] for k in [key, *others]]) == \
+            [11, 1, 1, 1]
+    finally:
+        batcher.close()
+        for k in [key, *others]:
+            conn.delete(k)

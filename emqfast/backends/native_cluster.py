@@ -8,8 +8,9 @@ answered ``MOVED`` did not run: the map is updated and they go to the new master
 did not run either and are handed to redis-py's path, which speaks ``ASKING``. A master
 that cannot be reached before a byte left (a failover) is looked up again once the map
 is refreshed; a batch cut after bytes left is never re-sent (``BatchCut``, as ever).
-Everything but ``evalsha_columns`` (per-call routing: ``promote_many`` across queues,
-the Worker's acks) goes through redis-py's cluster path.
+``evalsha_many`` whose calls all lie in one slot (a Worker's outcome writes: one queue)
+goes the same way; calls over several slots (``promote_many`` across queues) and the rest
+go through redis-py's cluster path.
 """
 from __future__ import annotations
 
@@ -62,8 +63,30 @@ class ClusterBatcher:
         self._node_batcher = node_batcher
         self._pure = pure_batcher.Batcher.from_redis(client)
 
-    def evalsha_many(self, *args: Any) -> Any:
-        return self._pure.evalsha_many(*args)
+    def evalsha_many(self, sha: str, script: bytes, numkeys: int,
+                     calls: Sequence[Sequence[Any]], wait: Wait = None) -> List[Any]:
+        """As the C Batcher's: calls whose first keys share one slot go to its master
+        over the C core (a partitioned queue's Worker writes each partition's outcomes so,
+        at the cost of one queue on one server); the rest through redis-py."""
+        slot = None if wait or numkeys < 1 else self._one_slot(calls)
+        if slot is None:
+            return self._pure.evalsha_many(sha, script, numkeys, calls,
+                                           *((wait,) if wait else ()))
+        replies = self._on_master(slot, lambda b: b.evalsha_many(sha, script, numkeys, calls))
+        again = [i for i, reply in enumerate(replies) if _redirect(reply)]
+        if again:  # moved or migrating: none of those ran; redis-py follows the redirect
+            if any(_redirect(replies[i]) == "moved" for i in again):
+                self._refresh()
+            for i, reply in zip(again, self._pure.evalsha_many(
+                    sha, script, numkeys, [calls[i] for i in again])):
+                replies[i] = reply
+        return replies
+
+    def _one_slot(self, calls: Sequence[Sequence[Any]]) -> Optional[int]:
+        """The slot of every call's first key, or None when they differ."""
+        keyslot = self.client.keyslot
+        slots = {keyslot(as_bytes(call[0])) for call in calls}
+        return slots.pop() if len(slots) == 1 else None
 
     def evalsha_flat(self, *args: Any) -> Any:
         return self._pure.evalsha_flat(*args)
@@ -84,7 +107,8 @@ class ClusterBatcher:
         for _ in range(REDIRECTS):
             sub = _rows_of(columns, todo, rows, nrows)
             try:
-                got = self._on_master(slot, sha, script, numkeys, slots, sub, wait)
+                got = self._on_master(slot, lambda b: b.evalsha_columns(
+                    sha, script, numkeys, slots, sub, *((wait,) if wait else ())))
             except ConnectionFailed as exc:
                 cut = getattr(exc, "replies", None)
                 if cut is None or len(todo) == ncalls:
@@ -118,21 +142,14 @@ class ClusterBatcher:
             todo = moved
         return replies + [acked or 0] if wait else replies
 
-    def _on_master(self, slot: int, sha: str, script: bytes, numkeys: int,
-                   slots: Sequence[Tuple[Any, ...]], columns: Sequence[Sequence[Any]],
-                   wait: Wait) -> List[Any]:
-        """One C batch to the slot's master; looked up again once if it cannot be reached
-        before a byte left (nothing ran: safe)."""
+    def _on_master(self, slot: int, send: Callable[[Any], List[Any]]) -> List[Any]:
+        """``send(batcher)``: one C batch to the slot's master; looked up again once if it
+        cannot be reached before a byte left (nothing ran: safe)."""
         for attempt in (0, 1):
             node = self.client.nodes_manager.get_node_from_slot(slot)
             batcher = self._node_batcher(dict(self._params, host=node.host, port=node.port))
             try:
-                replies: List[Any]
-                if wait:
-                    replies = batcher.evalsha_columns(sha, script, numkeys, slots, columns, wait)
-                else:
-                    replies = batcher.evalsha_columns(sha, script, numkeys, slots, columns)
-                return replies
+                return send(batcher)
             except ConnectionFailed as exc:
                 if getattr(exc, "replies", None) is not None or attempt:
                     raise  # bytes left (BatchCut), or the refreshed master is down too

@@ -85,6 +85,13 @@ def parse_claim(reply: Sequence[Any]) -> Tuple[int, int, int, List[Pair]]:
 CLAIM_PAUSED, CLAIM_OK, CLAIM_RATE_LIMITED = 0, 1, 2  # parse_claim's status
 
 
+def claimed_any(reply: Sequence[Any]) -> bool:
+    """Did this claim reply lease any job? (:func:`parse_claim`'s pairs are not empty;
+    read without decoding them.)"""
+    end = len(reply) - 1 if len(reply) % 2 == 0 and isinstance(reply[-1], list) else len(reply)
+    return end > 3
+
+
 def due_now(status: int, next_due: int, now: int) -> bool:
     """A claim reply says a delayed job (or retry) is due: promote it now, whether or not
     the claim leased jobs (a backlog must not hold a due job back until claims run dry)."""

@@ -145,7 +145,7 @@ class Crew(Solo):
         with w._guard:
             if self.order.claimed(w._index):
                 self._notify_all()
-        if reply is not None and calls.parse_claim(reply)[3]:  # it has work: ready
+        if reply is not None and calls.claimed_any(reply):  # it has work: ready
             self._set_ready(w, True)
 
     def may_block(self, w: Any) -> bool:

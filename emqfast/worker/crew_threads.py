@@ -47,6 +47,11 @@ class ThreadCrew(Crew):
         self._listening = 0
         self._eviction: Optional[Tuple[Optional[str]]] = None  # the check's warning, once
 
+    def _notify_all(self) -> None:
+        """Wake every member's claim loop: they wait on one lock, so one notify reaches
+        them all (the caller holds it), not one per member."""
+        self.lock.notify_all()
+
     def shared(self) -> Optional["ThreadCrew"]:
         """Itself when its members share one single-server client (its marker wait,
         listener and gate are theirs), else None: each keeps its own."""
