@@ -237,15 +237,21 @@ def _room(client: Any) -> int:
     return 1 if isinstance(size, int) and size < SMALL_POOL else IN_FLIGHT
 
 
-async def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Any:
-    """This item's outcome (see the module doc), in the running event loop."""
+def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
+    """This item's outcome (see the module doc), to await in the running event loop."""
     gate: _AsyncGate = _gate(client, req.key, _AsyncGate)
     if not gate.room:
         gate.room = _room(client)
     if gate.gathering or gate.flying >= gate.room:  # join the next flush
+        # the future itself, no coroutine around it: most callers take this way
         future = asyncio.get_running_loop().create_future()
         gate.queue.append((req, future))
-        return await future  # cancelled while queued: the flush skips it (never sent)
+        return future  # cancelled while queued: the flush skips it (never sent)
+    return _lead_async(gate, req, drive)
+
+
+async def _lead_async(gate: _AsyncGate, req: Gathered, drive: DriveAsync) -> Any:
+    """Gather the ready tasks' items behind ``req`` and send them (or ``req`` alone)."""
     gate.gathering = True
     try:
         # one turn of the loop first: the tasks already ready in it (those woken by the
