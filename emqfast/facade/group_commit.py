@@ -28,7 +28,7 @@ take their own multi-step paths.) Each caller gets its own outcome:
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 from emqfast.backends.gather import own
 from emqfast.backends.scripts import map_error
@@ -125,7 +125,8 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
     replies = _per_entry(got, len(part), columnar)
     if cut is None and wait is None and not again:
         try:  # the common case, every reply a status code: one cheap pass
-            return refs_of([e.job.id for e in part], [_ENQUEUED[r] for r in replies])
+            return cast(List[Outcome], refs_of([e.job.id for e in part],
+                                               [_ENQUEUED[r] for r in replies]))
         except (KeyError, TypeError):  # an error or marker among them: one by one
             pass
     if columnar and isinstance(replies[0], Exception) \
