@@ -304,14 +304,7 @@ async def _flush_async(gate: _AsyncGate, drive: DriveAsync, batch: List[Any]) ->
             raise
     gate.flying -= 1
     _hand_on_async(gate, drive)
-    if gate.flying or gate.room < 2 or len(batch) < 2 or gate.queue:
-        _deliver(batch, outcomes)
-        return
-    # Nothing else in flight: wake the callers in two halves, a loop turn apart, so they
-    # come back as two flushes; from then on one gathers while the other is on the wire.
-    half = len(batch) // 2
-    _deliver(batch[:half], outcomes[:half])
-    asyncio.get_running_loop().call_soon(_deliver, batch[half:], outcomes[half:])
+    _deliver(batch, outcomes)
 
 
 def _deliver(batch: List[Any], outcomes: List[Any]) -> None:
