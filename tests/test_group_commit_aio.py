@@ -308,3 +308,34 @@ def test_a_client_with_few_connections_keeps_one_flush_in_flight(r, redis_url, q
         assert r.zcard(q.keys.pending) == 8
         await client.aclose()
     asyncio.run(main())
+
+
+def test_a_lost_reply_of_one_flush_does_not_touch_the_other_in_flight(r, redis_url, qname):
+    """Two flushes in flight, only the first one's reply lost: its callers get their jobs
+    read back (``recovered``), the second's get their replies (``pending``)."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    async def main(proxy: FaultProxy) -> None:
+        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])
+        before, held = evalsha_calls(r), blocked(r)
+        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
+            await wait_until_async(lambda: blocked(r) == held + 1, what="flush 1 held")
+            assert proxy.live() == 1  # the first flush's connection alone
+            proxy.half_open()  # its reply will never come; new connections work
+            second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
+            await wait_until_async(lambda: blocked(r) == held + 2, what="flush 2 held")
+        finally:
+            r.execute_command("CLIENT", "UNPAUSE")
+        refs = await asyncio.wait_for(asyncio.gather(*first, *second), 30)
+        assert [ref.status for ref in refs] == ["recovered"] * 3 + ["pending"] * 4, refs
+        assert evalsha_calls(r) - before == 2
+        assert [(await q.get(ref.id)).payload for ref in refs] == \
+            [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)]
+        await q.aclose()
+
+    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
+        asyncio.run(main(proxy))
