@@ -1,7 +1,6 @@
 """Group commit under :mod:`emqfast.aio`: many tasks ``await q.enqueue`` at once and the
-jobs that arrive while a call is in flight leave together, as a second call on the wire
-beside the first (a third group waits for one of them); each task gets its own ref or
-error. Calls are held in flight by ``CLIENT PAUSE ... WRITE`` on the server."""
+jobs waiting behind a call in flight leave together; each task gets its own ref or
+error. The first call is held in flight by ``CLIENT PAUSE ... WRITE`` on the server."""
 from __future__ import annotations
 
 import asyncio
@@ -22,26 +21,26 @@ def evalsha_calls(r: redis.Redis) -> int:
     return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def gate_of(q: emq.Queue) -> Any:
-    return gather._registry.get(q.redis, {}).get(q._gather_key)
-
-
 def blocked(r: redis.Redis) -> int:
     """Clients the server holds (a write pause holds each script call it received)."""
     return int(r.info("clients")["blocked_clients"])
 
 
-async def held_round(r: redis.Redis, q: emq.Queue, first: Any, rest: List[Any]) -> List[Any]:
-    """``first`` held in flight by a write pause, ``rest`` started behind it (their shared
-    call held as well, beside it); outcomes."""
-    held = blocked(r)
+def gate_of(q: emq.Queue) -> Any:
+    return gather._registry.get(q.redis, {}).get(q._gather_key)
+
+
+async def held_round(r: redis.Redis, q: emq.Queue, first: Any, rest: List[Any],
+                     queued_want: int) -> List[Any]:
+    """``first`` held in flight by a write pause, ``rest`` started behind it; outcomes."""
     r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
     try:
         lead = asyncio.ensure_future(first)
-        await wait_until_async(lambda: blocked(r) == held + 1, what="the first call held")
+        await wait_until_async(lambda: gate_of(q) is not None and gate_of(q).busy,
+                               what="the first call in flight")
         others = [asyncio.ensure_future(c) for c in rest]
-        await wait_until_async(lambda: blocked(r) == held + 2, what="the second call held")
-        assert gate_of(q).flying == 2 and not gate_of(q).queue
+        await wait_until_async(lambda: len(gate_of(q).queue) == queued_want,
+                               what=f"{queued_want} enqueues queued")
     finally:
         r.execute_command("CLIENT", "UNPAUSE")
     return list(await asyncio.wait_for(
@@ -55,7 +54,7 @@ def test_tasks_share_one_call(r, redis_url, qname):
         await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
         before = evalsha_calls(r)
         got = await held_round(r, q, q.enqueue({"n": 0}),
-                               [q.enqueue({"n": i}) for i in range(1, 100)])
+                               [q.enqueue({"n": i}) for i in range(1, 100)], 99)
         assert all(isinstance(ref, emqfast.JobRef) for ref in got), got
         assert [ref.status for ref in got] == ["pending"] * 100
         assert len({ref.id for ref in got}) == 100
@@ -90,7 +89,7 @@ def test_bad_jobs_fail_alone_same_id_is_one_job(r, redis_url, qname):
         rest = [q.enqueue(f"v{i}", job_id=job_id) for i in range(5)]
         rest += [q.enqueue({"i": i}) for i in range(5)]
         bad = [q.enqueue("x" * 500), q.enqueue("y", priority=-1)]
-        got = await held_round(r, q, q.enqueue("first"), rest + bad)
+        got = await held_round(r, q, q.enqueue("first"), rest + bad, len(rest))
         assert isinstance(got[-2], errors.PayloadError)
         assert isinstance(got[-1], errors.RangeError)
         same = got[1:6]
@@ -106,13 +105,11 @@ def test_a_task_cancelled_while_queued_sends_nothing(r, redis_url, qname):
     async def main() -> None:
         q = emq.Queue(qname, emq.connect(redis_url))
         await q.enqueue("warm")
-        held = blocked(r)
         r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
         try:
             lead = asyncio.ensure_future(q.enqueue("first"))
-            await wait_until_async(lambda: blocked(r) == held + 1, what="the first call held")
-            lead2 = asyncio.ensure_future(q.enqueue("second"))
-            await wait_until_async(lambda: blocked(r) == held + 2, what="the second call held")
+            await wait_until_async(lambda: gate_of(q) is not None and gate_of(q).busy,
+                                   what="the first call in flight")
             keep = [asyncio.ensure_future(q.enqueue(f"keep{i}")) for i in range(3)]
             drop = asyncio.ensure_future(q.enqueue("dropped"))
             await wait_until_async(lambda: len(gate_of(q).queue) == 4, what="four queued")
@@ -121,11 +118,11 @@ def test_a_task_cancelled_while_queued_sends_nothing(r, redis_url, qname):
                 await drop
         finally:
             r.execute_command("CLIENT", "UNPAUSE")
-        refs = await asyncio.wait_for(asyncio.gather(lead, lead2, *keep), 30)
-        assert [ref.status for ref in refs] == ["pending"] * 5
+        refs = await asyncio.wait_for(asyncio.gather(lead, *keep), 30)
+        assert [ref.status for ref in refs] == ["pending"] * 4
         names = sorted([(await q.get(m.decode())).payload
                         for m in r.zrange(q.keys.pending, 0, -1)])
-        assert names == ["first", "keep0", "keep1", "keep2", "second", "warm"]
+        assert names == ["first", "keep0", "keep1", "keep2", "warm"]
         assert not gate_of(q).busy and not gate_of(q).queue
         await q.aclose()
     asyncio.run(main())
@@ -138,7 +135,7 @@ def test_decode_responses_client_and_grouped_jobs(r, redis_url, qname):
         q = emq.Queue(qname, client)
         await q.enqueue("warm")
         rest = [q.enqueue({"i": i}) for i in range(6)] + [q.enqueue("lane", group="g")]
-        got = await held_round(r, q, q.enqueue("first"), rest)
+        got = await held_round(r, q, q.enqueue("first"), rest, len(rest))
         assert [ref.status for ref in got] == ["pending"] * 8
         assert r.zscore(q.keys.group_pending("g"), got[-1].id) is not None
         await client.aclose()
@@ -182,159 +179,57 @@ def test_the_first_task_cancelled_before_sending_strands_nobody(r, redis_url, qn
     asyncio.run(main())
 
 
-# --- two flushes in flight: one gathers while the other is on the wire --------------------
+def test_a_lost_reply_of_a_shared_call_is_read_back_not_sent_again(r, redis_url, qname):
+    """The shared call ran on the server and its reply was lost: each caller's job is read
+    back as ``recovered``; nothing is sent twice, and the callers queued behind it get
+    their own refs."""
+    from fault_proxy import FaultProxy, upstream_port_of
 
-def test_a_second_flush_goes_out_while_the_first_is_on_the_wire(r, redis_url, qname):
-    """With one flush held by the server, the next callers go out as a second flush
-    instead of waiting for the first reply; a third group waits for room. Each caller
-    gets the ref of its own job."""
-    async def main() -> None:
-        q = emq.Queue(qname, emq.connect(redis_url))
+    async def main(proxy: FaultProxy) -> None:
+        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
         await q.enqueue("warm")
         await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
         before, held = evalsha_calls(r), blocked(r)
         r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
         try:
             first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
-            await wait_until_async(lambda: blocked(r) == held + 1, what="flush 1 held")
-            second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
-            await wait_until_async(lambda: blocked(r) == held + 2, what="flush 2 held")
-            assert gate_of(q).flying == 2
-            third = [asyncio.ensure_future(q.enqueue(f"c{i}")) for i in range(5)]
-            await wait_until_async(lambda: len(gate_of(q).queue) == 5, what="five queued")
-            assert blocked(r) == held + 2  # no third call while two are in flight
-        finally:
-            r.execute_command("CLIENT", "UNPAUSE")
-        refs = await asyncio.wait_for(asyncio.gather(*first, *second, *third), 30)
-        names = [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)] + \
-            [f"c{i}" for i in range(5)]
-        assert [ref.status for ref in refs] == ["pending"] * 12
-        assert [(await q.get(ref.id)).payload for ref in refs] == names
-        assert evalsha_calls(r) - before == 3
-        assert not gate_of(q).busy and not gate_of(q).queue
-        await q.aclose()
-    asyncio.run(main())
-
-
-def test_lost_replies_of_two_flushes_in_flight_are_read_back_not_sent_again(r, redis_url,
-                                                                           qname):
-    """Both flushes ran on the server and both replies were lost: each caller's job is
-    read back as ``recovered``; nothing is sent twice."""
-    from fault_proxy import FaultProxy, upstream_port_of
-
-    async def main(proxy: FaultProxy) -> None:
-        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
-        await q.enqueue("warm")
-        await q.enqueue_many(["warm"])
-        before, held = evalsha_calls(r), blocked(r)
-        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
-        try:
-            first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
-            await wait_until_async(lambda: blocked(r) == held + 1, what="flush 1 held")
-            second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
-            await wait_until_async(lambda: blocked(r) == held + 2, what="flush 2 held")
-            proxy.half_open()  # both requests are in: their replies will never come
-        finally:
-            r.execute_command("CLIENT", "UNPAUSE")
-        refs = await asyncio.wait_for(asyncio.gather(*first, *second), 30)
-        assert [ref.status for ref in refs] == ["recovered"] * 7, refs
-        assert evalsha_calls(r) - before == 2
-        assert [(await q.get(ref.id)).payload for ref in refs] == \
-            [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)]
-        assert r.zcard(q.keys.pending) == 2 + 7
-        await q.aclose()
-
-    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
-        asyncio.run(main(proxy))
-
-
-def test_lost_requests_of_two_flushes_in_flight_are_sent_again_once(r, redis_url, qname):
-    """Neither flush reached the server (both connections went silent): the read finds
-    no job, so each job is sent once more with its id and lands once; each caller still
-    gets its own ref."""
-    from fault_proxy import FaultProxy, upstream_port_of
-
-    async def main(proxy: FaultProxy) -> None:
-        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
-        await q.enqueue("warm")
-        await q.enqueue_many(["warm"])
-        # two pooled connections, both to go silent before anything more is sent
-        await asyncio.gather(q.redis.execute_command("CLIENT", "PAUSE", 1, "WRITE"),
-                             q.redis.ping())
-        assert proxy.live() == 2
-        before = evalsha_calls(r)
-        proxy.half_open()
-        first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
-        await wait_until_async(lambda: gate_of(q).flying == 1, what="flush 1 sent")
-        second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
-        await wait_until_async(lambda: gate_of(q).flying == 2, what="flush 2 sent")
-        refs = await asyncio.wait_for(asyncio.gather(*first, *second), 30)
-        assert [ref.status for ref in refs] == ["pending"] * 7, refs
-        assert evalsha_calls(r) - before == 7  # one re-send per job; the first sends never came
-        assert [(await q.get(ref.id)).payload for ref in refs] == \
-            [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)]
-        assert r.zcard(q.keys.pending) == 2 + 7
-        await q.aclose()
-
-    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
-        asyncio.run(main(proxy))
-
-
-@pytest.mark.parametrize("how", ["single_connection", "small_pool"])
-def test_a_client_with_few_connections_keeps_one_flush_in_flight(r, redis_url, qname, how):
-    """A second flush would need a second connection: a single-connection client or a
-    small pool sends one flush at a time (and never fails for want of a connection)."""
-    import redis.asyncio as aredis
-
-    async def main() -> None:
-        if how == "single_connection":
-            client = aredis.Redis.from_url(redis_url, single_connection_client=True)
-        else:
-            client = aredis.Redis.from_url(redis_url, max_connections=2)
-        q = emq.Queue(qname, client)
-        await q.enqueue("warm")
-        held = blocked(r)
-        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
-        try:
-            first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
-            await wait_until_async(lambda: blocked(r) == held + 1, what="flush 1 held")
-            second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
+            await wait_until_async(lambda: blocked(r) == held + 1, what="the call held")
+            assert proxy.live() == 1
+            proxy.half_open()  # the request is in: its reply will never come
+            behind = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
             await wait_until_async(lambda: len(gate_of(q).queue) == 4, what="four queued")
-            assert gate_of(q).flying == 1
         finally:
             r.execute_command("CLIENT", "UNPAUSE")
-        refs = await asyncio.wait_for(asyncio.gather(*first, *second), 30)
-        assert [ref.status for ref in refs] == ["pending"] * 7
-        assert r.zcard(q.keys.pending) == 8
-        await client.aclose()
-    asyncio.run(main())
-
-
-def test_a_lost_reply_of_one_flush_does_not_touch_the_other_in_flight(r, redis_url, qname):
-    """Two flushes in flight, only the first one's reply lost: its callers get their jobs
-    read back (``recovered``), the second's get their replies (``pending``)."""
-    from fault_proxy import FaultProxy, upstream_port_of
-
-    async def main(proxy: FaultProxy) -> None:
-        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
-        await q.enqueue("warm")
-        await q.enqueue_many(["warm"])
-        before, held = evalsha_calls(r), blocked(r)
-        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
-        try:
-            first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
-            await wait_until_async(lambda: blocked(r) == held + 1, what="flush 1 held")
-            assert proxy.live() == 1  # the first flush's connection alone
-            proxy.half_open()  # its reply will never come; new connections work
-            second = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
-            await wait_until_async(lambda: blocked(r) == held + 2, what="flush 2 held")
-        finally:
-            r.execute_command("CLIENT", "UNPAUSE")
-        refs = await asyncio.wait_for(asyncio.gather(*first, *second), 30)
+        refs = await asyncio.wait_for(asyncio.gather(*first, *behind), 30)
         assert [ref.status for ref in refs] == ["recovered"] * 3 + ["pending"] * 4, refs
         assert evalsha_calls(r) - before == 2
         assert [(await q.get(ref.id)).payload for ref in refs] == \
             [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)]
+        assert r.zcard(q.keys.pending) == 2 + 7
+        await q.aclose()
+
+    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
+        asyncio.run(main(proxy))
+
+
+def test_a_lost_request_of_a_shared_call_is_sent_again_once(r, redis_url, qname):
+    """The shared call never reached the server (its connection went silent): the read
+    finds no job, so each is sent once more with its id and lands once."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    async def main(proxy: FaultProxy) -> None:
+        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])
+        assert proxy.live() == 1
+        before = evalsha_calls(r)
+        proxy.half_open()  # the pooled connection: what it sends now is swallowed
+        refs = await asyncio.wait_for(asyncio.gather(*(q.enqueue(f"a{i}")
+                                                       for i in range(5))), 30)
+        assert [ref.status for ref in refs] == ["pending"] * 5, refs
+        assert evalsha_calls(r) - before == 5  # one re-send per job; the first never came
+        assert [(await q.get(ref.id)).payload for ref in refs] == [f"a{i}" for i in range(5)]
+        assert r.zcard(q.keys.pending) == 2 + 5
         await q.aclose()
 
     with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:

@@ -9,16 +9,10 @@ out together in the next flush, led by one of them:
 - threads (:func:`submit`): the first waiting thread is woken to lead the next flush on its
   own connection, so a leader returns as soon as its own flush has (no thread is held up
   by others' jobs, and no helper thread exists);
-- asyncio (:func:`submit_async`): up to two flushes of a gate are in flight at once, each
-  on a connection of its own, so one gathers while the other is on the wire (the event
-  loop's CPU and the server's work overlap); the items arriving while two are in flight
-  wait for one to return. A call that finds room first lets the loop run the tasks
-  already ready (one turn, no timer), so those woken together by a flush's replies go
-  out together; a flush of several runs in a task of its own, so a cancelled caller
-  never strands the others. Every flush's outcomes are its own items' (an error or a
-  lost reply of one never reaches the callers of the other), and nothing orders two
-  flushes in flight: concurrent callers' jobs never had an order between them, and a
-  caller's next enqueue starts only once its last one's reply came back.
+- asyncio (:func:`submit_async`): a call that finds its gate idle first lets the loop run
+  the tasks already ready (one turn, no timer), so those woken together by a flush's
+  replies go out together; a flush of several runs in a task of its own, so a cancelled
+  caller never strands the others.
 
 Each caller gets its own outcome: a reply, or an exception raised to it alone. The
 gates are per process: a forked child starts with none (a gate's lock or waiters belong
@@ -70,22 +64,14 @@ class _Gate:
 
 
 class _AsyncGate:
-    """The asyncio state of one (client, key): the flushes in flight (at most ``room``),
-    a caller gathering the next one, and who waits."""
+    """The asyncio state of one (client, key): a flush in flight, and who waits."""
 
-    __slots__ = ("flying", "gathering", "room", "queue", "tasks")
+    __slots__ = ("busy", "queue", "tasks")
 
     def __init__(self) -> None:
-        self.flying = 0
-        self.gathering = False  # a leader lets the ready tasks join before it sends
-        self.room = 0  # flushes allowed in flight (set by the first caller: _room)
+        self.busy = False
         self.queue: List[Any] = []  # (request, future) pairs
         self.tasks: Set["asyncio.Task[None]"] = set()  # flushes running (kept referenced)
-
-    @property
-    def busy(self) -> bool:
-        """A flush is in flight or being gathered."""
-        return self.flying > 0 or self.gathering
 
 
 _Gates = Dict[Hashable, Any]
@@ -222,27 +208,10 @@ def _hand_on(gate: _Gate) -> None:
 
 # --- asyncio --------------------------------------------------------------------------------
 
-IN_FLIGHT = 2  # asyncio flushes of one gate on the wire at once (each on its own connection)
-SMALL_POOL = 8  # a client whose pool holds fewer connections keeps to one flush in flight
-
-
-def _room(client: Any) -> int:
-    """How many flushes of one gate may be in flight on ``client``: a second one takes a
-    second connection, so a single-connection client or a small pool keeps to one (a
-    flush must not fail, or wait, for a connection its own gate holds)."""
-    if getattr(client, "single_connection_client", False):
-        return 1
-    pool = getattr(client, "connection_pool", None)  # (a Cluster client has one per node)
-    size = getattr(pool, "max_connections", None)
-    return 1 if isinstance(size, int) and size < SMALL_POOL else IN_FLIGHT
-
-
 def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
     """This item's outcome (see the module doc), to await in the running event loop."""
     gate: _AsyncGate = _gate(client, req.key, _AsyncGate)
-    if not gate.room:
-        gate.room = _room(client)
-    if gate.gathering or gate.flying >= gate.room:  # join the next flush
+    if gate.busy:
         # the future itself, no coroutine around it: most callers take this way
         future = asyncio.get_running_loop().create_future()
         gate.queue.append((req, future))
@@ -251,45 +220,40 @@ def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Awaitable[Any
 
 
 async def _lead_async(gate: _AsyncGate, req: Gathered, drive: DriveAsync) -> Any:
-    """Gather the ready tasks' items behind ``req`` and send them (or ``req`` alone)."""
-    gate.gathering = True
+    """Let the ready tasks' items join ``req`` and send them (or ``req`` alone)."""
+    gate.busy = True  # (here, not in submit_async: a coroutine never awaited holds nothing)
     try:
         # one turn of the loop first: the tasks already ready in it (those woken by the
         # last flush's replies) join this call instead of waiting behind it
         await asyncio.sleep(0)
     except BaseException:  # cancelled before anything was sent
-        gate.gathering = False
         _hand_on_async(gate, drive)
         raise
-    gate.gathering = False
     if gate.queue:  # others joined: one flush in a task of its own, as for any batch
         future = asyncio.get_running_loop().create_future()
         gate.queue.insert(0, (req, future))
         _hand_on_async(gate, drive)
         return await future
-    gate.flying += 1
     try:  # alone: out now, from this task
         outcomes = await drive(req.flush([req.item]))
     finally:
-        gate.flying -= 1
         _hand_on_async(gate, drive)
     return outcomes[0]
 
 
 def _hand_on_async(gate: _AsyncGate, drive: DriveAsync) -> None:
-    """Start tasks flushing the waiting items (callers cancelled meanwhile left out) while
-    there is room in flight; the items of a gathering leader are left to it."""
-    while gate.queue and gate.flying < gate.room and not gate.gathering:
-        live = [(req, future) for req, future in gate.queue if not future.done()]
-        if not live:
-            gate.queue.clear()
-            return
-        limit = max(1, live[0][0].limit)
-        batch, gate.queue = live[:limit], live[limit:]
-        gate.flying += 1
-        task = asyncio.get_running_loop().create_task(_flush_async(gate, drive, batch))
-        gate.tasks.add(task)
-        task.add_done_callback(gate.tasks.discard)
+    """Start a task flushing the waiting items (callers cancelled meanwhile left out), or
+    go idle."""
+    live = [(req, future) for req, future in gate.queue if not future.done()]
+    if not live:
+        gate.queue.clear()
+        gate.busy = False
+        return
+    limit = max(1, live[0][0].limit)
+    batch, gate.queue = live[:limit], live[limit:]
+    task = asyncio.get_running_loop().create_task(_flush_async(gate, drive, batch))
+    gate.tasks.add(task)
+    task.add_done_callback(gate.tasks.discard)
 
 
 async def _flush_async(gate: _AsyncGate, drive: DriveAsync, batch: List[Any]) -> None:
@@ -298,11 +262,9 @@ async def _flush_async(gate: _AsyncGate, drive: DriveAsync, batch: List[Any]) ->
     except BaseException as exc:  # noqa: BLE001 - nobody may be left waiting
         outcomes = _lost(exc, len(batch))
         if not isinstance(exc, Exception):
-            gate.flying -= 1
             _deliver(batch, outcomes)
             _hand_on_async(gate, drive)
             raise
-    gate.flying -= 1
     _hand_on_async(gate, drive)
     _deliver(batch, outcomes)
 
