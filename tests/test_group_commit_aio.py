@@ -21,6 +21,11 @@ def evalsha_calls(r: redis.Redis) -> int:
     return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
+def blocked(r: redis.Redis) -> int:
+    """Clients the server holds (a write pause holds each script call it received)."""
+    return int(r.info("clients")["blocked_clients"])
+
+
 def gate_of(q: emq.Queue) -> Any:
     return gather._registry.get(q.redis, {}).get(q._gather_key)
 
@@ -172,3 +177,60 @@ def test_the_first_task_cancelled_before_sending_strands_nobody(r, redis_url, qn
         assert not gate_of(q).busy and not gate_of(q).queue
         await q.aclose()
     asyncio.run(main())
+
+
+def test_a_lost_reply_of_a_shared_call_is_read_back_not_sent_again(r, redis_url, qname):
+    """The shared call ran on the server and its reply was lost: each caller's job is read
+    back as ``recovered``; nothing is sent twice, and the callers queued behind it get
+    their own refs."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    async def main(proxy: FaultProxy) -> None:
+        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
+        before, held = evalsha_calls(r), blocked(r)
+        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            first = [asyncio.ensure_future(q.enqueue(f"a{i}")) for i in range(3)]
+            await wait_until_async(lambda: blocked(r) == held + 1, what="the call held")
+            assert proxy.live() == 1
+            proxy.half_open()  # the request is in: its reply will never come
+            behind = [asyncio.ensure_future(q.enqueue(f"b{i}")) for i in range(4)]
+            await wait_until_async(lambda: len(gate_of(q).queue) == 4, what="four queued")
+        finally:
+            r.execute_command("CLIENT", "UNPAUSE")
+        refs = await asyncio.wait_for(asyncio.gather(*first, *behind), 30)
+        assert [ref.status for ref in refs] == ["recovered"] * 3 + ["pending"] * 4, refs
+        assert evalsha_calls(r) - before == 2
+        assert [(await q.get(ref.id)).payload for ref in refs] == \
+            [f"a{i}" for i in range(3)] + [f"b{i}" for i in range(4)]
+        assert r.zcard(q.keys.pending) == 2 + 7
+        await q.aclose()
+
+    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
+        asyncio.run(main(proxy))
+
+
+def test_a_lost_request_of_a_shared_call_is_sent_again_once(r, redis_url, qname):
+    """The shared call never reached the server (its connection went silent): the read
+    finds no job, so each is sent once more with its id and lands once."""
+    from fault_proxy import FaultProxy, upstream_port_of
+
+    async def main(proxy: FaultProxy) -> None:
+        q = emq.Queue(qname, emq.connect(proxy.url(), socket_timeout=1))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])
+        assert proxy.live() == 1
+        before = evalsha_calls(r)
+        proxy.half_open()  # the pooled connection: what it sends now is swallowed
+        refs = await asyncio.wait_for(asyncio.gather(*(q.enqueue(f"a{i}")
+                                                       for i in range(5))), 30)
+        assert [ref.status for ref in refs] == ["pending"] * 5, refs
+        assert evalsha_calls(r) - before == 5  # one re-send per job; the first never came
+        assert [(await q.get(ref.id)).payload for ref in refs] == [f"a{i}" for i in range(5)]
+        assert r.zcard(q.keys.pending) == 2 + 5
+        await q.aclose()
+
+    with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
+        asyncio.run(main(proxy))

@@ -88,6 +88,9 @@ class LoopClients:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return self.template
+        home = self._home
+        if home is not None and home() is loop:  # (set once: no lock to read it)
+            return self.template
         with self._lock:
             if self._home is None:
                 self._home = weakref.ref(loop)

@@ -208,14 +208,20 @@ def _hand_on(gate: _Gate) -> None:
 
 # --- asyncio --------------------------------------------------------------------------------
 
-async def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Any:
-    """This item's outcome (see the module doc), in the running event loop."""
+def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
+    """This item's outcome (see the module doc), to await in the running event loop."""
     gate: _AsyncGate = _gate(client, req.key, _AsyncGate)
     if gate.busy:
+        # the future itself, no coroutine around it: most callers take this way
         future = asyncio.get_running_loop().create_future()
         gate.queue.append((req, future))
-        return await future  # cancelled while queued: the flush skips it (never sent)
-    gate.busy = True
+        return future  # cancelled while queued: the flush skips it (never sent)
+    return _lead_async(gate, req, drive)
+
+
+async def _lead_async(gate: _AsyncGate, req: Gathered, drive: DriveAsync) -> Any:
+    """Let the ready tasks' items join ``req`` and send them (or ``req`` alone)."""
+    gate.busy = True  # (here, not in submit_async: a coroutine never awaited holds nothing)
     try:
         # one turn of the loop first: the tasks already ready in it (those woken by the
         # last flush's replies) join this call instead of waiting behind it

@@ -28,7 +28,7 @@ take their own multi-step paths.) Each caller gets its own outcome:
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 from emqfast.backends.gather import own
 from emqfast.backends.scripts import map_error
@@ -40,13 +40,14 @@ from emqfast.core.ops import Batch, Cmd, Request, Returns
 from emqfast.facade.admission import (ADMITTED, Job, Shared, Wait, check_replicated,
                                       enqueue_call)
 from emqfast.facade.enqueue_batch import MANY_CHUNK, many_columns
-from emqfast.facade.job import JobRef
+from emqfast.facade.job import JobRef, refs_of
 
 __all__ = ["Entry", "flush_op", "LIMIT"]
 
 LIMIT = MANY_CHUNK  # jobs per flush: each part is at most one enqueue_many.lua call
 
 Outcome = Union[JobRef, BaseException]
+_ENQUEUED = {0: "duplicate", **ADMITTED}  # enqueue(_many).lua's status codes
 
 
 class Entry(NamedTuple):
@@ -122,6 +123,12 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
         return [own(exc) for _ in part]
     acked = got.pop() if wait is not None and cut is None else None
     replies = _per_entry(got, len(part), columnar)
+    if cut is None and wait is None and not again:
+        try:  # the common case, every reply a status code: one cheap pass
+            return cast(List[Outcome], refs_of([e.job.id for e in part],
+                                               [_ENQUEUED[r] for r in replies]))
+        except (KeyError, TypeError):  # an error or marker among them: one by one
+            pass
     if columnar and isinstance(replies[0], Exception) \
             and isinstance(map_error(replies[0]), InvalidInput):
         # refused before any write: send the jobs one by one, so only the bad one fails
