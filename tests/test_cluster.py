@@ -624,23 +624,18 @@ def test_one_slot_script_batches_reach_the_slots_master_and_follow_a_move(cluste
             conn.delete(k)
 
 
-def test_worker_claims_and_starts_over_the_c_core_and_drain_once_across_a_slot_move(
-        cluster, conn, qname, backend):
-    """Under C a Worker's claims and starts on a Cluster run on the C core's connection to
-    the queue's slot master (counted there), under Python through redis-py (never the C
-    core). Either way every job runs exactly once, also when the slot moves to another
-    master mid-drain: calls meeting MOVED or ASK did not run and are sent on; the calls
-    after the move reach the new master (under C over the C core again)."""
-    from emqfast.backends.native_cluster import core_calls
-
-    start_sha = load("start").sha
+def test_a_worker_drains_each_job_once_while_its_slot_moves_mid_drain(cluster, conn, qname,
+                                                                    backend):
+    """Resharding under a running Worker: while it holds claimed jobs its queue's slot
+    moves to another master. Its claims, starts and outcome writes that meet MOVED or
+    ASK did not run and are sent on; every job runs exactly once and ends completed on
+    the new master."""
     n = 40
     q = Queue(qname, conn)
     q.enqueue_many(list(range(n)))
     slot = slot_of(qname)
     src = cluster.owner_port(slot)
     dst = next(p for p in cluster.ports if p != src)
-    before = (core_calls(_CLAIM.sha), core_calls(start_sha))
     seen: list = []
     half, moved = threading.Event(), threading.Event()
 
@@ -656,7 +651,6 @@ def test_worker_claims_and_starts_over_the_c_core_and_drain_once_across_a_slot_m
     runner.start()
     try:
         assert half.wait(60), f"the drain stalled at {len(seen)} jobs"
-        at_move = (core_calls(_CLAIM.sha), core_calls(start_sha))
         assert migrate_slot(cluster, slot, dst) >= 1
     finally:
         moved.set()
@@ -664,10 +658,4 @@ def test_worker_claims_and_starts_over_the_c_core_and_drain_once_across_a_slot_m
     assert not runner.is_alive() and done["stats"].completed == n
     assert sorted(seen) == list(range(n))  # each job once
     assert q.counts()["completed"] == n and q.counts()["active"] == 0
-    assert keys_on_node(src, qname) == set()
-    after = (core_calls(_CLAIM.sha), core_calls(start_sha))
-    if backend == "c":
-        assert at_move[0] > before[0] and at_move[1] > before[1]  # before the move
-        assert after[0] > at_move[0] and after[1] > at_move[1]  # and on the new master
-    else:
-        assert after == before
+    assert keys_on_node(src, qname) == set() and cluster.owner_port(slot) == dst

@@ -14,7 +14,6 @@ go through redis-py's cluster path.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from redis.exceptions import AskError, MovedError, TryAgainError
@@ -26,8 +25,6 @@ from emqfast.core.errors import BackendUnavailable, ConnectionFailed
 from emqfast.core.ops import as_bytes, rows_per_call
 
 REDIRECTS = 5
-_ran_on_core: Dict[str, int] = {}  # script sha -> calls run over the C core (core_calls)
-_ran_lock = threading.Lock()  # (a Worker's claim loop and its acker count at once)
 NodeBatcher = Callable[[Dict[str, Any]], Any]  # connection params -> a C Batcher
 
 
@@ -44,18 +41,6 @@ def node_params(client: Any) -> Dict[str, Any]:
     return dict(username=username, password=password, db=0,
                 socket_timeout=kw.get("socket_timeout"),
                 socket_connect_timeout=kw.get("socket_connect_timeout"))
-
-
-def core_calls(sha: str) -> int:
-    """How many calls of the script ``sha`` this process ran on Cluster masters over the
-    C core (redirected ones not counted: redis-py sent them again). For diagnostics and
-    tests: which path a process's calls take is not otherwise visible."""
-    return _ran_on_core.get(sha, 0)
-
-
-def _ran(sha: str, n: int) -> None:
-    with _ran_lock:
-        _ran_on_core[sha] = _ran_on_core.get(sha, 0) + n
 
 
 def _redirect(reply: Any) -> Optional[str]:
@@ -89,7 +74,6 @@ class ClusterBatcher:
                                            *((wait,) if wait else ()))
         replies = self._on_master(slot, lambda b: b.evalsha_many(sha, script, numkeys, calls))
         again = [i for i, reply in enumerate(replies) if _redirect(reply)]
-        _ran(sha, len(calls) - len(again))
         if again:  # moved or migrating: none of those ran; redis-py follows the redirect
             if any(_redirect(replies[i]) == "moved" for i in again):
                 self._refresh()
@@ -136,7 +120,6 @@ class ClusterBatcher:
                 acked = got[-1] if acked is None else min(acked, got[-1])
                 got = got[:-1]
             moved, asked = [], []
-            _ran(sha, sum(1 for reply in got if not _redirect(reply)))
             for i, reply in zip(todo, got):
                 replies[i] = reply
                 kind = _redirect(reply)

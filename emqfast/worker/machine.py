@@ -62,9 +62,6 @@ class WorkerMachine:
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
     _guard: ContextManager[Any]  # the driver's: a lock (threads), a null context (asyncio)
     _members: Sequence["WorkerMachine"] = ()  # a many-queue Worker's (see _lead)
-    # claims and starts go as one-call batches over the driver's Batcher (a driver sets it
-    # where that path is the cheaper one: the thread Worker on a Cluster under C)
-    _calls_via_batcher = False
 
     # --- what each driver supplies: the machine's interface to it ------------------------
     def _stop_requested(self) -> bool:
@@ -326,7 +323,7 @@ class WorkerMachine:
         reply = None
         try:
             reply = yield from until_done(claim, "claim", self._who, self._stop_overdue,
-                                          self._connections_suspect, self._calls_via_batcher)
+                                          self._connections_suspect)
             return reply
         finally:
             self._crew.claimed(self, reply)
@@ -419,8 +416,7 @@ class WorkerMachine:
         start parks it on the delayed set instead: no longer ours) to learn its group."""
         claim, self._claiming = self._claiming, None
         if claim is not None:
-            reply = yield from until_done(claim, "claim", self._who, give_up,
-                                          via_batcher=self._calls_via_batcher)
+            reply = yield from until_done(claim, "claim", self._who, give_up)
             if reply is not None:
                 self._hold(calls.parse_claim(reply)[3], [])
         with self._guard:
@@ -431,8 +427,7 @@ class WorkerMachine:
         for at in range(0, len(pairs), calls.START_CHUNK):
             chunk = pairs[at:at + calls.START_CHUNK]
             rows = yield from until_done(calls.start_call(self._keys, chunk), "start",
-                                         self._who, give_up, self._connections_suspect,
-                                         self._calls_via_batcher)
+                                         self._who, give_up, self._connections_suspect)
             if rows is not None:  # a job whose lease is gone has an empty row: not ours
                 held += [(job.id, token, job_group(job))
                          for job, token in calls.started_jobs(self._rows, chunk, rows)]
@@ -479,7 +474,7 @@ class WorkerMachine:
         start = calls.start_call(self._keys, pairs, groups)
         # re-sent after a lost reply: a job already started by its token is not counted twice
         rows = yield from until_done(start, "start", self._who, self._stop_overdue,
-                                     self._connections_suspect, self._calls_via_batcher)
+                                     self._connections_suspect)
         if rows is None:  # stopping and Redis still unreachable: the leases will expire
             log.warning("%s: could not start %d claimed jobs before stopping; the reaper "
                         "will hand them back", self._who, len(pairs))

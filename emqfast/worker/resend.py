@@ -90,17 +90,14 @@ def _lost(exc: BaseException, lost: Callable[[], None]) -> None:
 
 
 def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = never,
-               lost: Callable[[], None] = nothing, via_batcher: bool = False) -> Logic:
+               lost: Callable[[], None] = nothing) -> Logic:
     """Send a call that is safe to re-send, re-sending it after transient faults (a lost
     reply included: the same call again returns what the first send did) until it gets a
     reply or ``give_up()``: None then. Permanent errors are raised. ``who`` names the
-    worker in log lines; ``lost()`` runs when a connection was lost. ``via_batcher``: the
-    call goes as a one-call batch over the driver's Batcher (:func:`one_via_batcher`)."""
+    worker in log lines; ``lost()`` runs when a connection was lost."""
     backoff = Backoff()
     while True:
         try:
-            if via_batcher:
-                return (yield from one_via_batcher(call))
             return (yield call)
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
             if not transient(exc):
@@ -112,17 +109,6 @@ def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = nev
             log.warning("%s: %s failed (%s); re-sending in %.2fs", who, what,
                         type(typed(exc)).__name__, wait)
             yield Sleep(wait)
-
-
-def one_via_batcher(call: Any) -> Logic:
-    """One call sent as a one-call batch over the driver's Batcher (on a Cluster under C:
-    the C core to its slot's master, a MOVED/ASK reply followed through redis-py), its
-    error reply raised typed, as the call itself would raise it. Sent once: a cut reply
-    raises :class:`~emqfast.errors.ReplyLost`, as from the client's own path."""
-    [reply] = yield Batch([call], via_batcher=True)
-    if isinstance(reply, BaseException):
-        raise reply
-    return reply
 
 
 def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None,

@@ -222,10 +222,6 @@ class Worker(WorkerMachine):
         self._setup_stops(job_timeout_ms, cancel_grace_ms)
         self._ended: List[int] = []  # per handler slot: runs ended (see _in_hand)
         self._setup(queue, handler, batch_floor=DEFAULT_BATCH, crew=crew, **options)
-        # on a Cluster under C, claims and starts take the C core to the queue's slot's
-        # master (the Batcher's one-slot path), not redis-py's cluster routing
-        self._calls_via_batcher = backend.current() == "c" and hasattr(queue.redis,
-                                                                       "nodes_manager")
         if self._procs is not None:
             self._holding.floor = self.concurrency
         self._setup_slots()
