@@ -622,3 +622,40 @@ def test_one_slot_script_batches_reach_the_slots_master_and_follow_a_move(cluste
         batcher.close()
         for k in [key, *others]:
             conn.delete(k)
+
+
+def test_a_worker_drains_each_job_once_while_its_slot_moves_mid_drain(cluster, conn, qname,
+                                                                    backend):
+    """Resharding under a running Worker: while it holds claimed jobs its queue's slot
+    moves to another master. Its claims, starts and outcome writes that meet MOVED or
+    ASK did not run and are sent on; every job runs exactly once and ends completed on
+    the new master."""
+    n = 40
+    q = Queue(qname, conn)
+    q.enqueue_many(list(range(n)))
+    slot = slot_of(qname)
+    src = cluster.owner_port(slot)
+    dst = next(p for p in cluster.ports if p != src)
+    seen: list = []
+    half, moved = threading.Event(), threading.Event()
+
+    def handler(job):
+        seen.append(job.payload)
+        if len(seen) == n // 2:  # the worker holds claimed jobs meanwhile: they start later
+            half.set()
+            assert moved.wait(60), "the slot did not move"
+
+    worker = Worker(q, handler, concurrency=1, batch_size=4, lease_ms=30_000)
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(stats=worker.run_until_idle(120)))
+    runner.start()
+    try:
+        assert half.wait(60), f"the drain stalled at {len(seen)} jobs"
+        assert migrate_slot(cluster, slot, dst) >= 1
+    finally:
+        moved.set()
+        runner.join(120)
+    assert not runner.is_alive() and done["stats"].completed == n
+    assert sorted(seen) == list(range(n))  # each job once
+    assert q.counts()["completed"] == n and q.counts()["active"] == 0
+    assert keys_on_node(src, qname) == set() and cluster.owner_port(slot) == dst
