@@ -119,27 +119,9 @@ end
 local first = emq_pack_delayed(run_at, 0)
 local tier = priority * 4294967296
 local created = emq_int(now)
--- A parked job's hash also holds its run-at (as admit.lua writes it): its fields after
--- 'created', per encoding (a few: made once each).
-local parked_at = dscore and emq_int(run_at)
-local parked_tails = {}
-local function parked_tail(enc)
-  local tail = parked_tails[enc]
-  if not tail then
-    tail = {}
-    if enc ~= 'j' then tail[#tail + 1], tail[#tail + 2] = 'enc', enc end
-    if opts ~= '' then tail[#tail + 1], tail[#tail + 2] = 'opts', opts end
-    tail[#tail + 1], tail[#tail + 2] = 'run_at', parked_at
-    parked_tails[enc] = tail
-  end
-  return tail
-end
 -- A job's hash, fields in enqueue.lua's order (defaults not stored: see admit.lua).
 local function write_job(key, payload, ps, enc)
-  if parked_at then
-    redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created,
-      unpack(parked_tail(enc)))  -- at most 6 values
-  elseif enc == 'j' then
+  if enc == 'j' then
     if opts == '' then
       redis.call('HSET', key, 'payload', payload, 'ps', ps, 'created', created)
     else

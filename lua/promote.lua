@@ -1,8 +1,8 @@
 -- promote.lua: release due delayed jobs to pending, on the server clock. Each
 -- job rejoins pending with its original score (priority tier + arrival counter),
--- so released jobs run in mint order within their tier. A released job's hash holds
--- its 'run_at', so its wait is measured from when it became due: a job parked by
--- enqueue stores it already, others get it stamped here. (The move itself is
+-- so released jobs run in mint order within their tier. A parked job's hash holds
+-- no state and no run-at (its delayed score has it): the release stamps 'run_at',
+-- so the job's wait is measured from when it became due. (The move itself is
 -- includes/promote.lua's, shared with promote_many.lua.)
 --
 -- KEYS[1] delayed_key  delayed zset    emq:{q}:delayed

@@ -17,10 +17,8 @@ from emqfast.facade.options import DEFAULT_BACKOFF
 from emqfast.facade.schedules import occurrence_job_id
 from engine_util import server_ms
 
-# a waiting job has no state (its set says it); a parked one also holds its run_at, which
-# its release (promote) then leaves as it is
+# a waiting job has no state (its set says it) and a parked one no run_at (its score has it)
 COMPACT_WAITING = {b"payload", b"ps", b"created"}
-COMPACT_PARKED = COMPACT_WAITING | {b"run_at"}
 LEGACY_OPTS = b'{"a":3,"p":0,"b":[1,1000,60000,0.0,0]}'  # what every job stored before
 
 
@@ -50,18 +48,11 @@ def test_default_jobs_store_no_opts_enc_or_attempts_and_read_back(r, qname, back
     later = q.enqueue_in({"n": "later"}, 3_600_000)
     for ref in [one, *many]:
         assert set(fields(r, q, ref.id)) == COMPACT_WAITING
-    assert set(fields(r, q, later.id)) == COMPACT_PARKED
+    assert set(fields(r, q, later.id)) == COMPACT_WAITING
     assert later.status == "scheduled"
     assert [q.get(ref.id).state for ref in (one, later)] == ["pending", "scheduled"]
     parked = q.get(later.id).run_at_ms  # read back from the delayed score, to the ms
     assert parked == q.get(later.id).created_ms + 3_600_000
-    assert int(fields(r, q, later.id)[b"run_at"]) == parked
-    # enqueue_many parks the same fields, encoded and tuned jobs keep theirs beside it
-    batch = q.enqueue_many([{"n": "b"}, b"raw"], delay_ms=3_600_000, priority=3)
-    assert set(fields(r, q, batch[0].id)) == COMPACT_PARKED | {b"opts"}
-    assert set(fields(r, q, batch[1].id)) == COMPACT_PARKED | {b"opts", b"enc"}
-    assert {int(fields(r, q, ref.id)[b"run_at"]) for ref in batch} \
-        == {q.get(ref.id).run_at_ms for ref in batch}
     for ref, payload in [(one, {"n": 1}), *zip(many, [{"n": i} for i in range(3)]),
                          (later, {"n": "later"})]:
         job = q.get(ref.id)
@@ -164,28 +155,20 @@ def test_schedules_with_default_options_mint_compact_jobs(r, qname, backend):
 
 
 def test_a_waiting_jobs_state_is_the_set_holding_it(r, qname, backend):
-    """Waiting jobs store no state (readers derive it) and parked ones their run-at, which
-    a released job keeps, so its wait is measured from when it was due. A parked hash
-    without it, or holding another (as older versions parked jobs), is stamped on release:
-    every released job reads the same."""
+    """Waiting jobs store no state and parked ones no run-at; readers derive both, and
+    promote stamps the run-at on release so the wait is measured from when it was due."""
     from engine_util import wait_server_past
 
     q = Queue(qname, r)
     ref = q.enqueue_in({"n": 1}, 200)
-    bare = q.enqueue_in({"n": 2}, 200)  # parked as before: no run_at in its hash
-    stale = q.enqueue_in({"n": 3}, 200)  # parked holding an earlier run's run_at
-    r.hdel(q.keys.job(bare.id), "run_at")
-    r.hset(q.keys.job(stale.id), "run_at", 1)
     parked = q.get(ref.id)
     assert (parked.state, b"state" in fields(r, q, ref.id)) == ("scheduled", False)
+    assert b"run_at" not in fields(r, q, ref.id)
+    wait_server_past(r, parked.run_at_ms)
+    assert q.promote() == 1
     assert int(fields(r, q, ref.id)[b"run_at"]) == parked.run_at_ms
-    due = {j: q.get(j).run_at_ms for j in (ref.id, bare.id, stale.id)}
-    wait_server_past(r, max(due.values()))
-    assert q.promote() == 3
-    for job_id, run_at in due.items():
-        assert int(fields(r, q, job_id)[b"run_at"]) == run_at
-        released = q.get(job_id)
-        assert (released.state, released.run_at_ms) == ("pending", run_at)
+    released = q.get(ref.id)
+    assert (released.state, released.run_at_ms) == ("pending", parked.run_at_ms)
     # a hash still naming its waiting state (written before this layout) reads the same
     r.hset(q.keys.job(ref.id), "state", "scheduled")
     assert q.get(ref.id).state == "pending"

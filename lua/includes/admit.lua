@@ -7,10 +7,9 @@
 -- Fields holding their defaults are not stored (readers supply them): 'enc' when
 -- 'j' (JSON), 'opts' when empty (the library defaults, see emqfast/options.py),
 -- 'attempts' while 0 (start.lua creates it). A waiting job has no 'state' (the set
--- holding it says pending or scheduled), which keeps the hashes of the millions of jobs
--- a queue may hold waiting small. A parked one stores its 'run_at' in the same write: its
--- release (promote.lua, one of the millions of jobs of a backlog per call) then finds it
--- there and writes nothing to the hash.
+-- holding it says pending or scheduled) and a parked one no 'run_at' (its delayed
+-- score holds it to the ms; promote.lua stamps it on release), which keeps the
+-- hashes of the millions of jobs a queue may hold waiting small.
 -- `dscore` is the delayed score from emq_admit_score (read before the caller's first
 -- write); nil reads it here.
 local function emq_admit(job_key, pending, delayed, marker, counter,
@@ -27,10 +26,6 @@ local function emq_admit(job_key, pending, delayed, marker, counter,
   if opts ~= '' then
     fields[#fields + 1] = 'opts'
     fields[#fields + 1] = opts
-  end
-  if scheduled then
-    fields[#fields + 1] = 'run_at'
-    fields[#fields + 1] = emq_int(run_at)
   end
   redis.call('HSET', job_key, unpack(fields))
   if scheduled then

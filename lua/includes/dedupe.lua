@@ -138,7 +138,7 @@ local function emq_dedupe_replace(x, cur, holder, lane, delayed, marker, payload
   if dscore then
     redis.call('ZREM', lane, holder)
     redis.call('ZADD', delayed, dscore, holder)
-    redis.call('HSET', cur, 'run_at', emq_int(run_at))  -- parked: its release reads it
+    redis.call('HDEL', cur, 'run_at')  -- a parked job's run-at is its delayed score
     emq_wake_at(marker, run_at)
     return 'scheduled'
   end

@@ -1,10 +1,9 @@
 -- includes/promote.lua: release due delayed jobs of one queue to its pending set, on the
 -- server clock: promote.lua's move for one queue, and promote_many.lua's for each of many.
 -- Each job rejoins pending with its original score (priority tier + arrival counter), so
--- released jobs run in mint order within their tier. A released job's hash holds its
--- 'run_at' (its wait is measured from when it became due): the scripts that park a job
--- store it with the job's other fields, so the release reads it beside 'ps' and writes
--- the hash only when it lacks that run-at (a job parked before they did) or holds another.
+-- released jobs run in mint order within their tier. A parked job's hash holds no state
+-- and no run-at (its delayed score has it): the release stamps 'run_at', so the job's wait
+-- is measured from when it became due.
 --
 -- The ids are the caller's ARGV[a0 + 1 .. a0 + n] and their job hashes KEYS[k0 + 1 .. k0 + n]
 -- (read in place: no copy of a list the caller sizes). Every check that can fail is the
@@ -99,9 +98,8 @@ end
 
 -- Move the due ones of the n ids from delayed kd to pending kp (a flat set or a group's
 -- lane), with their 'promoted' events on ke (cap: emq_events_cap's) and a wake on marker km;
--- returns how many were released. Per job, in list order: one read of its pending score and
--- stored run-at, and a run-at stamp only when that is not the due ms of its delayed score
--- (the text made once per delayed score met: a batch shares a few). A due id whose
+-- returns how many were released. Per job, in list order: its pending score and its run-at
+-- stamp (the text made once per delayed score met: a batch shares a few). A due id whose
 -- hash is gone still leaves delayed (an orphan) but is not released. The events go in
 -- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end (a single
 -- entry, as emq_event writes it, by its own XADD).
@@ -115,8 +113,7 @@ local function emq_promote_ids(kd, kp, km, ke, cap, bound, a0, k0, n)
     if score then
       local id, key = ARGV[a0 + j], KEYS[k0 + j]
       gone[#gone + 1] = id
-      local got = redis.call('HMGET', key, 'ps', 'run_at')
-      local ps = got[1]
+      local ps = redis.call('HGET', key, 'ps')
       if ps then
         scored[#scored + 1] = ps
         scored[#scored + 1] = id
@@ -125,7 +122,7 @@ local function emq_promote_ids(kd, kp, km, ke, cap, bound, a0, k0, n)
         elseif score ~= last_score then
           last_score, run_at = score, emq_int(emq_unpack_delayed(score))
         end
-        if got[2] ~= run_at then redis.call('HSET', key, 'run_at', run_at) end
+        redis.call('HSET', key, 'run_at', run_at)
         released[#released + 1] = id
       end
     end
