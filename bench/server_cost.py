@@ -238,7 +238,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--reps", type=int, default=3, help="repetitions (median; default 3)")
     p.add_argument("--compare", metavar="REF", default=None, help="also measure commit REF")
     p.add_argument("--only", default="enqueue,enqueue_quiet,lifecycle,promote",
-                   help="comma-separated workloads (enqueue, enqueue_quiet, lifecycle, promote)")
+                   help="comma-separated workloads (enqueue, enqueue_quiet, lifecycle, promote,"
+                        " promote_due: N jobs due at one instant, bench.promote's 1M case)")
     args = p.parse_args(argv)
     srv = server.start(private=True)
     try:

@@ -8,7 +8,8 @@ earlier commit has too (``Queue.enqueue_many``, ``Worker``, ``Queue.promote``).
 WORKLOAD: ``enqueue`` (enqueue_many of N 100-byte payloads, due now), ``enqueue_quiet``
 (the same with the queue's events off: the events' cost by difference), ``lifecycle`` (a
 Worker drains N pending jobs with a no-op handler: claim + start + complete), ``promote``
-(N due delayed jobs moved to pending by ``Queue.promote``). The JSON holds the timed
+(N due delayed jobs moved to pending by ``Queue.promote``), ``promote_due`` (the same, N
+jobs due at one instant, as ``bench.promote``'s 1M workload times it). The JSON holds the timed
 region's wall seconds, this process's CPU seconds and the server's CPU deltas
 (``INFO cpu`` and ``INFO commandstats``), measured here around that region only.
 """
@@ -89,8 +90,34 @@ def promote(q: Any, n: int) -> Dict[str, float]:
     return out
 
 
+def promote_due(q: Any, n: int) -> Dict[str, float]:
+    """``bench.promote``'s big workload: N jobs parked due at one instant (as a backlog of
+    one schedule falls due), released by ``Queue.promote`` 10,000 per call."""
+    def now_ms() -> int:
+        seconds, micros = q.redis.time()
+        return seconds * 1000 + micros // 1000
+    run_at = now_ms() + 2_000 + n // 20  # every job parked before the first is due
+    payloads = data(min(n, 50_000))
+    for start in range(0, n, 50_000):
+        q.enqueue_many(payloads[:min(50_000, n - start)], run_at_ms=run_at)
+    assert q.redis.zcard(q.keys.delayed) == n, "jobs fell due while parking"
+    while now_ms() <= run_at:
+        time.sleep(0.05)
+    moved = [0]
+
+    def body() -> None:
+        while True:
+            got = q.promote(limit=10_000)
+            if not got:
+                break
+            moved[0] += got
+    out = measured(q.redis, body)
+    assert moved[0] == n and q.redis.zcard(q.keys.pending) == n, "not every job promoted"
+    return out
+
+
 WORKLOADS = {"enqueue": enqueue, "enqueue_quiet": enqueue_quiet, "lifecycle": lifecycle,
-             "promote": promote}
+             "promote": promote, "promote_due": promote_due}
 
 
 def main(argv: List[str]) -> None:
