@@ -158,11 +158,17 @@ def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 # --- the asyncio driver -------------------------------------------------------------------
 
 async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None,
-                    gate: Any = None) -> _R:
+                    gate: Any = None, client_of: Optional[Callable[[], Any]] = None) -> _R:
     """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk);
     ``waits`` performs a Worker's waits (its ``perform`` returns coroutines); ``gate`` (an
     ``asyncio.Semaphore``) bounds how many requests of its users are in flight at once. A
-    cancellation is not thrown into the operation: it closes it and propagates."""
+    cancellation is not thrown into the operation: it closes it and propagates.
+
+    ``client_of`` (instead of ``client``) returns the client once the coroutine runs, in
+    its event loop: a coroutine made outside its loop still gets that loop's client,
+    with no coroutine wrapped around this one to pick it."""
+    if client_of is not None:
+        client = client_of()
     try:
         request = op.send(None)
         while True:

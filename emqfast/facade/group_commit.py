@@ -40,7 +40,7 @@ from emqfast.core.ops import Batch, Cmd, Request, Returns
 from emqfast.facade.admission import (ADMITTED, Job, Shared, Wait, check_replicated,
                                       enqueue_call)
 from emqfast.facade.enqueue_batch import MANY_CHUNK, many_columns
-from emqfast.facade.job import JobRef, refs_of
+from emqfast.facade.job import JobRef, ref_of, refs_of
 
 __all__ = ["Entry", "flush_op", "LIMIT"]
 
@@ -79,7 +79,7 @@ def _lone(k: QueueKeys, wait: Wait, entry: Entry) -> Returns[Outcome]:
         replies = yield Batch([call], via_batcher=True, wait=wait)
         if isinstance(replies[0], Exception):
             raise replies[0]
-        ref = JobRef(entry.job.id, ADMITTED.get(int(replies[0]), "duplicate"))
+        ref = ref_of(entry.job.id, ADMITTED.get(int(replies[0]), "duplicate"))
         if wait is not None:
             check_replicated([ref], replies[1], wait)
         return ref
