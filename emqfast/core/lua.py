@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         name: str
         raw: str
         source: str
+        source_bytes: bytes
         sha: str
         fixed_keys: int
         variadic: bool

@@ -252,36 +252,39 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         that fails too. Jobs with ``dedupe_key`` or ``depends_on`` are sent alone (see
         :mod:`emqfast.facade.group_commit`).
         """
-        # Every return binds its ref to this queue (ref.wait(): facade/job_wait.py) here,
-        # not through @binds_refs: one generator layer less on the per-request path.
-        data, enc = codec.encode(payload, self.max_payload_bytes)
+        data, enc = codec.encode(payload, self.max_payload_bytes)  # (refs bound here: _bind)
         if attempts is None and backoff is None and delay_ms is None and run_at_ms is None \
-                and dedupe_key is None and dedupe_ms is None and dedupe is None \
-                and expires_ms is None and group is None and depends_on is None \
-                and timeout_ms is None and partition_key is None and type(priority) is int \
-                and priority == 0:  # no options (the per-request path): nothing to check
-            shared = self._plain_shared()
-            job = Job(ids.new_id() if job_id is None else check_new_job_id(job_id), data, enc)
+                and dedupe_key is None and dedupe_ms is None and dedupe is None and group is None \
+                and expires_ms is None and depends_on is None and timeout_ms is None \
+                and partition_key is None and type(priority) is int and priority == 0:
+            shared, key = self._plain_shared(), None  # no options: the per-request path
         else:
             shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
                                   timeout_ms, partition_key)
-            job = Job(ids.new_id() if job_id is None else check_new_job_id(job_id), data, enc)
             key, shared = _with_extras(shared, dedupe_key, dedupe_ms, dedupe, expires_ms,
                                        depends_on is not None)
-            if key is not None:  # reads the key's holder first (facade/keyed.py)
-                return self._bind((yield from admit_one(self.keys, job, shared, key,
-                                                        self._wait)))
-            if depends_on is not None:  # waits for other jobs first (facade/deps.py)
-                return self._bind((yield from deps.enqueue_op(
-                    self.keys, job, shared, depends_on, on_dep_failure, self._wait)))
+        job = Job(ids.new_id() if job_id is None else check_new_job_id(job_id), data, enc)
+        if key is not None or depends_on is not None:  # multi-step paths, never gathered
+            return self._bind((yield from self._admit_alone(job, shared, key, depends_on,
+                                                            on_dep_failure)))
         if self.group_commit:  # shares a call with concurrent enqueues (facade/group_commit.py)
-            ref: JobRef = yield Gathered(self._gather_key, Entry(job, shared), self._flush,
-                                         LIMIT)
+            ref: JobRef = yield Gathered(self._gather_key, Entry(job, shared), self._flush, LIMIT)
             return self._bind(ref)
         outcome = (yield from flush_op(self.keys, self._wait, [Entry(job, shared)]))[0]
         if isinstance(outcome, BaseException):
             raise outcome
         return self._bind(outcome)
+
+    def _admit_alone(self, job: Job, shared: Shared, key: Optional[str],
+                     depends_on: Optional[Iterable[Any]], on_dep_failure: str
+                     ) -> Returns[JobRef]:
+        """A single enqueue's multi-step paths (never gathered): with a dedupe ``key`` it
+        reads the key's holder first (facade/keyed.py); with ``depends_on`` it waits for
+        other jobs first (facade/deps.py)."""
+        if key is not None:
+            return (yield from admit_one(self.keys, job, shared, key, self._wait))
+        return (yield from deps.enqueue_op(self.keys, job, shared, depends_on, on_dep_failure,
+                                           self._wait))
 
     def enqueue_at(self, payload: Any, run_at_ms: RunAt, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (compared with the server clock):
