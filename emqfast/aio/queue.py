@@ -64,7 +64,9 @@ class Queue(AioQueueWaiting, _SyncQueue):
         self._clients = LoopClients(client)
 
     def _drive(self, op: Op) -> Any:
-        return self._run(op)
+        # the client is picked once running (a coroutine made outside its loop still
+        # works), by run_async itself: no coroutine layer around it on the hot path
+        return run_async(None, op, client_of=self._clients.current)
 
     @property
     def schedules(self) -> Schedules:
@@ -81,10 +83,6 @@ class Queue(AioQueueWaiting, _SyncQueue):
         if not isinstance(parts, Groups):
             parts = self._groups = Groups(self)
         return parts
-
-    async def _run(self, op: Op) -> Any:
-        # the client is picked once running: a coroutine made outside its loop still works
-        return await run_async(self.redis, op)
 
     def _live_batcher(self) -> Any:  # pragma: no cover - the async driver never asks for one
         raise TypeError("emqfast.aio.Queue has no blocking Batcher")

@@ -119,7 +119,7 @@ def _perform(client: Any, req: Request, batcher: Optional[BatcherSource]) -> Any
         # ``wait`` only when set: the Batchers' wrappers forward positional arguments
         waited = (req.wait,) if req.wait else ()
         return _with_batcher(client, batcher, lambda b: b.evalsha_columns(
-            req.script.sha, req.script.source.encode(), req.numkeys, req.slots, req.columns,
+            req.script.sha, req.script.source_bytes, req.numkeys, req.slots, req.columns,
             *waited))
     if isinstance(req, Scan):
         return list(client.scan_iter(match=req.match, count=req.count))
@@ -158,11 +158,17 @@ def _watched_sync(client: Any, req: Watched) -> Tuple[Any, List[Any]]:
 # --- the asyncio driver -------------------------------------------------------------------
 
 async def run_async(client: Any, op: Returns[_R], waits: Optional[Waits] = None,
-                    gate: Any = None) -> _R:
+                    gate: Any = None, client_of: Optional[Callable[[], Any]] = None) -> _R:
     """Drive ``op`` to completion over a ``redis.asyncio`` client (pipelines for bulk);
     ``waits`` performs a Worker's waits (its ``perform`` returns coroutines); ``gate`` (an
     ``asyncio.Semaphore``) bounds how many requests of its users are in flight at once. A
-    cancellation is not thrown into the operation: it closes it and propagates."""
+    cancellation is not thrown into the operation: it closes it and propagates.
+
+    ``client_of`` (instead of ``client``) returns the client once the coroutine runs, in
+    its event loop: a coroutine made outside its loop still gets that loop's client,
+    with no coroutine wrapped around this one to pick it."""
+    if client_of is not None:
+        client = client_of()
     try:
         request = op.send(None)
         while True:
@@ -254,7 +260,7 @@ def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[An
     if len(calls) == 1 and not wait:  # one call (a single enqueue): no grouping to do
         script, keys, args = calls[0]
         try:
-            [reply] = batcher.evalsha_many(script.sha, script.source.encode(), len(keys),
+            [reply] = batcher.evalsha_many(script.sha, script.source_bytes, len(keys),
                                            [[*keys, *args]])
         except errors.ConnectionFailed as cut:
             got = getattr(cut, "replies", None) or [UNSENT]
@@ -270,12 +276,12 @@ def run_calls(batcher: Any, calls: Sequence[Call], wait: Wait = None) -> List[An
         rows = [[*keys, *args] for _, keys, args in (calls[i] for i in members)]
         try:
             if wait:
-                got = batcher.evalsha_many(script.sha, script.source.encode(), numkeys, rows,
+                got = batcher.evalsha_many(script.sha, script.source_bytes, numkeys, rows,
                                            wait)  # positional: wrappers forward *args
                 acked = got[-1] if acked is None else min(acked, got[-1])
                 got = got[:-1]
             else:
-                got = batcher.evalsha_many(script.sha, script.source.encode(), numkeys, rows)
+                got = batcher.evalsha_many(script.sha, script.source_bytes, numkeys, rows)
         except errors.ConnectionFailed as cut:  # earlier groups landed: report them too
             for i, reply in zip(members, getattr(cut, "replies", None) or [UNSENT] * len(rows)):
                 replies[i] = _typed(reply)

@@ -33,7 +33,10 @@ class LuaSource:
         self.name = name
         self.raw = raw
         self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
+        # encoded once: the C Batcher takes the source (to load it on NOSCRIPT) with
+        # every call, a single enqueue's included
+        self.source_bytes = source.encode()
+        self.sha = hashlib.sha1(self.source_bytes).hexdigest()
         header = raw.split("\n\n", 1)[0]
         declared = _HEADER_KEY.findall(header)
         self.fixed_keys = sum(1 for _, variadic in declared if not variadic)
@@ -70,6 +73,7 @@ if TYPE_CHECKING:
         name: str
         raw: str
         source: str
+        source_bytes: bytes
         sha: str
         fixed_keys: int
         variadic: bool

@@ -40,7 +40,7 @@ from emqfast.core.ops import Batch, Cmd, Request, Returns
 from emqfast.facade.admission import (ADMITTED, Job, Shared, Wait, check_replicated,
                                       enqueue_call)
 from emqfast.facade.enqueue_batch import MANY_CHUNK, many_columns
-from emqfast.facade.job import JobRef, refs_of
+from emqfast.facade.job import JobRef, ref_of, refs_of
 
 __all__ = ["Entry", "flush_op", "LIMIT"]
 
@@ -61,8 +61,11 @@ def flush_op(k: QueueKeys, wait: Wait, entries: Sequence[Entry]) -> Returns[List
     """Send ``entries`` (all of queue ``k``); one outcome per entry, in order."""
     if len(entries) == 1:
         return [(yield from _lone(k, wait, entries[0]))]
+    parts = _parts(entries)
+    if len(parts) == 1 and len(parts[0][0]) == len(entries):  # one call for them all
+        return (yield from _send(k, wait, list(entries), parts[0][1]))
     outcomes: List[Outcome] = [InvalidInput("not sent")] * len(entries)
-    for picks, columnar in _parts(entries):
+    for picks, columnar in parts:
         got = yield from _send(k, wait, [entries[i] for i in picks], columnar)
         for i, outcome in zip(picks, got):
             outcomes[i] = outcome
@@ -79,7 +82,7 @@ def _lone(k: QueueKeys, wait: Wait, entry: Entry) -> Returns[Outcome]:
         replies = yield Batch([call], via_batcher=True, wait=wait)
         if isinstance(replies[0], Exception):
             raise replies[0]
-        ref = JobRef(entry.job.id, ADMITTED.get(int(replies[0]), "duplicate"))
+        ref = ref_of(entry.job.id, ADMITTED.get(int(replies[0]), "duplicate"))
         if wait is not None:
             check_replicated([ref], replies[1], wait)
         return ref
@@ -90,6 +93,12 @@ def _lone(k: QueueKeys, wait: Wait, entry: Entry) -> Returns[Outcome]:
 def _parts(entries: Sequence[Entry]) -> List[Tuple[List[int], bool]]:
     """The flush's round trips: ``(entry indexes, columnar)``. Plain jobs sharing their
     options make one enqueue_many.lua call each; the rest go as one pipeline of calls."""
+    first = entries[0].shared
+    if first.group is None and first.extras is None \
+            and all(entry.shared is first for entry in entries):
+        # the common case: every job took its queue's one default Shared (no options),
+        # so one call, without hashing a Shared per job
+        return [(list(range(len(entries))), True)]
     plain: Dict[Shared, List[int]] = {}
     each: List[int] = []
     for i, entry in enumerate(entries):

@@ -66,6 +66,16 @@ class JobRef:
         return self._queue._wait_one(self.id, timeout_s)
 
 
+def ref_of(job_id: str, status: str) -> JobRef:
+    """``JobRef(job_id, status)``, built without the frozen dataclass's ``__init__`` (a
+    single enqueue makes one per call). Same object, same fields."""
+    ref = JobRef.__new__(JobRef)
+    fields = ref.__dict__
+    fields["id"] = job_id
+    fields["status"] = status
+    return ref
+
+
 def refs_of(ids: Iterable[str], statuses: Iterable[str]) -> List[JobRef]:
     """``[JobRef(id, status), ...]``, built a third faster than through the frozen
     dataclass's ``__init__`` (two ``object.__setattr__`` calls per ref): a bulk enqueue

@@ -164,7 +164,7 @@ class QueueWaiting:
 
     def _bind(self, ref: JobRef) -> JobRef:
         """``ref``, knowing this queue (what ``ref.wait()`` goes through)."""
-        object.__setattr__(ref, "_queue", self)
+        ref.__dict__["_queue"] = self  # (frozen: no setattr; not a field, see JobRef)
         return ref
 
     def _wait_one(self, job_id: str, timeout_s: Optional[float]) -> Any:

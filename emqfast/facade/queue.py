@@ -191,23 +191,29 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         if delay_ms is None and run_at_ms is None and timeout_ms is None and group is None \
                 and attempts is None and backoff is None and type(priority) is int \
                 and priority == 0:  # the defaults (the per-request path): one Shared per queue
-            opts = self._options(0, None, None)
-            made = self._default_shared
-            if made is None or made.opts is not opts:  # (the queue's defaults changed)
-                made = self._default_shared = Shared(opts, 0, admission.NOW, None)
-            stamped = tracing.stamp(opts)  # a span active: its traceparent (facade/tracing.py)
-            return made if stamped is opts else made._replace(opts=stamped)
+            return self._plain_shared()
         # the producer's trace context rides in the options when otel is on (facade/tracing.py)
         opts = tracing.stamp(options.with_timeout(self._options(priority, attempts, backoff,
                                                                 group), timeout_ms))
         return Shared(opts, priority, admission.when(delay_ms, run_at_ms), group)
+
+    def _plain_shared(self) -> Shared:
+        """The :class:`Shared` of a job enqueued without options: this queue's defaults,
+        encoded once per queue; the producer's traceparent added when a span is active."""
+        made = self._default_shared
+        if made is None or made.opts is not self._options(0, None, None):
+            # first use, or the queue's defaults changed since (attempts / backoff are
+            # plain attributes a caller may set)
+            made = self._default_shared = Shared(self._options(0, None, None), 0,
+                                                 admission.NOW, None)
+        stamped = tracing.stamp(made.opts)  # a span active: its traceparent (facade/tracing.py)
+        return made if stamped is made.opts else made._replace(opts=stamped)
 
     def _fixed_keys(self) -> List[str]:
         """enqueue.lua's KEYS[2..7] for this queue."""
         return admission.fixed_keys(self.keys)
 
     @operation
-    @binds_refs  # the refs know this queue: ref.wait() (facade/job_wait.py)
     def enqueue(self, payload: Any, *, job_id: Optional[str] = None, priority: int = 0,
                 attempts: Optional[int] = None, backoff: Optional[Backoff] = None,
                 delay_ms: Optional[Delay] = None, run_at_ms: Optional[RunAt] = None,
@@ -246,26 +252,39 @@ class Queue(QueueInspection, QueueControl, QueueDependencies,
         that fails too. Jobs with ``dedupe_key`` or ``depends_on`` are sent alone (see
         :mod:`emqfast.facade.group_commit`).
         """
-        data, enc = codec.encode(payload, self.max_payload_bytes)
-        shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
-                              timeout_ms, partition_key)
-        job_id = ids.new_id() if job_id is None else check_new_job_id(job_id)
-        key, shared = _with_extras(shared, dedupe_key, dedupe_ms, dedupe, expires_ms,
-                                   depends_on is not None)
-        if key is not None:  # reads the key's holder first (facade/keyed.py)
-            return (yield from admit_one(self.keys, Job(job_id, data, enc), shared, key,
-                                         self._wait))
-        if depends_on is not None:  # waits for other jobs first (facade/deps.py)
-            return (yield from deps.enqueue_op(self.keys, Job(job_id, data, enc), shared,
-                                               depends_on, on_dep_failure, self._wait))
-        entry = Entry(Job(job_id, data, enc), shared)
+        data, enc = codec.encode(payload, self.max_payload_bytes)  # (refs bound here: _bind)
+        if attempts is None and backoff is None and delay_ms is None and run_at_ms is None \
+                and dedupe_key is None and dedupe_ms is None and dedupe is None and group is None \
+                and expires_ms is None and depends_on is None and timeout_ms is None \
+                and partition_key is None and type(priority) is int and priority == 0:
+            shared, key = self._plain_shared(), None  # no options: the per-request path
+        else:
+            shared = self._shared(priority, attempts, backoff, delay_ms, run_at_ms, group,
+                                  timeout_ms, partition_key)
+            key, shared = _with_extras(shared, dedupe_key, dedupe_ms, dedupe, expires_ms,
+                                       depends_on is not None)
+        job = Job(ids.new_id() if job_id is None else check_new_job_id(job_id), data, enc)
+        if key is not None or depends_on is not None:  # multi-step paths, never gathered
+            return self._bind((yield from self._admit_alone(job, shared, key, depends_on,
+                                                            on_dep_failure)))
         if self.group_commit:  # shares a call with concurrent enqueues (facade/group_commit.py)
-            ref: JobRef = yield Gathered(self._gather_key, entry, self._flush, LIMIT)
-            return ref
-        outcome = (yield from flush_op(self.keys, self._wait, [entry]))[0]
+            ref: JobRef = yield Gathered(self._gather_key, Entry(job, shared), self._flush, LIMIT)
+            return self._bind(ref)
+        outcome = (yield from flush_op(self.keys, self._wait, [Entry(job, shared)]))[0]
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return self._bind(outcome)
+
+    def _admit_alone(self, job: Job, shared: Shared, key: Optional[str],
+                     depends_on: Optional[Iterable[Any]], on_dep_failure: str
+                     ) -> Returns[JobRef]:
+        """A single enqueue's multi-step paths (never gathered): with a dedupe ``key`` it
+        reads the key's holder first (facade/keyed.py); with ``depends_on`` it waits for
+        other jobs first (facade/deps.py)."""
+        if key is not None:
+            return (yield from admit_one(self.keys, job, shared, key, self._wait))
+        return (yield from deps.enqueue_op(self.keys, job, shared, depends_on, on_dep_failure,
+                                           self._wait))
 
     def enqueue_at(self, payload: Any, run_at_ms: RunAt, **opts: Any) -> JobRef:
         """Add a job that becomes pending at ``run_at_ms`` (compared with the server clock):

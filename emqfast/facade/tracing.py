@@ -57,7 +57,9 @@ def available() -> bool:
 
 def current_traceparent() -> Optional[str]:
     """The W3C ``traceparent`` of the active span, or None (no extra, no valid span)."""
-    if _trace is None or not _trace.get_current_span().get_span_context().is_valid:
+    if _trace is None or not _context.get_current():  # (no context attached: no span)
+        return None
+    if not _trace.get_current_span().get_span_context().is_valid:
         return None
     carrier: Dict[str, str] = {}
     _propagator.inject(carrier)
