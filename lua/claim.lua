@@ -122,8 +122,9 @@ local function finish()
 end
 -- Lease tokens are the worker id and one fencing number of the counter.
 local function token_of(seq)
-  -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
-  return worker_id .. ':' .. (seq < 1e14 and seq or emq_int(seq))
+  -- ('%d' prints an integer as one: Lua's own number to text goes through '%.14g', a
+  -- float print per job; exact below 2^53, where the counter stays)
+  return string.format('%s:%d', worker_id, seq)
 end
 
 -- A re-sent claim (its reply was lost) pops nothing: when `rid` is the id of the worker's

@@ -44,11 +44,13 @@
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
 -- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
---          cancel} when the lease holds (attempts and the times as integers; enc, opts,
---          run_at nil when the hash omits them;
+--          cancel[, failed_before]} when the lease holds (attempts and the times as
+--          integers; enc, opts, run_at nil when the hash omits them;
 --          started = the start instant, server ms, which the Worker hands back to
 --          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
---          unstarted, so the Worker stops it as it starts, else nil), or 0
+--          unstarted, so the Worker stops it as it starts, else nil; failed_before, only
+--          present when the hash holds an earlier run's failure (an 'error' field), 1:
+--          its success must clear it, else the Worker tells complete.lua it need not), or 0
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
 --          queue is paused: the job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
@@ -158,8 +160,18 @@ local function expire(id, key, token)
   expired[#expired + 1] = id
 end
 
--- A stored time as a number (the reply's integer; false, a nil reply, for none).
-local function ms(v) return v and tonumber(v) or false end
+-- A stored time as a number (the reply's integer; false, a nil reply, for none). Parsed
+-- once per distinct text: a batch's jobs mostly share their creation ms.
+local parsed = {}
+local function ms(v)
+  if not v then return false end
+  local n = parsed[v]
+  if n == nil then
+    n = tonumber(v) or false
+    parsed[v] = n
+  end
+  return n
+end
 
 local out = {}
 local orphaned = 0
@@ -171,7 +183,7 @@ for i = 14, last_job do
   if held[i - 13] == token then
     -- one read of what the handler needs; no payload field means the hash is gone
     local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
-      'worker', 'started', 'exp', 'cancel')
+      'worker', 'exp', 'cancel', 'error')
     if not h[1] then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', leases_key, id)
@@ -180,20 +192,24 @@ for i = 14, last_job do
       emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
     elseif h[7] == token then
       -- a re-sent start: this token started it already; report that run, write nothing
+      local at = redis.call('HGET', key, 'started')
       row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], ms(h[4]), ms(h[6]),
-        tonumber(h[8] or stamp), h[10]}
-    elseif h[9] and not h[5] and now > (tonumber(h[9]) or now) then
+        tonumber(at or stamp), h[9]}
+      if h[10] then row[9] = 1 end
+    elseif h[8] and not h[5] and now > (tonumber(h[8]) or now) then
       expire(id, key, token)
     else
       local admitted, gw = window_admits(token, h[3])
       if admitted then
         local attempts = (tonumber(h[5] or '0') or 0) + 1
         -- (a first run's count as text: Redis prints a number argument with snprintf)
-        redis.call('HSET', key, 'attempts', attempts == 1 and '1' or attempts, 'state',
-          'active', 'started', stamp, 'worker', token)
+        local count = attempts == 1 and '1' or emq_int(attempts)
+        redis.call('HSET', key, 'attempts', count, 'state', 'active', 'started', stamp,
+          'worker', token)
         started[#started + 1] = id
-        started_attempts[#started_attempts + 1] = attempts
-        row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[10]}
+        started_attempts[#started_attempts + 1] = count
+        row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[9]}
+        if h[10] then row[9] = 1 end
       else
         defer(id, gw)
       end

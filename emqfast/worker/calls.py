@@ -228,8 +228,9 @@ class JobRows:
             return hit
         # no 'opts' (start.lua's nil) or an empty one: the library defaults
         parsed = options.decode(opts)  # PayloadError: the caller's
+        # (an 8-column row: start.lua found no earlier failure; job() says otherwise)
         base = dict(self._template, max_attempts=parsed.max_attempts,
-                    priority=parsed.priority, backoff=parsed.backoff)
+                    priority=parsed.priority, backoff=parsed.backoff, _clean_start=True)
         hit = (base, parsed.extra or None)
         if hit[1] is None:  # extra options may hold mutable values: each job parses its own
             if len(self._bases) >= self._MAX_CACHED:
@@ -267,11 +268,14 @@ class JobRows:
 
     def job(self, job_id: str, row: Any) -> Job:
         """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel]``
-        from start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
+        from start.lua, plus ``failed_before`` when the hash holds an earlier run's failure
+        (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
         JSON, the default options, never delayed; the times are ints, or bytes from rows
         of older scripts, which may end after ``created`` or ``started``). A ``cancel``
         mark (a cancel asked for while the job was held unstarted) sets
-        ``_cancel_at_start``: the Worker stops the run as it begins."""
+        ``_cancel_at_start``: the Worker stops the run as it begins. Only a full row
+        without ``failed_before`` sets ``_clean_start`` (complete.lua need not clear an
+        error)."""
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times[:2] if times else (None, None)
         undecodable = None
@@ -288,6 +292,7 @@ class JobRows:
                       extra=dict(extra) if extra else {})
         if undecodable is not None:
             fields["_undecodable"] = undecodable
+        fields["_clean_start"] = len(row) == 8
         if len(times) > 2 and times[2]:
             fields["_cancel_at_start"] = True
         job = _new_job(Job)
@@ -309,6 +314,8 @@ FREE_CHUNK = 2000  # finished grouped jobs per group_free.lua call
 
 
 _VERSION = KEYSPACE_VERSION.encode()
+# complete.lua's sixth argument: b"c" when start.lua found no earlier failure to clear
+_CLEAN = {True: b"c", False: b""}
 
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
@@ -346,7 +353,7 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
         at = memo.get(started)
         if at is None:
             at = memo[started] = b"%d" % started
-        args += (job_id, o.token.encode(), o.result, attempt, at, b"")
+        args += (job_id, o.token.encode(), o.result, attempt, at, _CLEAN[job._clean_start])
     return Call(_COMPLETE, keys, args), waits
 
 
