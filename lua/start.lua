@@ -160,6 +160,32 @@ local function expire(id, key, token)
   expired[#expired + 1] = id
 end
 
+-- One read of the job hash: every field (a fresh job has few, so this costs less than
+-- naming the ten a start may need: each named field is a lookup and a reply element),
+-- picked apart here. False for a field it lacks; no payload means the hash is gone.
+-- `failed`: it holds an earlier run's failure ('error').
+local function read_job(key)
+  local a = redis.call('HGETALL', key)
+  local payload, enc, opts, created, tries, run_at = false, false, false, false, false, false
+  local worker, at, exp, cancel, failed = false, false, false, false, false
+  for k = 1, #a, 2 do
+    local f = a[k]
+    if f == 'payload' then payload = a[k + 1]
+    elseif f == 'created' then created = a[k + 1]
+    elseif f == 'enc' then enc = a[k + 1]
+    elseif f == 'attempts' then tries = a[k + 1]
+    elseif f == 'worker' then worker = a[k + 1]
+    elseif f == 'started' then at = a[k + 1]
+    elseif f == 'opts' then opts = a[k + 1]
+    elseif f == 'run_at' then run_at = a[k + 1]
+    elseif f == 'exp' then exp = a[k + 1]
+    elseif f == 'cancel' then cancel = a[k + 1]
+    elseif f == 'error' then failed = true
+    end
+  end
+  return payload, enc, opts, created, tries, run_at, worker, at, exp, cancel, failed
+end
+
 -- A stored time as a number (the reply's integer; false, a nil reply, for none). Parsed
 -- once per distinct text: a batch's jobs mostly share their creation ms.
 local parsed = {}
@@ -181,35 +207,33 @@ for i = 14, last_job do
   local key = KEYS[i]
   local row = 0
   if held[i - 13] == token then
-    -- one read of what the handler needs; no payload field means the hash is gone
-    local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
-      'worker', 'exp', 'cancel', 'error')
-    if not h[1] then
+    local payload, enc, opts, created, tries, run_at, worker, at, exp, cancel, failed =
+      read_job(key)
+    if not payload then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', leases_key, id)
       redis.call('ZREM', active_key, id)
       orphaned = orphaned + 1
       emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
-    elseif h[7] == token then
+    elseif worker == token then
       -- a re-sent start: this token started it already; report that run, write nothing
-      local at = redis.call('HGET', key, 'started')
-      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], ms(h[4]), ms(h[6]),
-        tonumber(at or stamp), h[9]}
-      if h[10] then row[9] = 1 end
-    elseif h[8] and not h[5] and now > (tonumber(h[8]) or now) then
+      row = {tonumber(tries or '1') or 1, payload, enc, opts, ms(created), ms(run_at),
+        tonumber(at or stamp), cancel}
+      if failed then row[9] = 1 end
+    elseif exp and not tries and now > (tonumber(exp) or now) then
       expire(id, key, token)
     else
-      local admitted, gw = window_admits(token, h[3])
+      local admitted, gw = window_admits(token, opts)
       if admitted then
-        local attempts = (tonumber(h[5] or '0') or 0) + 1
+        local attempts = (tonumber(tries or '0') or 0) + 1
         -- (a first run's count as text: Redis prints a number argument with snprintf)
         local count = attempts == 1 and '1' or emq_int(attempts)
         redis.call('HSET', key, 'attempts', count, 'state', 'active', 'started', stamp,
           'worker', token)
         started[#started + 1] = id
         started_attempts[#started_attempts + 1] = count
-        row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[9]}
-        if h[10] then row[9] = 1 end
+        row = {attempts, payload, enc, opts, ms(created), ms(run_at), now, cancel}
+        if failed then row[9] = 1 end
       else
         defer(id, gw)
       end
