@@ -43,14 +43,15 @@
 -- ARGV[1] version          keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
--- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
---          cancel[, failed_before]} when the lease holds (attempts and the times as
+-- Returns: one flat array, nine values per job in pair order (a table per job would cost
+--          the reply a few us per job): attempts, payload, enc, opts, created, run_at,
+--          started, cancel, failed_before when the lease holds (attempts and the times as
 --          integers; enc, opts, run_at nil when the hash omits them;
 --          started = the start instant, server ms, which the Worker hands back to
 --          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
---          unstarted, so the Worker stops it as it starts, else nil; failed_before, only
---          present when the hash holds an earlier run's failure (an 'error' field), 1:
---          its success must clear it, else the Worker tells complete.lua it need not), or 0
+--          unstarted, so the Worker stops it as it starts, else nil; failed_before 1 when
+--          the hash holds an earlier run's failure (an 'error' field) its success must
+--          clear, else nil: the Worker tells complete.lua it need not), or 0 and eight nils
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
 --          queue is paused: the job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
@@ -199,13 +200,20 @@ local function ms(v)
   return n
 end
 
-local out = {}
+local out, nout = {}, 0
+-- One job's nine values (false: a nil in the reply).
+local function put(attempts, payload, enc, opts, created, run_at, at, cancel, failed)
+  out[nout + 1], out[nout + 2], out[nout + 3] = attempts, payload, enc
+  out[nout + 4], out[nout + 5], out[nout + 6] = opts, created, run_at
+  out[nout + 7], out[nout + 8], out[nout + 9] = at, cancel, failed
+  nout = nout + 9
+end
 local orphaned = 0
 local started, started_attempts = {}, {}  -- for the batched 'active' events
 for i = 14, last_job do
   local id, token = ARGV[2 * (i - 13)], ARGV[2 * (i - 13) + 1]
   local key = KEYS[i]
-  local row = 0
+  local ok = false
   if held[i - 13] == token then
     local payload, enc, opts, created, tries, run_at, worker, at, exp, cancel, failed =
       read_job(key)
@@ -217,9 +225,9 @@ for i = 14, last_job do
       emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
     elseif worker == token then
       -- a re-sent start: this token started it already; report that run, write nothing
-      row = {tonumber(tries or '1') or 1, payload, enc, opts, ms(created), ms(run_at),
-        tonumber(at or stamp), cancel}
-      if failed then row[9] = 1 end
+      put(tonumber(tries or '1') or 1, payload, enc, opts, ms(created), ms(run_at),
+        tonumber(at or stamp), cancel, failed and 1)
+      ok = true
     elseif exp and not tries and now > (tonumber(exp) or now) then
       expire(id, key, token)
     else
@@ -232,14 +240,14 @@ for i = 14, last_job do
           'worker', token)
         started[#started + 1] = id
         started_attempts[#started_attempts + 1] = count
-        row = {attempts, payload, enc, opts, ms(created), ms(run_at), now, cancel}
-        if failed then row[9] = 1 end
+        put(attempts, payload, enc, opts, ms(created), ms(run_at), now, cancel, failed and 1)
+        ok = true
       else
         defer(id, gw)
       end
     end
   end
-  out[#out + 1] = row
+  if not ok then put(0, false, false, false, false, false, false, false, false) end
 end
 if orphaned > 0 then redis.call('HINCRBY', metrics_key, 'orphaned', orphaned) end
 -- one event entry per 16 started jobs (readers expand it: see emq_events_batched)
