@@ -75,6 +75,9 @@ local outbox_key = KEYS[12]
 local expired_key = KEYS[13]
 local version = ARGV[1]
 
+-- (the per-job loops read these: a local is a register, a global a table lookup)
+local KEYS, ARGV, redis, tonumber = KEYS, ARGV, redis, tonumber
+
 -- J jobs (a key and two ARGV each) and G groups (a key and a name each)
 local njobs = #ARGV - #KEYS + 12
 local ngroups = #KEYS - 13 - njobs
@@ -138,6 +141,8 @@ local function window_admits(token, opts)
   if gw then emq_window_record(KEYS[gw.k], gw.span, token, now) end
   return true
 end
+-- No window, no pause: every start is admitted without asking (most queues).
+local unwindowed = not paused and not limited and next(gwin) == nil
 -- No room: the job waits (parked) until the fuller window's oldest start leaves it.
 local function defer(id, gw)
   local open = now + 1
@@ -231,7 +236,8 @@ for i = 14, last_job do
     elseif exp and not tries and now > (tonumber(exp) or now) then
       expire(id, key, token)
     else
-      local admitted, gw = window_admits(token, opts)
+      local admitted, gw = true, nil
+      if not unwindowed then admitted, gw = window_admits(token, opts) end
       if admitted then
         local attempts = (tonumber(tries or '0') or 0) + 1
         -- (a first run's count as text: Redis prints a number argument with snprintf)
