@@ -122,8 +122,9 @@ local function finish()
 end
 -- Lease tokens are the worker id and one fencing number of the counter.
 local function token_of(seq)
-  -- (Lua prints integers below 1e14 exactly; emq_int's string.format only past that)
-  return worker_id .. ':' .. (seq < 1e14 and seq or emq_int(seq))
+  -- ('%d' prints an integer as one: Lua's own number to text goes through '%.14g', a
+  -- float print per job; exact below 2^53, where the counter stays)
+  return string.format('%s:%d', worker_id, seq)
 end
 
 -- A re-sent claim (its reply was lost) pops nothing: when `rid` is the id of the worker's
@@ -219,6 +220,18 @@ end
 local count = #popped / 2
 if count == 0 then return nothing_claimed(unpassed, rate_open) end
 
+-- Leases and deadlines are looked up by job id in every later move (start, complete, reap,
+-- fail). Redis keeps a small hash (up to 512 fields by default) or zset (128) as a
+-- listpack, which every lookup and insert scans from its head: with a Worker's few hundred
+-- leases in flight those scans cost more Redis CPU than the rest of a job's lifecycle. One
+-- member longer than the listpack value limit (64 bytes by default) turns the leases hash
+-- and the active zset into a hash table and a skiplist, which Redis keeps until the key is
+-- emptied; it is written before a batch's leases and removed right after them, inside this
+-- script, so no reader ever sees it (the stored data is unchanged, only its encoding). Not
+-- for small claims: a few leases scan fast, and the two extra writes would cost more.
+local EMQ_HASHED_FROM = 8
+local EMQ_HASHED_MEMBER = 'emq:encoding:' .. string.rep('-', 115)  -- 128 bytes, never an id
+
 -- Lease the popped jobs (drawing tokens last - count + 1 .. last): a deadline in active, a
 -- token in leases and, when limited, a member of the queue's window each; their id/token
 -- pairs go into the reply. Returns their ids.
@@ -242,6 +255,11 @@ local function lease_popped(last)
     out[#out + 1] = id
     out[#out + 1] = token
   end
+  local hashed = count >= EMQ_HASHED_FROM
+  if hashed then
+    redis.call('HSET', leases_key, EMQ_HASHED_MEMBER, '1')
+    redis.call('ZADD', active_key, 0, EMQ_HASHED_MEMBER)
+  end
   -- (chunks of 2,000 pairs: Lua's unpack() fails past ~8,000 values, and it must never
   -- fail here, after the pop)
   for s = 1, #zargs, 4000 do
@@ -249,6 +267,10 @@ local function lease_popped(last)
     redis.call('ZADD', active_key, unpack(zargs, s, e))
     redis.call('HSET', leases_key, unpack(hargs, s, e))
     if limited then redis.call('ZADD', rate_key, unpack(rargs, s, e)) end
+  end
+  if hashed then
+    redis.call('HDEL', leases_key, EMQ_HASHED_MEMBER)
+    redis.call('ZREM', active_key, EMQ_HASHED_MEMBER)
   end
   return ids
 end

@@ -19,8 +19,11 @@
 -- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
 --          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
 --          the run as start.lua reported it to the Worker: attempt, started ms (server
---          clock), wait ms (due -> started; not read: '' will do); '' for all three: read
---          them from the job hash
+--          clock), and 'c' when start.lua's row had no failed_before mark (the hash held
+--          no earlier run's failure, and none can be written while this lease holds: only
+--          its holder's fail.lua, or a reap that drops it), so there is no 'error' to
+--          clear; anything else there (a wait ms, '') clears it; '' for all three: read
+--          attempt and started from the job hash
 -- Returns: one entry per job, in order: the run's times for the caller's histograms
 --          (via metrics_add.lua): given the run record, the run ms (started -> now; the
 --          caller knows the wait), else {wait ms, run ms} read from the hash (due ->
@@ -47,7 +50,7 @@ local outbox_key = KEYS[9]
 local version = ARGV[1]
 
 if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
-  return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/wait ' ..
+  return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/clean ' ..
     'group per job key')
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
@@ -66,6 +69,7 @@ for s = 2, #ARGV, 6 * 2000 do
   for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids))) do held[#held + 1] = v end
 end
 local out, done, scored, seen, attempts = {}, {}, {}, {}, {}
+local parsed = {}  -- start instants as numbers, parsed once per distinct text (a batch shares few)
 for i = 10, #KEYS do
   local a = 6 * (i - 10) + 2
   local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
@@ -74,7 +78,12 @@ for i = 10, #KEYS do
   if not seen[id] and held[i - 9] == token then
     seen[id] = true
     local entry, attempt
-    local started = tonumber(ARGV[a + 4])
+    local at = ARGV[a + 4]
+    local started = parsed[at]
+    if started == nil then
+      started = tonumber(at) or false
+      parsed[at] = started
+    end
     if started then  -- the Worker's own record of the run: no read of the hash, and
       -- the run alone comes back (the Worker knows the wait it sent)
       entry, attempt = math.max(now - started, 0), ARGV[a + 3]
@@ -85,7 +94,7 @@ for i = 10, #KEYS do
     end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
     -- an earlier attempt's failure is not this outcome's
-    redis.call('HDEL', key, 'error', 'traceback')
+    if ARGV[a + 5] ~= 'c' then redis.call('HDEL', key, 'error', 'traceback') end
     done[#done + 1] = id
     attempts[#attempts + 1] = attempt
     scored[#scored + 1] = finished  -- (text: a number would be printed per job)

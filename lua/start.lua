@@ -43,12 +43,15 @@
 -- ARGV[1] version          keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
--- Returns: one entry per job: {attempts, payload, enc, opts, created, run_at, started,
---          cancel} when the lease holds (attempts and the times as integers; enc, opts,
---          run_at nil when the hash omits them;
+-- Returns: one flat array, nine values per job in pair order (a table per job would cost
+--          the reply a few us per job): attempts, payload, enc, opts, created, run_at,
+--          started, cancel, failed_before when the lease holds (attempts and the times as
+--          integers; enc, opts, run_at nil when the hash omits them;
 --          started = the start instant, server ms, which the Worker hands back to
 --          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
---          unstarted, so the Worker stops it as it starts, else nil), or 0
+--          unstarted, so the Worker stops it as it starts, else nil; failed_before 1 when
+--          the hash holds an earlier run's failure (an 'error' field) its success must
+--          clear, else nil: the Worker tells complete.lua it need not), or 0 and eight nils
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
 --          queue is paused: the job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
@@ -71,6 +74,9 @@ local dependents_key = KEYS[11]
 local outbox_key = KEYS[12]
 local expired_key = KEYS[13]
 local version = ARGV[1]
+
+-- (the per-job loops read these: a local is a register, a global a table lookup)
+local KEYS, ARGV, redis, tonumber = KEYS, ARGV, redis, tonumber
 
 -- J jobs (a key and two ARGV each) and G groups (a key and a name each)
 local njobs = #ARGV - #KEYS + 12
@@ -135,6 +141,8 @@ local function window_admits(token, opts)
   if gw then emq_window_record(KEYS[gw.k], gw.span, token, now) end
   return true
 end
+-- No window, no pause: every start is admitted without asking (most queues).
+local unwindowed = not paused and not limited and next(gwin) == nil
 -- No room: the job waits (parked) until the fuller window's oldest start leaves it.
 local function defer(id, gw)
   local open = now + 1
@@ -158,48 +166,94 @@ local function expire(id, key, token)
   expired[#expired + 1] = id
 end
 
--- A stored time as a number (the reply's integer; false, a nil reply, for none).
-local function ms(v) return v and tonumber(v) or false end
+-- One read of the job hash: every field (a fresh job has few, so this costs less than
+-- naming the ten a start may need: each named field is a lookup and a reply element),
+-- picked apart here. False for a field it lacks; no payload means the hash is gone.
+-- `failed`: it holds an earlier run's failure ('error').
+local function read_job(key)
+  local a = redis.call('HGETALL', key)
+  local payload, enc, opts, created, tries, run_at = false, false, false, false, false, false
+  local worker, at, exp, cancel, failed = false, false, false, false, false
+  for k = 1, #a, 2 do
+    local f = a[k]
+    if f == 'payload' then payload = a[k + 1]
+    elseif f == 'created' then created = a[k + 1]
+    elseif f == 'enc' then enc = a[k + 1]
+    elseif f == 'attempts' then tries = a[k + 1]
+    elseif f == 'worker' then worker = a[k + 1]
+    elseif f == 'started' then at = a[k + 1]
+    elseif f == 'opts' then opts = a[k + 1]
+    elseif f == 'run_at' then run_at = a[k + 1]
+    elseif f == 'exp' then exp = a[k + 1]
+    elseif f == 'cancel' then cancel = a[k + 1]
+    elseif f == 'error' then failed = true
+    end
+  end
+  return payload, enc, opts, created, tries, run_at, worker, at, exp, cancel, failed
+end
 
-local out = {}
+-- A stored time as a number (the reply's integer; false, a nil reply, for none). Parsed
+-- once per distinct text: a batch's jobs mostly share their creation ms.
+local parsed = {}
+local function ms(v)
+  if not v then return false end
+  local n = parsed[v]
+  if n == nil then
+    n = tonumber(v) or false
+    parsed[v] = n
+  end
+  return n
+end
+
+local out, nout = {}, 0
+-- One job's nine values (false: a nil in the reply).
+local function put(attempts, payload, enc, opts, created, run_at, at, cancel, failed)
+  out[nout + 1], out[nout + 2], out[nout + 3] = attempts, payload, enc
+  out[nout + 4], out[nout + 5], out[nout + 6] = opts, created, run_at
+  out[nout + 7], out[nout + 8], out[nout + 9] = at, cancel, failed
+  nout = nout + 9
+end
 local orphaned = 0
 local started, started_attempts = {}, {}  -- for the batched 'active' events
 for i = 14, last_job do
   local id, token = ARGV[2 * (i - 13)], ARGV[2 * (i - 13) + 1]
   local key = KEYS[i]
-  local row = 0
+  local ok = false
   if held[i - 13] == token then
-    -- one read of what the handler needs; no payload field means the hash is gone
-    local h = redis.call('HMGET', key, 'payload', 'enc', 'opts', 'created', 'attempts', 'run_at',
-      'worker', 'started', 'exp', 'cancel')
-    if not h[1] then
+    local payload, enc, opts, created, tries, run_at, worker, at, exp, cancel, failed =
+      read_job(key)
+    if not payload then
       -- a lease on a job whose hash vanished: drop the lease, count it, say so
       redis.call('HDEL', leases_key, id)
       redis.call('ZREM', active_key, id)
       orphaned = orphaned + 1
       emq_event_untrimmed(events_key, cap, 'orphaned', 'id', id)
-    elseif h[7] == token then
+    elseif worker == token then
       -- a re-sent start: this token started it already; report that run, write nothing
-      row = {tonumber(h[5] or '1') or 1, h[1], h[2], h[3], ms(h[4]), ms(h[6]),
-        tonumber(h[8] or stamp), h[10]}
-    elseif h[9] and not h[5] and now > (tonumber(h[9]) or now) then
+      put(tonumber(tries or '1') or 1, payload, enc, opts, ms(created), ms(run_at),
+        tonumber(at or stamp), cancel, failed and 1)
+      ok = true
+    elseif exp and not tries and now > (tonumber(exp) or now) then
       expire(id, key, token)
     else
-      local admitted, gw = window_admits(token, h[3])
+      local admitted, gw = true, nil
+      if not unwindowed then admitted, gw = window_admits(token, opts) end
       if admitted then
-        local attempts = (tonumber(h[5] or '0') or 0) + 1
+        local attempts = (tonumber(tries or '0') or 0) + 1
         -- (a first run's count as text: Redis prints a number argument with snprintf)
-        redis.call('HSET', key, 'attempts', attempts == 1 and '1' or attempts, 'state',
-          'active', 'started', stamp, 'worker', token)
+        local count = attempts == 1 and '1' or emq_int(attempts)
+        redis.call('HSET', key, 'attempts', count, 'state', 'active', 'started', stamp,
+          'worker', token)
         started[#started + 1] = id
-        started_attempts[#started_attempts + 1] = attempts
-        row = {attempts, h[1], h[2], h[3], ms(h[4]), ms(h[6]), now, h[10]}
+        started_attempts[#started_attempts + 1] = count
+        put(attempts, payload, enc, opts, ms(created), ms(run_at), now, cancel, failed and 1)
+        ok = true
       else
         defer(id, gw)
       end
     end
   end
-  out[#out + 1] = row
+  if not ok then put(0, false, false, false, false, false, false, false, false) end
 end
 if orphaned > 0 then redis.call('HINCRBY', metrics_key, 'orphaned', orphaned) end
 -- one event entry per 16 started jobs (readers expand it: see emq_events_batched)

@@ -16,6 +16,7 @@ import redis
 import emqfast
 from emqfast.core import ids
 from emqfast.backends.scripts import load
+from emqfast.worker.calls import start_rows
 from emqfast.core.version import KEYSPACE_VERSION
 
 from waiting import wait_until
@@ -98,7 +99,7 @@ def claim(q: emqfast.Queue, worker: str, lease_ms: int, n: int = 1) -> List[tupl
                                        k.delayed, k.marker, k.grate, k.waiters,
                                        k.dependents, k.outbox, k.expired, *k.jobs(ids)],
                              [KEYSPACE_VERSION, *[x for p in pairs for x in p]])
-        assert all(rows), rows
+        assert all(start_rows(rows)), rows
     return pairs
 
 

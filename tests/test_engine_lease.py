@@ -96,6 +96,20 @@ def test_tokens_are_unique_per_claim(q):
     assert len(tokens) == len(set(tokens)) == 20
 
 
+def test_a_batch_claim_stores_exactly_its_leases_and_deadlines(r, q):
+    """A claim of many jobs keeps its leases hash and active zset hashed (lookups by id
+    stay O(1) with hundreds in flight) and holds nothing but the claimed jobs."""
+    q.enqueue_many([str(i) for i in range(40)])
+    first = claim(q, "w1", lease_ms=60_000, n=30)
+    second = claim(q, "w2", lease_ms=60_000, n=3)  # a small claim adds to the same sets
+    pairs = dict(first + second)
+    assert len(pairs) == 33
+    assert {k.decode(): v.decode() for k, v in r.hgetall(q.keys.leases).items()} == pairs
+    assert {m.decode() for m in r.zrange(q.keys.active, 0, -1)} == set(pairs)
+    assert r.object("encoding", q.keys.leases) == b"hashtable"
+    assert r.object("encoding", q.keys.active) == b"skiplist"
+
+
 def test_taken_over_lease_cannot_overwrite_new_owner(r, q):
     ref = q.enqueue({"n": 1})
     [(job_id, old)] = claim(q, "zombie", lease_ms=200)

@@ -138,6 +138,7 @@ def test_retries_wait_their_delay_then_succeed(r, q):
         assert started >= run_at
     job = q.get(ref.id)
     assert (job.state, job.attempts, job.result) == ("completed", 3, {"ok": 3})
+    assert job.error is None and job.traceback is None  # the earlier runs' failure is gone
     assert (stats.retried, stats.completed, stats.failed) == (2, 1, 0)
 
 
@@ -204,6 +205,9 @@ def test_queue_retry_revives_a_failed_job(q):
     job = q.get(ref.id)
     assert (job.state, job.attempts, job.finished_ms) == ("pending", 0, None)
     assert q.job_ids("failed") == [] and q.job_ids("pending") == [ref.id]
+    assert q.get(ref.id).error == "RuntimeError: first life"  # kept until an outcome replaces it
     emqfast.Worker(q, handler).run_until_idle(timeout_s=30)
     job = q.get(ref.id)
     assert (job.state, job.result, job.attempts) == ("completed", "second life", 1)
+    # a first attempt again, yet its success clears the earlier life's failure
+    assert job.error is None and job.traceback is None

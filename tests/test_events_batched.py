@@ -42,3 +42,15 @@ def test_events_off_writes_no_batched_entries(redis_url, qname):
     q.enqueue_many(list(range(20)))
     emqfast.Worker(q, lambda job: None).run_until_idle(timeout_s=30)
     assert q.redis.exists(q.keys.events) == 0
+
+
+def test_a_batch_of_mixed_attempts_gives_each_job_its_own(redis_url, qname):
+    """One entry's jobs on different attempts (a retry started beside first runs): each
+    event carries its job's attempt, as when all share one."""
+    from engine_util import claim
+    q = make_queue(redis_url, qname)
+    ids = [r.id for r in q.enqueue_many(["a", "b", "c"])]
+    q.redis.hset(q.keys.job(ids[1]), "attempts", "2")  # as a job that ran twice before
+    assert sorted(i for i, _ in claim(q, "w", lease_ms=60_000, n=3)) == sorted(ids)
+    active = {e.job_id: e.attempt for e in _by_name(q)["active"]}
+    assert active == {ids[0]: 1, ids[1]: 3, ids[2]: 1}

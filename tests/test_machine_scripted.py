@@ -90,8 +90,14 @@ def name_of(request: Any) -> str:
 
 
 def start_row(attempts: int = 1) -> List[Any]:
-    """One start.lua row: attempts, payload, enc, opts, created, run_at, started, cancel."""
-    return [attempts, b'{"n": 1}', None, None, NOW - 10, None, NOW - 5, None]
+    """One job's start.lua values: attempts, payload, enc, opts, created, run_at, started,
+    cancel, failed_before."""
+    return [attempts, b'{"n": 1}', None, None, NOW - 10, None, NOW - 5, None, None]
+
+
+def start_reply(*rows: List[Any]) -> List[Any]:
+    """start.lua's reply: its rows' values in one flat array."""
+    return [x for row in rows for x in row]
 
 
 def claim_reply(*pairs: Tuple[str, str], status: int = 1, next_due: int = -1) -> List[Any]:
@@ -109,7 +115,7 @@ def machine() -> Machine:
 
 def test_a_turn_claims_starts_and_hands_out_the_claimed_jobs(machine):
     answers = {"WaitForRoom": (2, 2), "claim": claim_reply(("JOBa", "w1:1"), ("JOBb", "w1:2")),
-               "start": [start_row(), start_row()]}
+               "start": start_reply(start_row(), start_row())}
     log: List[Any] = []
     done = drive(machine._turn(until_idle=True, wait_scheduled=False),
                  lambda r: answers[name_of(r)], log)
@@ -157,7 +163,7 @@ def test_a_lost_claim_reply_is_re_sent_with_the_same_request_id(machine):
         if n == "claim":
             sent.append(r)
             return ReplyLost("cut") if len(sent) == 1 else claim_reply(("JOBa", "w1:1"))
-        return {"WaitForRoom": (2, 2), "Sleep": None, "start": [start_row()]}[n]
+        return {"WaitForRoom": (2, 2), "Sleep": None, "start": start_reply(start_row())}[n]
 
     drive(machine._turn(until_idle=True, wait_scheduled=False), answer, [])
     assert len(sent) == 2 and sent[0].args == sent[1].args  # same request id: no new pops
@@ -183,7 +189,7 @@ def test_a_busy_server_is_waited_out_and_a_permission_error_stops_the_loop(machi
 
 def _running(machine: Machine, *pairs: Tuple[str, str]) -> None:
     answers = {"WaitForRoom": (2, 2), "claim": claim_reply(*pairs),
-               "start": [start_row() for _ in pairs]}
+               "start": start_reply(*(start_row() for _ in pairs))}
     drive(machine._turn(until_idle=True, wait_scheduled=False),
           lambda r: answers[name_of(r)], [])
 
@@ -276,7 +282,7 @@ def test_a_stop_cuts_the_beat_short_and_the_turn_claims_nothing(machine):
 def test_a_paused_claim_hands_back_what_it_holds(machine):
     machine.prefetch = 5
     answers = {"WaitForRoom": (0, 2), "claim": claim_reply(("JOBa", "w1:1"), status=0),
-               "start": [start_row()]}
+               "start": start_reply(start_row())}
     log: List[Any] = []
 
     def answer(r: Any) -> Any:
@@ -301,7 +307,7 @@ def test_a_stopping_worker_settles_a_cut_short_claim_by_re_sending_it(machine):
     machine._claim_seq += 1
     from emqfast.worker import calls
     machine._claiming = calls.claim_call(machine.queue.keys, 2, 30_000, "w1", [], "r:1")
-    answers = {"claim": claim_reply(("JOBa", "w1:1")), "start": [start_row()]}
+    answers = {"claim": claim_reply(("JOBa", "w1:1")), "start": start_reply(start_row())}
     log: List[Any] = []
 
     def answer(r: Any) -> Any:
@@ -379,7 +385,7 @@ def test_a_held_job_cancelled_before_it_starts_is_stopped_as_it_starts(machine):
     machine.prefetch = 5
     machine._hold([("JOBa", "w1:1")], [])
     machine._on_cancel("JOBa")  # heard while held: no run to stop yet
-    answers = {"start": [start_row()]}
+    answers = {"start": start_reply(start_row())}
     drive(machine._start_held(1), lambda r: answers[name_of(r)], [])
     [(job, _)] = machine.handed
     assert job.cancelled and job.cancel_reason == "cancelled"
@@ -413,7 +419,7 @@ def test_the_queues_of_a_crew_share_one_budget_of_handler_slots(crew):
     assert crew.room(high) == (2, 2)  # concurrency 2, nothing held anywhere
     answers = {"WaitForRoom": crew.room(high),
                "claim": claim_reply(("JOBa", "t1"), ("JOBb", "t2")),
-               "start": [start_row(), start_row()]}
+               "start": start_reply(start_row(), start_row())}
     drive(high._turn(until_idle=True, wait_scheduled=False), lambda r: answers[name_of(r)], [])
     assert len(high._running) == 2
     crew.may_block(high)  # its next claim came back empty: the low queue's turn

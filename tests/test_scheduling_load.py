@@ -328,7 +328,7 @@ def test_start_after_pause_hands_claimed_jobs_back(redis_url, qname):
     assert sorted(i for i, _ in pairs) == sorted(ids)
     q.pause()
     start = worker_core.start_call(q.keys, pairs)
-    rows = start.script(q.redis, start.keys, start.args)
+    rows = worker_core.start_rows(start.script(q.redis, start.keys, start.args))
     assert rows == [0, 0, 0]  # nothing starts on a paused queue: the Worker runs none
     assert q.counts()["active"] == 0
     assert all(q.get(i).attempts == 0 for i in ids)  # no attempt counted

@@ -50,7 +50,7 @@ def _pairs(q: emqfast.Queue, n: int, worker: str = "w", request: str = "") -> Li
 
 def _start(q: emqfast.Queue, pairs: List[tuple]) -> List[Any]:
     call = core.start_call(q.keys, pairs)
-    return call.script(q.redis, call.keys, call.args)
+    return core.start_rows(call.script(q.redis, call.keys, call.args))  # one entry per job
 
 
 def _events(r: redis.Redis, q: emqfast.Queue, name: str) -> List[dict]:
@@ -655,7 +655,7 @@ def test_late_starts_cannot_bunch_in_a_group_window(redis_url, qname, r):
     first, start = claim_and_start()
     assert len(first) == 5
     wait_server_past(r, t0 + 300)
-    assert all(start.script(q.redis, start.keys, start.args))
+    assert all(core.start_rows(start.script(q.redis, start.keys, start.args)))
     wait_server_past(r, t0 + 620)
     second, start = claim_and_start()
     if start is not None:

@@ -55,25 +55,29 @@ def test_a_row_builds_the_job_the_constructor_builds(row):
 
 
 @pytest.mark.parametrize("row", [
-    [1, b"x" * 100, b"b", None, 1700000000000, None, 1700000000001, None],
-    [2, b'{"a": [1, 2]}', None, b'{"a":3,"p":2,"b":{"k":"f","d":10}}', 5, 6, 7, None],
-    [1, b'"s"', b"j", b'{"a":1,"p":0,"g":"grp","t":50}', 5, None, 9, None],
-    [1, b"{not json", None, None, 5, None, 6, None],            # a corrupt payload
-    [1, b'"fine"', None, b"{corrupt", 5, None, 6, None],        # corrupt options
-    [1, b'"c"', None, None, 5, None, 6, b"1"],                  # cancelled while held
+    [1, b"x" * 100, b"b", None, 1700000000000, None, 1700000000001, None, None],
+    [2, b'{"a": [1, 2]}', None, b'{"a":3,"p":2,"b":{"k":"f","d":10}}', 5, 6, 7, None, None],
+    [1, b'"s"', b"j", b'{"a":1,"p":0,"g":"grp","t":50}', 5, None, 9, None, None],
+    [1, b"{not json", None, None, 5, None, 6, None, None],      # a corrupt payload
+    [1, b'"fine"', None, b"{corrupt", 5, None, 6, None, None],  # corrupt options
+    [1, b'"c"', None, None, 5, None, 6, b"1", None],            # cancelled while held
+    [2, b'"r"', None, None, 5, 6, 7, None, 1],                  # an earlier run failed
 ])
 def test_the_short_way_of_many_rows_builds_what_one_row_builds(row):
-    """start.lua's rows (integer times) through ``jobs``: each job equals ``job``'s,
-    field for field, twice (the second from the options cache); empty rows are skipped."""
+    """start.lua's flat reply (integer times; attempts 0: not started) through ``jobs``:
+    each job equals ``job``'s, field for field, twice (the second from the options cache);
+    jobs not started are skipped; only a job with no earlier failure may skip clearing it."""
     rows = JobRows("q")
     for _ in range(2):
-        got = rows.jobs([("ID1", "t1"), ("ID2", "t2"), ("ID3", "t3")], [row, 0, row])
+        got = rows.jobs([("ID1", "t1"), ("ID2", "t2"), ("ID3", "t3")],
+                        [*row, 0, *[None] * 8, *row])
         assert [t for _, t in got] == ["t1", "t3"]
         wanted = rows.job("ID3", row)
         assert vars(got[1][0]).keys() == vars(wanted).keys()
         assert got[1][0] == wanted and repr(got[1][0]) == repr(wanted)
         assert type(got[1][0]._undecodable) is type(wanted._undecodable)
         assert ("_cancel_at_start" in vars(got[1][0])) == bool(row[7])
+        assert got[0][0]._clean_start is wanted._clean_start is (not row[8])
     got[0][0].extra["mine"] = 1  # each job owns its extra dict
     assert "mine" not in got[1][0].extra
 

@@ -4,8 +4,9 @@ Every Lua move that changes a job's state appends an event (``XADD ... MAXLEN ~`
 ``enqueued``, ``promoted``, ``active``, ``progress``, ``completed``, ``failed``,
 ``retrying``, ``stalled``, ``cancelled``, ``retried`` (manual), ``released``.
 Moves of many jobs at once (``promoted``, ``active``, ``completed``) write one stream
-entry per 16 jobs (``ids`` and per-job fields as JSON arrays: an XADD per job was a third
-of a promote's Redis CPU). ``enqueue_many`` writes one ``enqueued`` entry per 100 jobs
+entry per 16 jobs (``ids`` and per-job fields as JSON arrays, or as one plain value when
+it is the same for every job of the entry: an XADD per job was a third of a promote's
+Redis CPU). ``enqueue_many`` writes one ``enqueued`` entry per 100 jobs
 whose ids were minted together (their shared head once, then each id's last 4
 characters: 4 bytes a job), else one per job. :func:`read_op` expands them, so readers
 see one :class:`Event` per job, those of one entry sharing its stream id. The stream's

@@ -130,6 +130,9 @@ class Job:
     # set by the Workers when the stored payload cannot be decoded: the job fails with it
     # (no retry) instead of its handler running, and the worker goes on with the others
     _undecodable: Optional[Exception] = field(default=None, repr=False, compare=False)
+    # set by the Workers when start.lua found no earlier run's failure in the job hash
+    # (none can be written while the run holds its lease): its success has none to clear
+    _clean_start: bool = field(default=False, repr=False, compare=False)
     # set by the Workers before a job with dependencies starts: {dep id: result}
     _dep_results: Optional[Dict[str, Any]] = field(default=None, repr=False, compare=False)
     # set by the Workers when the running job is asked to stop: "cancelled"

@@ -121,8 +121,18 @@ def start_call(k: QueueKeys, pairs: Sequence[Pair], groups: Sequence[str] = ()) 
 
 def started_jobs(rows: JobRows, pairs: Sequence[Pair],
                  reply: Sequence[Any]) -> List[Tuple[Job, str]]:
-    """The running ``(job, token)`` for each start.lua row (an empty row: lease gone)."""
+    """The running ``(job, token)`` for each job start.lua started (of its flat reply)."""
     return rows.jobs(pairs, reply)
+
+
+START_COLUMNS = 9  # start.lua's values per job, in one flat reply
+
+
+def start_rows(reply: Sequence[Any]) -> List[Any]:
+    """start.lua's flat reply cut into one entry per job: its row of ``START_COLUMNS``
+    values when it started, else 0 (lease gone, parked, expired)."""
+    return [list(reply[at:at + START_COLUMNS]) if reply[at] else 0
+            for at in range(0, len(reply), START_COLUMNS)]
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -235,8 +245,9 @@ class JobRows:
             return hit
         # no 'opts' (start.lua's nil) or an empty one: the library defaults
         parsed = options.decode(opts)  # PayloadError: the caller's
+        # (the fast way's jobs: start.lua found no earlier failure; job() says for the rest)
         base = dict(self._template, max_attempts=parsed.max_attempts,
-                    priority=parsed.priority, backoff=parsed.backoff)
+                    priority=parsed.priority, backoff=parsed.backoff, _clean_start=True)
         hit = (base, parsed.extra or None)
         if hit[1] is None:  # extra options may hold mutable values: each job parses its own
             if len(self._bases) >= self._MAX_CACHED:
@@ -245,15 +256,18 @@ class JobRows:
         return hit
 
     def jobs(self, pairs: Sequence[Pair], reply: Sequence[Any]) -> List[Tuple[Job, str]]:
-        """The running ``(job, token)`` for each row (an empty row: lease gone). A row of
-        today's start.lua with cached options and no cancel mark takes the short way."""
+        """The running ``(job, token)`` for each job of start.lua's flat reply
+        (``START_COLUMNS`` values per pair; attempts 0: not started). A row with cached
+        options, no cancel mark and no earlier failure takes the short way."""
         out = []
         bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
-        for (job_id, token), row in zip(pairs, reply):
-            if not row:
+        width = START_COLUMNS
+        for at, (job_id, token) in zip(range(0, len(reply), width), pairs):
+            row = reply[at:at + width]
+            attempts, payload, enc, opts, created, run_at, started, cancel, failed = row
+            if not attempts:
                 continue
-            if len(row) == 8 and not row[7] and type(row[4]) is int:
-                attempts, payload, enc, opts, created, run_at, started, _ = row
+            if not cancel and not failed and type(created) is int:
                 hit = bases.get(opts or b"")
                 if hit is not None and type(started) is int \
                         and (run_at is None or type(run_at) is int):
@@ -273,12 +287,14 @@ class JobRows:
         return out
 
     def job(self, job_id: str, row: Any) -> Job:
-        """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel]``
-        from start.lua (``enc``, ``opts`` and ``run_at`` are None when the hash omits them:
-        JSON, the default options, never delayed; the times are ints, or bytes from rows
-        of older scripts, which may end after ``created`` or ``started``). A ``cancel``
-        mark (a cancel asked for while the job was held unstarted) sets
-        ``_cancel_at_start``: the Worker stops the run as it begins."""
+        """``row`` = ``[attempts, payload, enc, opts, created, run_at, started, cancel,
+        failed_before]``, one job's values from start.lua (``enc``, ``opts`` and ``run_at``
+        are None when the hash omits them: JSON, the default options, never delayed; the
+        times are ints, or bytes from rows of older scripts, which may end after
+        ``created`` or ``started``). A ``cancel`` mark (a cancel asked for while the job
+        was held unstarted) sets ``_cancel_at_start``: the Worker stops the run as it
+        begins. A full row without ``failed_before`` (the hash held no earlier run's
+        failure) sets ``_clean_start``: complete.lua need not clear one."""
         attempts, payload, enc, opts, created, *times = row
         run_at, started = times[:2] if times else (None, None)
         undecodable = None
@@ -295,6 +311,7 @@ class JobRows:
                       extra=dict(extra) if extra else {})
         if undecodable is not None:
             fields["_undecodable"] = undecodable
+        fields["_clean_start"] = len(times) == 4 and not times[3]
         if len(times) > 2 and times[2]:
             fields["_cancel_at_start"] = True
         job = _new_job(Job)
@@ -316,6 +333,8 @@ FREE_CHUNK = 2000  # finished grouped jobs per group_free.lua call
 
 
 _VERSION = KEYSPACE_VERSION.encode()
+# complete.lua's sixth argument: b"c" when start.lua found no earlier failure to clear
+_CLEAN = {True: b"c", False: b""}
 
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
@@ -353,7 +372,7 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
         at = memo.get(started)
         if at is None:
             at = memo[started] = b"%d" % started
-        args += (job_id, o.token.encode(), o.result, attempt, at, b"")
+        args += (job_id, o.token.encode(), o.result, attempt, at, _CLEAN[job._clean_start])
     return Call(_COMPLETE, keys, args), waits
 
 

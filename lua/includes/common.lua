@@ -167,15 +167,33 @@ end
 
 -- A move of many jobs (promote, start, complete) writes one event entry per
 -- EMQ_EVENT_BATCH of them instead of one per job: `ids` is a JSON array of the job ids,
--- each field of `cols` (name -> array, parallel to `ids`) a JSON array of their values
--- and each field of `shared` (name -> text, not a JSON array) one value for all. Readers
--- (facade/events.py) expand an entry into one event per job, all at the entry's stream id.
+-- each field of `cols` (name -> array of texts, parallel to `ids`) a JSON array of their
+-- values (or their one value when all are equal) and each field of `shared` (name -> text,
+-- not a JSON array) one value for all. Readers (facade/events.py) expand an entry into
+-- one event per job, all at the entry's stream id.
 -- An XADD costs ~3 us whatever it holds, a third of a promoted job's Redis CPU when written
 -- per job. The cap counts entries, so a stream of batched entries holds up to 16x the
 -- events of one of single ones; small batches bound that. (enqueue_many keeps one entry
 -- per job: a backlog's stream would otherwise outgrow the job hashes' memory budget.)
 -- Written untrimmed: the caller trims once (emq_trim_events).
 local EMQ_EVENT_BATCH = 16
+
+-- One column of a batched entry: values s..e of `values` (texts) as a JSON array, or, when
+-- they are all the same text (a batch's attempts mostly are), that text alone: readers
+-- give a field that is not a JSON array to every job of the entry (same events, no JSON
+-- to build).
+local function emq_event_column(values, s, e)
+  local first = values[s]
+  local same = type(first) == 'string' and string.sub(first, 1, 1) ~= '['
+  for i = s + 1, e do
+    if not same then break end
+    same = values[i] == first
+  end
+  if same then return first end
+  local col = {}
+  for i = s, e do col[#col + 1] = values[i] end
+  return cjson.encode(col)
+end
 
 local function emq_events_batched(events, cap, name, ids, cols, shared)
   if not cap then return end
@@ -185,10 +203,8 @@ local function emq_events_batched(events, cap, name, ids, cols, shared)
     for i = s, e do part[#part + 1] = ids[i] end
     local args = {'event', name, 'ids', cjson.encode(part)}
     for field, values in pairs(cols or {}) do
-      local col = {}
-      for i = s, e do col[#col + 1] = values[i] end
       args[#args + 1] = field
-      args[#args + 1] = cjson.encode(col)
+      args[#args + 1] = emq_event_column(values, s, e)
     end
     for field, value in pairs(shared or {}) do
       args[#args + 1] = field
