@@ -55,7 +55,8 @@
 --          'now' when live lanes this claim was not told about wait (come back at once).
 -- Errors:  EMQINPUT bad count or lease (integers: count in [1, 10000], the most one Worker
 --          batch takes, so one call stays bounded; lease >= 1 ms);
---          EMQVERSION keyspace of another major version
+--          EMQVERSION keyspace of another major version; EMQKEYTYPE the active set, leases
+--          hash or marker holds another type (before anything is popped)
 --@include common
 --@include groups
 --@include rate
@@ -106,6 +107,11 @@ if #ARGV > 8 then
   redis.call('ZLEXCOUNT', gactive_key, '-', '-')
   redis.call('ZRANGEBYLEX', gactive_key, '-', '-')
 end
+-- The keys written after the pop (a job popped must get its lease), by type: a key of
+-- another type there would fail the script with the jobs popped and leased to nobody.
+local wrong = emq_key_type_error(active_key, 'zset') or emq_key_type_error(leases_key, 'hash')
+  or emq_key_type_error(marker_key, 'zset')
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 

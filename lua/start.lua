@@ -55,7 +55,8 @@
 --          when it was lost (or the job hash is gone, or the rate window had no room or the
 --          queue is paused: the job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
---          version; NOPERM the finish hook's PUBLISH/RPUSH denied (before any write)
+--          version; NOPERM the finish hook's PUBLISH/RPUSH denied; EMQKEYTYPE the events
+--          stream or metrics hash holds another type (each before any write)
 --@include common
 --@include rate
 --@include finished
@@ -88,11 +89,16 @@ end
 local last_job = 13 + njobs
 local hook, hook_err = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if hook_err then return redis.error_reply(hook_err) end
+local cap = emq_events_cap(meta_key)
+-- The keys written after the jobs' hashes, by type (a key of another type there would fail
+-- the script with some jobs stamped active and their starts unreported).
+local wrong = (cap and emq_key_type_error(events_key, 'stream'))
+  or emq_key_type_error(metrics_key, 'hash')
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local stamp = emq_int(now)
-local cap = emq_events_cap(meta_key)
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
 for i = 14, last_job do ids[#ids + 1] = ARGV[2 * (i - 13)] end

@@ -82,8 +82,8 @@ local function emq_fence_check(have, version)
   return nil
 end
 
--- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset' or
--- 'stream'), the type the script writes there (nil: it holds that type, or nothing). A key
+-- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset',
+-- 'hash' or 'stream'), the type the script writes there (nil: it holds that type, or nothing). A key
 -- another writer put under the queue's name would otherwise fail a write half-way through
 -- a script, after earlier writes (a job's hash written, its ZADD refused). One O(1) read
 -- of that type, a command the least-privilege ACL rule already allows (TYPE is not in
@@ -92,6 +92,8 @@ local function emq_key_type_error(checked_key, want)
   local got
   if want == 'stream' then
     got = redis.pcall('XREVRANGE', checked_key, '+', '+', 'COUNT', 1)
+  elseif want == 'hash' then
+    got = redis.pcall('HLEN', checked_key)
   else
     got = redis.pcall('ZCARD', checked_key)
   end

@@ -1,8 +1,11 @@
-"""An enqueue meeting a queue key of another type (something other than emqfast wrote a
-string where the pending set goes, a hash where the counter goes) is refused with
-``KeyTypeConflict`` before anything is written, on every admission path and in both
-facades: no job hash left in no set, so once the key is cleared the same call (same job
-id) admits the job instead of calling it a duplicate."""
+"""A queue key of another type (something other than emqfast wrote a string where the
+pending set goes, a hash where the counter goes) is refused with ``KeyTypeConflict``
+before anything is written.
+
+An enqueue, on every admission path and in both facades: no job hash left in no set, so
+once the key is cleared the same call (same job id) admits the job instead of calling it a
+duplicate. A Worker's claim and start: no job popped and leased to nobody; once the key is
+cleared, the job runs exactly once."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
@@ -10,9 +13,12 @@ from typing import Any, Callable, Dict
 import pytest
 
 from conftest import dump_queue
+import emqfast
 from emqfast.core.errors import KeyTypeConflict
 from emqfast.core.keys import QueueKeys
+from engine_util import make_queue, running_worker
 from test_contract_facades import Facade
+from waiting import wait_until
 
 HOUR_MS = 3_600_000
 
@@ -84,3 +90,34 @@ def test_a_queue_key_of_another_type_refuses_the_enqueue_before_any_write(
     job = q.get("JOBone")
     assert job is not None
     assert job.state in ("pending", "scheduled", "waiting")
+
+
+# The keys a Worker's claim writes after popping (refused before the pop: the job stays
+# pending) and those its start writes after stamping jobs (refused before any stamp: the
+# job stays claimed by the refused Worker and comes back when its lease runs out).
+CLAIM_KEYS = ["active", "leases", "marker"]
+START_KEYS = ["events", "metrics"]
+
+
+@pytest.mark.parametrize("key_name", CLAIM_KEYS + START_KEYS)
+def test_a_worker_meeting_a_key_of_another_type_stops_typed_and_loses_no_job(
+        redis_url, qname, r, key_name):
+    q = make_queue(redis_url, qname)
+    ref = q.enqueue({"n": 1}, job_id="JOBone")
+    key = getattr(q.keys, key_name)
+    _foreign(r, key, "string")
+    ran = []
+
+    with pytest.raises(KeyTypeConflict):
+        emqfast.Worker(q, lambda job: ran.append(job.id), lease_ms=300).run_until_idle(
+            timeout_s=30)
+    assert ran == []
+    assert r.hget(q.keys.job(ref.id), "state") is None  # never stamped active
+    if key_name in CLAIM_KEYS:
+        assert r.zscore(q.keys.pending, ref.id) is not None  # not popped
+
+    r.delete(key)
+    with running_worker(emqfast.Worker(make_queue(redis_url, qname),
+                                       lambda job: ran.append(job.id), lease_ms=300)):
+        wait_until(lambda: q.get(ref.id).state == "completed", what="the job ran")
+    assert ran == [ref.id]
