@@ -83,11 +83,11 @@ local function emq_fence_check(have, version)
 end
 
 -- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset',
--- 'hash' or 'stream'), the type the script writes there (nil: it holds that type, or nothing). A key
--- another writer put under the queue's name would otherwise fail a write half-way through
--- a script, after earlier writes (a job's hash written, its ZADD refused). One O(1) read
--- of that type, a command the least-privilege ACL rule already allows (TYPE is not in
--- it); scripts check only the keys no earlier read of theirs has checked.
+-- 'hash' or 'stream'), the type the script writes there (nil: it holds that type, or
+-- nothing). A key another writer put under the queue's name would otherwise fail a write
+-- half-way through a script, after earlier writes (a job's hash written, its ZADD
+-- refused). One O(1) read of that type, a command the least-privilege ACL rule already
+-- allows (TYPE is not in it); scripts check only the keys no earlier read has checked.
 local function emq_key_type_error(checked_key, want)
   local got
   if want == 'stream' then
