@@ -262,8 +262,8 @@ class JobRows:
         out = []
         bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
         width = START_COLUMNS
-        for at, (job_id, token) in zip(range(0, len(reply), width), pairs):
-            row = reply[at:at + width]
+        rows = zip(*[iter(reply)] * width)  # the flat reply, a tuple per job
+        for row, (job_id, token) in zip(rows, pairs):
             attempts, payload, enc, opts, created, run_at, started, cancel, failed = row
             if not attempts:
                 continue
@@ -355,24 +355,27 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
     args: List[Any] = [_VERSION]
     waits: List[int] = []
     memo: Dict[int, bytes] = {}  # attempts and start instants repeat within a batch
-    for o in done:
-        job = o.job
+    add_key, add_wait = keys.append, waits.append
+    for job, token, result in done:
         job_id = job.id.encode()
-        keys.append(job_key + job_id)
+        add_key(job_key + job_id)
         started = job.started_ms
         if started is None:
-            args += (job_id, o.token.encode(), o.result, *run_record(job))
-            waits.append(-1)
+            args += (job_id, token.encode(), result, *run_record(job))
+            add_wait(-1)
             continue
-        due = job.run_at_ms if job.run_at_ms is not None else job.created_ms  # run_record's
-        waits.append(max(started - due, 0) if due is not None else -1)
-        attempt = memo.get(job.attempts)
+        due = job.run_at_ms
+        if due is None:
+            due = job.created_ms  # run_record's
+        add_wait(-1 if due is None else started - due if started > due else 0)
+        attempts = job.attempts
+        attempt = memo.get(attempts)
         if attempt is None:
-            attempt = memo[job.attempts] = b"%d" % job.attempts
+            attempt = memo[attempts] = b"%d" % attempts
         at = memo.get(started)
         if at is None:
             at = memo[started] = b"%d" % started
-        args += (job_id, o.token.encode(), o.result, attempt, at, _CLEAN[job._clean_start])
+        args += (job_id, token.encode(), result, attempt, at, _CLEAN[job._clean_start])
     return Call(_COMPLETE, keys, args), waits
 
 
@@ -448,13 +451,15 @@ class AckPlan:
         self.retrying: List[Optional[bool]] = []
         self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
         self._waits: List[int] = [-1] * len(batch)  # per outcome: its wait, for a timed run
+        # all done (the drain's case): the complete calls in batch order, their sizes
+        self._sizes: Optional[List[int]] = None
         done_at: List[int] = []
         if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
             self.retrying = [None] * len(batch)
-            self._slots, self._waits = [], []
+            self._waits, self._sizes = [], []
             for chunk in _chunks_of_results(batch, list(range(len(batch)))):
                 call, waits = _complete(k, batch[chunk[0]:chunk[-1] + 1])  # type: ignore[arg-type]
-                self._slots += [(len(self.calls), entry) for entry in range(len(chunk))]
+                self._sizes.append(len(chunk))
                 self._waits += waits
                 self.calls.append(call)
             self.calls += free_calls(k, batch)
@@ -485,6 +490,8 @@ class AckPlan:
         job (complete.lua's run ms joined with the wait the plan sent), fail.lua's
         ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job whose lease
         was gone; a whole call's error for each of its jobs)."""
+        if self._sizes is not None:
+            return self._all_done(replies)
         out: List[Any] = []
         waits = self._waits
         for at, (call_at, entry) in enumerate(self._slots):
@@ -499,15 +506,34 @@ class AckPlan:
         return out
 
 
+    def _all_done(self, replies: Sequence[Any]) -> List[Any]:
+        """:meth:`replies` of a batch of successes alone: its complete.lua calls' entries
+        in order, read call by call (no per-outcome slot lookups)."""
+        out: List[Any] = []
+        waits = iter(self._waits)
+        for reply, size in zip(replies, self._sizes or ()):
+            if isinstance(reply, Exception):  # the whole call failed: each of its jobs
+                out += [reply] * size
+                for _ in range(size):
+                    next(waits)
+                continue
+            for entry, wait in zip(reply, waits):
+                if type(entry) is int:  # the run ms (-1: a re-sent ack, timed already)
+                    out.append([wait if entry >= 0 else -1, entry])
+                elif isinstance(entry, bytes):  # 'EMQLEASE ...': this job only
+                    out.append(from_reply(entry.decode()) or LeaseLost(entry.decode()))
+                else:
+                    out.append(entry)
+        return out
+
+
 def run_times(batch: Sequence[Outcome], replies: Sequence[Any]) -> Observations:
     """The wait/run times complete.lua (``[wait, run]``) and fail.lua (``[flag, wait,
     run]``) returned for a batch, bucketed for one :func:`metrics_call`; refused
     outcomes (lease lost, errors) were not timed."""
-    waits, runs = [], []
-    for reply in replies:
-        if type(reply) is list:  # (an error reply: not timed)
-            waits.append(reply[-2])  # fail.lua's reply leads with its retry flag
-            runs.append(reply[-1])
+    timed = [reply for reply in replies if type(reply) is list]  # (an error: not timed)
+    waits = [reply[-2] for reply in timed]  # fail.lua's reply leads with its retry flag
+    runs = [reply[-1] for reply in timed]
     obs = Observations()
     obs.observe_many("wait", waits)
     obs.observe_many("run", runs)
