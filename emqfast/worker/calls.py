@@ -9,6 +9,7 @@ calls them, so a test may patch one here.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
@@ -407,14 +408,24 @@ def fail_call(k: QueueKeys, outcome: Failed) -> Tuple[Call, bool]:
                  KEYSPACE_VERSION]), delay >= 0
 
 
+_RESULT = attrgetter("result")
+_EXTRA = attrgetter("job.extra")
+
+
+def has_kind(batch: Sequence[Outcome], kind: type) -> bool:
+    """Is any outcome of ``batch`` a ``kind``? (Its types are collected in one C pass: a
+    batch holds a type or two, and this runs on every ack batch.)"""
+    return any(issubclass(t, kind) for t in set(map(type, batch)))
+
+
 def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[List[int]]:
     """``done_at`` (indexes of successes in ``batch``) cut into complete.lua calls of at
     most ``COMPLETE_CHUNK`` jobs and about ``COMPLETE_CHUNK_BYTES`` of results: one script
     call is one command, and Redis drops a client whose single command outgrows its query
     buffer limit (1 GB by default), which 200 large results could; a pipeline of small
     calls never does."""
-    sizes = [len(batch[at].result) for at in done_at]  # type: ignore[union-attr]
-    if sum(sizes) <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
+    total = sum(map(len, map(_RESULT, map(batch.__getitem__, done_at))))
+    if total <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
         return [done_at[i:i + COMPLETE_CHUNK] for i in range(0, len(done_at), COMPLETE_CHUNK)]
     chunks: List[List[int]] = []
     size = 0
@@ -432,7 +443,7 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
 
 def free_calls(k: QueueKeys, batch: Sequence[Outcome]) -> List[Call]:
     """group_free.lua for a batch's grouped jobs (none for ungrouped batches)."""
-    if not any(o.job.extra for o in batch):  # the common case: nothing grouped
+    if not any(map(_EXTRA, batch)):  # the common case: nothing grouped
         return []
     finished = [(g, o.job.id) for o in batch for g in (job_group(o.job),) if g is not None]
     return [free_call(k, finished[i:i + FREE_CHUNK])
@@ -454,7 +465,7 @@ class AckPlan:
         # all done (the drain's case): the complete calls in batch order, their sizes
         self._sizes: Optional[List[int]] = None
         done_at: List[int] = []
-        if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
+        if not has_kind(batch, Failed):  # all done: at once
             self.retrying = [None] * len(batch)
             self._waits, self._sizes = [], []
             for chunk in _chunks_of_results(batch, list(range(len(batch)))):

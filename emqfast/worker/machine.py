@@ -817,9 +817,9 @@ class WorkerMachine:
         """Write a batch of outcomes: cancelled runs end by cancel_active.lua, the rest by
         :meth:`_write_ended`. A mixed batch is written in two parts, each failing on its
         own (so no part is forgotten twice): the replies come back in the batch's order."""
-        ended = [o for o in batch if isinstance(o, CancelledRun)]
-        if not ended:
+        if not calls.has_kind(batch, CancelledRun):
             return (yield from self._write_ended(batch))
+        ended = [o for o in batch if isinstance(o, CancelledRun)]
         rest = [o for o in batch if not isinstance(o, CancelledRun)]
         mine = iter((yield from self._write_part(self._write_cancelled, ended)))
         got = iter((yield from self._write_part(self._write_ended, rest)) if rest else [])
