@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from math import ceil
 import queue as queue_mod
 import threading
 import time
@@ -57,7 +56,7 @@ from emqfast.worker.outcomes import (NULL_RESULT, Done, Outcome, awaitable_resul
                                      check_decodable, check_worker_args, failure, job_group,
                                      refuse_async_handler, success)
 from emqfast.worker.handler_threads import HandlerThreads
-from emqfast.worker.leases import PREFETCH_BUDGET_S, SOLO, RunningJob, Solo
+from emqfast.worker.leases import SOLO, RunningJob, Solo
 from emqfast.worker.outcomes import WorkerStats
 from emqfast.worker.wake import MarkerWaiter
 from emqfast.worker.cancel_listener import CancelListener, TimeoutTimer
@@ -394,11 +393,9 @@ class Worker(WorkerMachine):
             # notifies (under the lock, so only once this waits)
             self._awaiting.add(self._index)
             try:
-                wait_s = self._top_up(effect.seconds)
                 slots, room = crew.room(self)
                 if crew.waits_for_room(self, slots, room):
-                    self._lock.wait(wait_s)
-                    self._top_up(0.0)
+                    self._lock.wait(effect.seconds)
                     slots, room = crew.room(self)
             finally:
                 self._awaiting.discard(self._index)
@@ -406,15 +403,12 @@ class Worker(WorkerMachine):
 
     def _do_wait_drained(self, effect: WaitDrained) -> bool:
         with self._lock:  # checked and waited under one lock: no notify is missed
-            self._top_up(0.0, now_too=True)
             if not self._running and not self._pending_acks:
                 return False
             self._lock.wait(effect.seconds)
             return True
 
     def _do_pop_marker(self, effect: PopMarker) -> Any:
-        with self._lock:
-            self._top_up(0.0, now_too=True)
         if self._waiter is None:
             self._waiter = MarkerWaiter(self._redis)
         return self._waiter.wait(effect.key, effect.seconds)
@@ -545,13 +539,12 @@ class Worker(WorkerMachine):
 
     # --- handler slots ------------------------------------------------------------------
 
+
     def _setup_slots(self) -> None:
         """The handler-slot state (after the machine's setup: needs ``concurrency``)."""
         self._ready = deque()  # claimed, waiting for a handler thread
         self._run_hooks = ThreadRunHooks(self)  # each running job's Job._run
         self._drainers = 0  # handler-pool tasks currently taking jobs from _ready
-        # monotonic s since jobs wait with fewer tasks than slots (see _drainers_to_start)
-        self._lean_since: Optional[float] = None
         # whose claim loop waits for a handler to return (a crew's: any of its queues')
         self._awaiting: "set[int]" = set()
         self._ended = [0] * self.concurrency
@@ -559,8 +552,9 @@ class Worker(WorkerMachine):
 
     @property
     def _in_hand(self) -> int:
-        """Started jobs whose handler has not returned: handed out, less the runs the slots
-        ended. Each slot counts its own (one writer per item): a run ends without the lock."""
+        """Started jobs whose handler has not returned: handed out, less the runs the
+        handler slots ended. Each slot counts its own (one writer per list item), so a
+        handler thread ends a run without taking the lock."""
         return self._handed - sum(self._ended)
 
     @_in_hand.setter
@@ -578,46 +572,20 @@ class Worker(WorkerMachine):
             self._running.update(runs)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
             self._handed += len(started)
-            if not self._ready:  # (jobs left waiting lean before were all taken)
-                self._lean_since = None
             self._ready.extend(started)
-            slots = [] if self._procs is not None else self._drainers_to_start(now)
+            if self._procs is not None:
+                spawn = 0
+            else:                # Handler tasks take jobs from _ready until it is empty; start only the
+                # missing ones, so at most `concurrency` handlers ever run at once.
+                spawn = min(self.concurrency - self._drainers, len(self._ready))
+            self._drainers += spawn
+            slots = [self._free_slots.pop() for _ in range(spawn)]
         if self._procs is not None:
             self._procs.dispatch()
-        else:
-            self._submit_drainers(slots)
-
-    def _drainers_to_start(self, now: float, lean: bool = True) -> List[int]:
-        """Slots of the tasks to start for ``_ready`` (locked): one per job up to ``concurrency``,
-        but as few as run them all within ``PREFETCH_BUDGET_S`` at the handlers' measured pace
-        (a hand-off to a thread costs a switch); the rest after that budget (:meth:`_top_up`);
-        ``lean=False``: one per job."""
-        spawn = free = min(self.concurrency - self._drainers, len(self._ready))
-        avg = self._holding.handler_s
-        if lean and avg is not None and free > 0:
-            spawn = min(free, max(ceil(len(self._ready) * avg / PREFETCH_BUDGET_S)
-                                  - self._drainers, 0 if self._drainers else 1))
-            if spawn < free and self._lean_since is None:
-                self._lean_since = now
-        self._drainers += spawn
-        return [self._free_slots.pop() for _ in range(spawn)]
-
-    def _submit_drainers(self, slots: List[int]) -> None:
+            return
+        assert self._pool is not None
         for slot in slots:
-            self._pool.submit(self._drain_ready, slot)  # type: ignore[union-attr]
-
-    def _top_up(self, wait_s: float, now_too: bool = False) -> float:
-        """The claim loop's ``wait_s``, cut to when jobs left waiting by :meth:`_drainers_to_start`
-        have waited the budget; then (or ``now_too``: idle) each free slot takes one. Locked."""
-        since = self._lean_since
-        if since is None or self._pool is None:
-            return wait_s
-        left = since + PREFETCH_BUDGET_S - time.monotonic()
-        if self._ready and self._drainers < self.concurrency and left > 0 and not now_too:
-            return min(wait_s, left)
-        self._lean_since = None
-        self._submit_drainers(self._drainers_to_start(0.0, lean=False))
-        return wait_s
+            self._pool.submit(self._drain_ready, slot)
 
     def _take_held(self, peek: bool = False) -> List[Tuple[str, str, Optional[str]]]:
         """``(id, token, group)`` of jobs waiting for a handler thread, taken from the
@@ -739,6 +707,7 @@ class Worker(WorkerMachine):
 
     # --- the acker thread ---------------------------------------------------------------
 
+
     def _ack_loop(self) -> None:
         """The acker thread: write batches of queued outcomes until the None sentinel."""
         try:
@@ -806,6 +775,7 @@ class Worker(WorkerMachine):
         self._drive(self._write_run_times(batch, replies))
 
     # --- stopping running jobs ---------------------------------------------------------
+
 
     def _setup_listening(self) -> None:
         self._listener = None
