@@ -355,7 +355,10 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
     waits: List[int] = []
-    memo: Dict[int, bytes] = {}  # attempts and start instants repeat within a batch
+    # the last attempt and start instant, as bytes: they repeat from job to job (one
+    # start.lua call stamps all its jobs with one instant)
+    attempts_was = started_was = -1
+    attempt = at = b""
     add_key, add_wait = keys.append, waits.append
     for job, token, result in done:
         job_id = job.id.encode()
@@ -369,13 +372,11 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
         if due is None:
             due = job.created_ms  # run_record's
         add_wait(-1 if due is None else started - due if started > due else 0)
-        attempts = job.attempts
-        attempt = memo.get(attempts)
-        if attempt is None:
-            attempt = memo[attempts] = b"%d" % attempts
-        at = memo.get(started)
-        if at is None:
-            at = memo[started] = b"%d" % started
+        if job.attempts != attempts_was:
+            attempts_was = job.attempts
+            attempt = b"%d" % attempts_was
+        if started != started_was:
+            started_was, at = started, b"%d" % started
         args += (job_id, token.encode(), result, attempt, at, _CLEAN[job._clean_start])
     return Call(_COMPLETE, keys, args), waits
 
