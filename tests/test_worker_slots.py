@@ -140,3 +140,23 @@ def test_a_finished_job_is_written_while_its_slot_runs_a_long_next_job(redis_url
     w.run_until_idle(timeout_s=60)
     assert saw == [{"n": "quick"}]
     assert slow.wait(timeout_s=5) == {"n": "slow"}
+
+
+def test_jobs_after_fast_handlers_still_reach_every_slot_when_handlers_turn_slow(redis_url,
+                                                                                qname):
+    """Once handlers are timed fast, a started chunk goes to fewer handler tasks than slots
+    (they run it within the prefetch budget); when its handlers then turn slow, the jobs
+    left waiting still reach every free slot: four that wait for each other all run at once."""
+    q = emqfast.Queue(qname, emqfast.connect(redis_url))
+    q.enqueue_many(["fast"] * 600 + ["meet"] * 4)
+    meeting = threading.Barrier(4, timeout=30)
+    met: List[int] = []
+
+    def handler(job: Job) -> None:
+        if job.payload == "meet":
+            met.append(meeting.wait())  # raises BrokenBarrierError if one never comes
+
+    w = emqfast.Worker(q, handler, concurrency=4)
+    stats = w.run_until_idle(timeout_s=90)
+    assert sorted(met) == [0, 1, 2, 3]
+    assert stats.completed == 604 and stats.failed == 0 and stats.retried == 0

@@ -548,7 +548,7 @@ class DependencyStep:
 
     def load_results(self, started: Sequence[Tuple[Any, str]]) -> Logic:
         """Fill ``dependency_results()`` of the started jobs that have dependencies."""
-        jobs = [job for job, _ in started if job.extra.get("d")]
+        jobs = [job for job, _ in started if job.extra and job.extra.get("d")]
         if not jobs:
             return
         try:

@@ -97,6 +97,8 @@ def traced(handler: Callable[..., Any], queue: str) -> Callable[..., Any]:
 
     @functools.wraps(handler)
     def run(job: Any) -> Any:
+        if _tracer_of[2] is None and time.monotonic() < _tracer_of[0]:
+            return handler(job)  # no SDK, checked less than a second ago: _tracer()'s None
         tracer = _tracer()
         if tracer is None:
             return handler(job)

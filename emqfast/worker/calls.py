@@ -9,6 +9,7 @@ calls them, so a test may patch one here.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from emqfast.backends.scripts import load
@@ -262,8 +263,8 @@ class JobRows:
         out = []
         bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
         width = START_COLUMNS
-        for at, (job_id, token) in zip(range(0, len(reply), width), pairs):
-            row = reply[at:at + width]
+        rows = zip(*[iter(reply)] * width)  # the flat reply, a tuple per job
+        for row, (job_id, token) in zip(rows, pairs):
             attempts, payload, enc, opts, created, run_at, started, cancel, failed = row
             if not attempts:
                 continue
@@ -354,25 +355,29 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
     waits: List[int] = []
-    memo: Dict[int, bytes] = {}  # attempts and start instants repeat within a batch
-    for o in done:
-        job = o.job
+    # the last attempt and start instant, as bytes: they repeat from job to job (one
+    # start.lua call stamps all its jobs with one instant)
+    attempts_was = started_was = -1
+    attempt = at = b""
+    add_key, add_wait = keys.append, waits.append
+    for job, token, result in done:
         job_id = job.id.encode()
-        keys.append(job_key + job_id)
+        add_key(job_key + job_id)
         started = job.started_ms
         if started is None:
-            args += (job_id, o.token.encode(), o.result, *run_record(job))
-            waits.append(-1)
+            args += (job_id, token.encode(), result, *run_record(job))
+            add_wait(-1)
             continue
-        due = job.run_at_ms if job.run_at_ms is not None else job.created_ms  # run_record's
-        waits.append(max(started - due, 0) if due is not None else -1)
-        attempt = memo.get(job.attempts)
-        if attempt is None:
-            attempt = memo[job.attempts] = b"%d" % job.attempts
-        at = memo.get(started)
-        if at is None:
-            at = memo[started] = b"%d" % started
-        args += (job_id, o.token.encode(), o.result, attempt, at, _CLEAN[job._clean_start])
+        due = job.run_at_ms
+        if due is None:
+            due = job.created_ms  # run_record's
+        add_wait(-1 if due is None else started - due if started > due else 0)
+        if job.attempts != attempts_was:
+            attempts_was = job.attempts
+            attempt = b"%d" % attempts_was
+        if started != started_was:
+            started_was, at = started, b"%d" % started
+        args += (job_id, token.encode(), result, attempt, at, _CLEAN[job._clean_start])
     return Call(_COMPLETE, keys, args), waits
 
 
@@ -404,14 +409,24 @@ def fail_call(k: QueueKeys, outcome: Failed) -> Tuple[Call, bool]:
                  KEYSPACE_VERSION]), delay >= 0
 
 
+_RESULT = attrgetter("result")
+_EXTRA = attrgetter("job.extra")
+
+
+def has_kind(batch: Sequence[Outcome], kind: type) -> bool:
+    """Is any outcome of ``batch`` a ``kind``? (Its types are collected in one C pass: a
+    batch holds a type or two, and this runs on every ack batch.)"""
+    return any(issubclass(t, kind) for t in set(map(type, batch)))
+
+
 def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[List[int]]:
     """``done_at`` (indexes of successes in ``batch``) cut into complete.lua calls of at
     most ``COMPLETE_CHUNK`` jobs and about ``COMPLETE_CHUNK_BYTES`` of results: one script
     call is one command, and Redis drops a client whose single command outgrows its query
     buffer limit (1 GB by default), which 200 large results could; a pipeline of small
     calls never does."""
-    sizes = [len(batch[at].result) for at in done_at]  # type: ignore[union-attr]
-    if sum(sizes) <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
+    total = sum(map(len, map(_RESULT, map(batch.__getitem__, done_at))))
+    if total <= COMPLETE_CHUNK_BYTES:  # the common case: cut by count alone
         return [done_at[i:i + COMPLETE_CHUNK] for i in range(0, len(done_at), COMPLETE_CHUNK)]
     chunks: List[List[int]] = []
     size = 0
@@ -429,7 +444,7 @@ def _chunks_of_results(batch: Sequence[Outcome], done_at: List[int]) -> List[Lis
 
 def free_calls(k: QueueKeys, batch: Sequence[Outcome]) -> List[Call]:
     """group_free.lua for a batch's grouped jobs (none for ungrouped batches)."""
-    if not any(o.job.extra for o in batch):  # the common case: nothing grouped
+    if not any(map(_EXTRA, batch)):  # the common case: nothing grouped
         return []
     finished = [(g, o.job.id) for o in batch for g in (job_group(o.job),) if g is not None]
     return [free_call(k, finished[i:i + FREE_CHUNK])
@@ -448,13 +463,15 @@ class AckPlan:
         self.retrying: List[Optional[bool]] = []
         self._slots: List[Tuple[int, int]] = []  # per outcome: (call index, entry or -1)
         self._waits: List[int] = [-1] * len(batch)  # per outcome: its wait, for a timed run
+        # all done (the drain's case): the complete calls in batch order, their sizes
+        self._sizes: Optional[List[int]] = None
         done_at: List[int] = []
-        if not any(isinstance(outcome, Failed) for outcome in batch):  # all done: at once
+        if not has_kind(batch, Failed):  # all done: at once
             self.retrying = [None] * len(batch)
-            self._slots, self._waits = [], []
+            self._waits, self._sizes = [], []
             for chunk in _chunks_of_results(batch, list(range(len(batch)))):
                 call, waits = _complete(k, batch[chunk[0]:chunk[-1] + 1])  # type: ignore[arg-type]
-                self._slots += [(len(self.calls), entry) for entry in range(len(chunk))]
+                self._sizes.append(len(chunk))
                 self._waits += waits
                 self.calls.append(call)
             self.calls += free_calls(k, batch)
@@ -485,6 +502,8 @@ class AckPlan:
         job (complete.lua's run ms joined with the wait the plan sent), fail.lua's
         ``[flag, wait, run]``, or an exception (:class:`LeaseLost` for a job whose lease
         was gone; a whole call's error for each of its jobs)."""
+        if self._sizes is not None:
+            return self._all_done(replies)
         out: List[Any] = []
         waits = self._waits
         for at, (call_at, entry) in enumerate(self._slots):
@@ -499,15 +518,34 @@ class AckPlan:
         return out
 
 
+    def _all_done(self, replies: Sequence[Any]) -> List[Any]:
+        """:meth:`replies` of a batch of successes alone: its complete.lua calls' entries
+        in order, read call by call (no per-outcome slot lookups)."""
+        out: List[Any] = []
+        waits = iter(self._waits)
+        for reply, size in zip(replies, self._sizes or ()):
+            if isinstance(reply, Exception):  # the whole call failed: each of its jobs
+                out += [reply] * size
+                for _ in range(size):
+                    next(waits)
+                continue
+            for entry, wait in zip(reply, waits):
+                if type(entry) is int:  # the run ms (-1: a re-sent ack, timed already)
+                    out.append([wait if entry >= 0 else -1, entry])
+                elif isinstance(entry, bytes):  # 'EMQLEASE ...': this job only
+                    out.append(from_reply(entry.decode()) or LeaseLost(entry.decode()))
+                else:
+                    out.append(entry)
+        return out
+
+
 def run_times(batch: Sequence[Outcome], replies: Sequence[Any]) -> Observations:
     """The wait/run times complete.lua (``[wait, run]``) and fail.lua (``[flag, wait,
     run]``) returned for a batch, bucketed for one :func:`metrics_call`; refused
     outcomes (lease lost, errors) were not timed."""
-    waits, runs = [], []
-    for reply in replies:
-        if type(reply) is list:  # (an error reply: not timed)
-            waits.append(reply[-2])  # fail.lua's reply leads with its retry flag
-            runs.append(reply[-1])
+    timed = [reply for reply in replies if type(reply) is list]  # (an error: not timed)
+    waits = [reply[-2] for reply in timed]  # fail.lua's reply leads with its retry flag
+    runs = [reply[-1] for reply in timed]
     obs = Observations()
     obs.observe_many("wait", waits)
     obs.observe_many("run", runs)

@@ -42,7 +42,7 @@ from emqfast.worker.calls import (AckPlan, JobRows, cancel_active_call, free_cal
 from emqfast.worker.cancels import CANCELLED, Stop, check_timeouts, stop_outcome
 from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import SOLO, HeldLease, Prefetch, RunningJob, Solo
-from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats, forget_run,
+from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats,
                                      job_group, log_context, tally)
 from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_done,
                                    until_landed, wait_out)
@@ -441,8 +441,9 @@ class WorkerMachine:
         with self._guard:
             self._claiming = None
             self._stats.claimed += len(pairs)
+            held = self._held
             for job_id, token in pairs:
-                self._held[job_id] = HeldLease(job_id, token, now)
+                held[job_id] = HeldLease(job_id, token, now)
             if pairs:
                 self._held_groups.update(served)
 
@@ -463,10 +464,16 @@ class WorkerMachine:
                 groups = sorted(self._held_groups)
             yield from self._start_chunk([(h.job_id, h.token) for h in chunk], groups)
             with self._guard:  # handed out (or no longer ours)
-                for h in chunk:
-                    self._held.pop(h.job_id, None)
-                    self._early.discard(h.job_id)
-                if not self._held:
+                held = self._held
+                if len(chunk) == len(held):  # all of them (only this loop adds to it)
+                    held.clear()
+                else:
+                    for h in chunk:
+                        held.pop(h.job_id, None)
+                if self._early:
+                    for h in chunk:
+                        self._early.discard(h.job_id)
+                if not held:
                     self._held_groups.clear()
             slots -= len(chunk)
 
@@ -626,9 +633,9 @@ class WorkerMachine:
     def _mark_acking(self, outcomes: Sequence[Outcome]) -> None:
         """Outcomes handed to the acker: their leases are renewed no more (the write ends
         them, and a renewal racing it would read as a lost lease). Under ``_guard``."""
-        running = self._running
+        get = self._running.get
         for outcome in outcomes:
-            run = running.get(outcome.job.id)
+            run = get(outcome.job.id)
             if run is not None and run.token == outcome.token:
                 run.acking = True
 
@@ -673,8 +680,14 @@ class WorkerMachine:
     def _forget(self, batch: Sequence[Outcome]) -> None:
         """The batch is written (or abandoned): its runs are over; wake whoever waits."""
         with self._guard:
+            running = self._running
+            # only the run an outcome belongs to: a retried job may already run again
+            # under the same id (a new lease token) by the time this write returns
             for outcome in batch:
-                forget_run(self._running, outcome)
+                job_id = outcome.job.id
+                run = running.get(job_id)
+                if run is not None and run.token == outcome.token:
+                    del running[job_id]
             self._pending_acks -= len(batch)
             self._notify()
 
@@ -804,9 +817,9 @@ class WorkerMachine:
         """Write a batch of outcomes: cancelled runs end by cancel_active.lua, the rest by
         :meth:`_write_ended`. A mixed batch is written in two parts, each failing on its
         own (so no part is forgotten twice): the replies come back in the batch's order."""
-        ended = [o for o in batch if isinstance(o, CancelledRun)]
-        if not ended:
+        if not calls.has_kind(batch, CancelledRun):
             return (yield from self._write_ended(batch))
+        ended = [o for o in batch if isinstance(o, CancelledRun)]
         rest = [o for o in batch if not isinstance(o, CancelledRun)]
         mine = iter((yield from self._write_part(self._write_cancelled, ended)))
         got = iter((yield from self._write_part(self._write_ended, rest)) if rest else [])

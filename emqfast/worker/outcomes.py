@@ -201,12 +201,3 @@ def log_failure(job: Job, exc: BaseException, retry: bool,
             "job %r %s (queue %r, attempt %d of %d): %r", job.id,
             "will retry" if retry else "failed", job.queue, job.attempts, job.max_attempts,
             error, extra=extra)
-
-
-def forget_run(running: Dict[str, Any], outcome: Outcome) -> None:
-    """Drop the run an outcome belongs to from a Worker's ``running`` map, and only
-    that run: a retried job may already be running again under the same id (a new
-    lease token) by the time its previous outcome's write returns."""
-    current = running.get(outcome.job.id)
-    if current is not None and current.token == outcome.token:
-        del running[outcome.job.id]

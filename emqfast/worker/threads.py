@@ -71,6 +71,7 @@ Handler = Callable[[Job], Any]
 DEFAULT_BATCH = 256    # most jobs claimed per round trip, unless batch_size says otherwise
 GATHER = 64       # outcomes in hand that are worth a write without gathering more...
 GATHER_S = 0.001  # ...else gather for this long while more are coming
+_tuple_new = tuple.__new__  # builds a NamedTuple in C: once per job on the drain path
 SIGN_OFF_S = 1.0  # the heartbeat's sign-off, when the shutdown bound has passed already
 
 
@@ -639,7 +640,7 @@ class Worker(WorkerMachine):
         except BaseException as exc:  # noqa: BLE001 - a handler's failure is data
             return failure(job, token, exc, traceback.format_exc())
         if result is None:  # the common case first: no awaitable, nothing to encode
-            return Done(job, token, NULL_RESULT)
+            return _tuple_new(Done, (job, token, NULL_RESULT))  # Done(...) without its frame
         if inspect.isawaitable(result):  # e.g. a lambda calling an async def: no work done
             return awaitable_result(job, token, result)
         try:
