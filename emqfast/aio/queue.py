@@ -8,7 +8,11 @@ swap the driver (each method returns a coroutine here) and what asyncio needs be
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Dict, Iterable, Literal, Optional
+import asyncio
+import functools
+import weakref
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Dict, Iterable,
+                    Literal, NamedTuple, Optional)
 
 from emqfast.backends import gather
 from emqfast.core import codec
@@ -30,6 +34,15 @@ from emqfast.facade.schedules import Schedules as _SyncSchedules
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
 from emqfast.aio.job_wait import AioQueueWaiting
+
+
+class _Lane(NamedTuple):
+    """What a plain enqueue of one Queue needs in one event loop (see Queue._plain_lane)."""
+
+    loop: "weakref.ref[asyncio.AbstractEventLoop]"
+    forks: int  # gather.forks() when made: a forked child makes its own
+    gate: Any  # the loop client's gate (emqfast.backends.gather)
+    drive: Callable[[Op], Awaitable[Any]]  # runs a flush over the loop's client
 
 
 class Schedules(_SyncSchedules):
@@ -70,6 +83,7 @@ class Queue(AioQueueWaiting, _SyncQueue):
     @redis.setter
     def redis(self, client: Any) -> None:
         self._clients = LoopClients(client)
+        self._lane: Optional[_Lane] = None  # see _plain_lane
 
     if not TYPE_CHECKING:  # the checker keeps the base's type: enqueue(...) -> Awaitable[JobRef]
         def enqueue(self, payload: Any, *, job_id: Optional[str] = None,
@@ -84,19 +98,33 @@ class Queue(AioQueueWaiting, _SyncQueue):
                                                          **options))
             return self._enqueue_plain(payload, job_id)
 
+        enqueue.op = _SyncQueue.enqueue.op  # the generator, for operations that yield from it
+
     async def _enqueue_plain(self, payload: Any, job_id: Optional[str]) -> JobRef:
         """One job without options through the group commit (validated and encoded here,
         before it joins anything: a bad one fails alone, nothing sent)."""
         data, enc = codec.encode(payload, self.max_payload_bytes)
         # its id is minted by its flush, with the others' (cheaper than one by one)
         job = Job(UNMINTED if job_id is None else check_new_job_id(job_id), data, enc)
-        client = self._clients.current()
-        outcome = await gather.submit_async(
-            client, Gathered(self._gather_key, Entry(job, self._plain_shared()), self._flush,
-                             LIMIT), lambda op: run_async(client, op))
+        lane = self._lane
+        loop = asyncio.get_running_loop()
+        if lane is None or lane.loop() is not loop or lane.forks != gather.forks():
+            lane = self._plain_lane()
+        outcome = await gather.submit_to_async(
+            lane.gate, Gathered(self._gather_key, Entry(job, self._plain_shared()),
+                                self._flush, LIMIT), lane.drive)
         if isinstance(outcome, BaseException):
             raise outcome
         return self._bind(outcome)
+
+    def _plain_lane(self) -> "_Lane":
+        """This loop's client, its group-commit gate and flush driver, kept until another
+        loop (or a forked child) enqueues: looked up once, not per job."""
+        client = self._clients.current()
+        self._lane = _Lane(weakref.ref(asyncio.get_running_loop()), gather.forks(),
+                           gather.gate_async(client, self._gather_key),
+                           functools.partial(run_async, client))
+        return self._lane
 
     def _drive(self, op: Op) -> Any:
         # the client is picked once running (a coroutine made outside its loop still
