@@ -4,7 +4,9 @@ Every public method of :class:`emqfast.Queue`, its ``schedules`` and ``groups`` 
 :class:`emqfast.Leaderboard` is an :mod:`emqfast.core.ops` generator; these subclasses
 swap the driver (each method returns a coroutine here) and what asyncio needs besides
 (one client per event loop, an async ``events`` iterator, ``aclose``), so the logic
-(validation, keys, scripts, reply parsing) is the very same code.
+(validation, keys, scripts, reply parsing) is the very same code. One shortcut: an
+``enqueue`` without options joins the group commit directly, not through the generator
+driver (the same checks, Entry, gate and flush; see :meth:`Queue._enqueue_plain`).
 """
 from __future__ import annotations
 
