@@ -78,7 +78,7 @@ def flush_op(k: QueueKeys, wait: Wait, entries: Sequence[Entry]) -> Returns[List
 
 def _minted(entries: Sequence[Entry]) -> Sequence[Entry]:
     """``entries``, each job with an id (those :data:`UNMINTED` minted together)."""
-    todo = [i for i, entry in enumerate(entries) if entry.job.id is UNMINTED]
+    todo = [i for i, entry in enumerate(entries) if not entry.job.id]  # (UNMINTED)
     if not todo:
         return entries
     out = list(entries)
