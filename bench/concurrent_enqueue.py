@@ -81,11 +81,11 @@ def sync_threads(ctx: Ctx, n: int, threads: int = THREADS) -> float:
         return rate(per * threads, seconds)
 
 
-def _aio(ctx: Ctx, body: Callable[[Any], Any]) -> Tuple[float, int]:
+def _aio(ctx: Ctx, body: Callable[[Any], Any]) -> Tuple[float, float, int]:
     import emqfast.aio as emq_aio
 
     with fresh_queue(ctx, "cc-aio") as sync_q:
-        async def main() -> Tuple[float, int]:
+        async def main() -> Tuple[float, float, int]:
             q = emq_aio.Queue(sync_q.name, emq_aio.connect(ctx.server.url))
             await q.enqueue(b"warm")
             await q.enqueue_many([b"warm"])
@@ -93,37 +93,44 @@ def _aio(ctx: Ctx, body: Callable[[Any], Any]) -> Tuple[float, int]:
                 return await body(q)
             finally:
                 await q.aclose()
-        seconds, n = asyncio.run(main())
+        seconds, cpu, n = asyncio.run(main())
         pending = sync_q.redis.zcard(sync_q.keys.pending)
         check(pending == n + 2, f"aio: {pending} pending, want {n + 2}")
-        return seconds, n
+        return seconds, cpu, n
 
 
-def aio_many(ctx: Ctx, n: int) -> float:
-    async def body(q: Any) -> Tuple[float, int]:
+def aio_many(ctx: Ctx, n: int) -> Tuple[float, float]:
+    """jobs/s of one ``emqfast.aio`` enqueue_many, and this process's CPU µs per job."""
+    async def body(q: Any) -> Tuple[float, float, int]:
+        cpu = time.process_time()
         with stopwatch() as t:
             refs = await q.enqueue_many([PAYLOAD] * n)
+        cpu = time.process_time() - cpu
         check(len({r.id for r in refs}) == n, "aio enqueue_many: distinct refs")
-        return t[0], n
-    seconds, n = _aio(ctx, body)
-    return rate(n, seconds)
+        return t[0], cpu, n
+    seconds, cpu, n = _aio(ctx, body)
+    return rate(n, seconds), cpu / n * 1e6
 
 
-def aio_tasks(ctx: Ctx, n: int, tasks: int = TASKS) -> float:
+def aio_tasks(ctx: Ctx, n: int, tasks: int = TASKS) -> Tuple[float, float]:
+    """jobs/s of ``tasks`` asyncio tasks each awaiting ``q.enqueue`` one job at a time,
+    and the event loop's CPU µs per job (this process's: the loop is its only thread)."""
     per = n // tasks
 
-    async def body(q: Any) -> Tuple[float, int]:
+    async def body(q: Any) -> Tuple[float, float, int]:
         async def producer() -> List[Any]:
             return [await q.enqueue(PAYLOAD) for _ in range(per)]
+        cpu = time.process_time()
         with stopwatch() as t:
             got = await asyncio.gather(*(producer() for _ in range(tasks)))
+        cpu = time.process_time() - cpu
         refs = [r for mine in got for r in mine]
         check(len({r.id for r in refs}) == per * tasks and all(r.status == "pending"
                                                               for r in refs),
               "aio tasks: distinct pending refs")
-        return t[0], per * tasks
-    seconds, n = _aio(ctx, body)
-    return rate(n, seconds)
+        return t[0], cpu, per * tasks
+    seconds, cpu, n = _aio(ctx, body)
+    return rate(n, seconds), cpu / n * 1e6
 
 
 def lone_latency(ctx: Ctx, n: int) -> Tuple[float, float]:
@@ -153,13 +160,16 @@ def run(ctx: Ctx) -> List[Result]:
     """The three ratios, each a median over ``ctx.reps`` rounds."""
     n = ctx.n(16_000, 1_600)
     lone_n = ctx.n(5_000, 500)
-    rows: dict = {k: [] for k in ("many", "threads", "aio_many", "tasks", "on", "off")}
+    rows: dict = {k: [] for k in ("many", "threads", "aio_many", "tasks", "on", "off",
+                                  "aio_many_cpu", "tasks_cpu")}
     for rep in range(ctx.reps):
         ctx.progress(f"concurrent enqueue: rep {rep + 1}/{ctx.reps}")
         rows["many"].append(sync_many(ctx, n))
         rows["threads"].append(sync_threads(ctx, n))
-        rows["aio_many"].append(aio_many(ctx, n))
-        rows["tasks"].append(aio_tasks(ctx, n))
+        for key, (jobs_s, cpu_us) in (("aio_many", aio_many(ctx, n)),
+                                      ("tasks", aio_tasks(ctx, n))):
+            rows[key].append(jobs_s)
+            rows[f"{key}_cpu"].append(cpu_us)
         on, off = lone_latency(ctx, lone_n)
         rows["on"].append(on)
         rows["off"].append(off)
@@ -167,7 +177,8 @@ def run(ctx: Ctx) -> List[Result]:
     task_ratios = [a / b for a, b in zip(rows["tasks"], rows["aio_many"])]
     lone_ratios = [a / b for a, b in zip(rows["on"], rows["off"])]
     backend = emqfast.backend()
-    runs = {k: [round(v, 1) for v in vs] for k, vs in rows.items() if k not in ("on", "off")}
+    runs = {k: [round(v, 1) for v in vs] for k, vs in rows.items()
+            if k not in ("on", "off", "aio_many_cpu", "tasks_cpu")}
     us = 1e6
     return [
         Result(workload="concurrent", name=f"{THREADS} threads x q.enqueue ({backend})",
@@ -181,7 +192,9 @@ def run(ctx: Ctx) -> List[Result]:
                reference_label="emqfast.aio enqueue_many, same jobs", ratio=median(task_ratios),
                target=f">= {THROUGHPUT_TARGET}x", ok=median(task_ratios) >= THROUGHPUT_TARGET,
                verified=f"{n}/{n} pending, once",
-               details={"ratios": [round(r, 3) for r in task_ratios]}),
+               details={"ratios": [round(r, 3) for r in task_ratios],
+                        "cpu_us_per_job": {k: round(median(rows[f"{k}_cpu"]), 2)
+                                           for k in ("tasks", "aio_many")}}),
         Result(workload="concurrent", name=f"one thread: q.enqueue p50, group commit on "
                f"vs off ({backend})", value=median(rows["on"]) * us, unit="us",
                reference=median(rows["off"]) * us, reference_label="group_commit=False",
@@ -208,7 +221,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for res in run(ctx):
             print(f"{res.name}: {res.value:,.1f} {res.unit} vs {res.reference:,.1f} "
                   f"({res.reference_label}) -> {res.ratio:.3f}x (target {res.target}); "
-                  f"per round {res.details['ratios']}")
+                  f"per round {res.details['ratios']}"
+                  + (f"; process CPU us/job (median) {res.details['cpu_us_per_job']}"
+                     if "cpu_us_per_job" in res.details else ""))
     finally:
         srv.stop()
 

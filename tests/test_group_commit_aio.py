@@ -234,3 +234,107 @@ def test_a_lost_request_of_a_shared_call_is_sent_again_once(r, redis_url, qname)
 
     with FaultProxy(upstream_port_of(redis_url), seed=5) as proxy:
         asyncio.run(main(proxy))
+
+
+def test_a_task_cancelled_while_its_job_is_in_a_flush_lands_once(r, redis_url, qname):
+    """Cancelling a caller whose job is already in a flush on the wire: its job is written
+    once (the flush is not its task's, so it is never cut half-way), the caller gets
+    CancelledError at once, and the other callers of that flush get their refs."""
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        await q.enqueue_many(["warm"])  # scripts loaded: a NOSCRIPT reply counts as a call
+        held = blocked(r)
+        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            # ready together: the first lets the others join, one flush of five is sent
+            tasks = [asyncio.ensure_future(q.enqueue(f"job{i}")) for i in range(5)]
+            await wait_until_async(lambda: blocked(r) == held + 1, what="the flush held")
+            assert not gate_of(q).queue  # all five are in the flush, none waits
+            tasks[2].cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await tasks[2]
+        finally:
+            r.execute_command("CLIENT", "UNPAUSE")
+        kept = await asyncio.wait_for(asyncio.gather(*tasks[:2], *tasks[3:]), 30)
+        assert [ref.status for ref in kept] == ["pending"] * 4
+        names = sorted([(await q.get(m.decode())).payload
+                        for m in r.zrange(q.keys.pending, 0, -1)])
+        assert names == ["job0", "job1", "job2", "job3", "job4", "warm", "warm"]
+        await wait_until_async(lambda: not gate_of(q).busy, what="the gate idle")
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_plain_and_optioned_enqueues_share_a_flush_each_with_its_own_ref(r, redis_url, qname):
+    """Jobs without options (minted by their flush) and jobs with options or their own id
+    (the general operation) queued together: one ref each, the given id kept, every job
+    written once with its own options."""
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        job_id = ids.new_id()
+        rest = [q.enqueue("plain0"), q.enqueue("own-id", job_id=job_id),
+                q.enqueue("urgent", priority=5), q.enqueue("plain1")]
+        got = await held_round(r, q, q.enqueue("first"), rest, len(rest))
+        assert [ref.status for ref in got] == ["pending"] * 5
+        assert got[2].id == job_id and len({ref.id for ref in got}) == 5
+        assert [(await q.get(ref.id)).payload for ref in got] == \
+            ["first", "plain0", "own-id", "urgent", "plain1"]
+        assert (await q.get(got[3].id)).priority == 5
+        assert r.zcard(q.keys.pending) == 1 + 5
+        await q.aclose()
+    asyncio.run(main())
+
+
+def test_a_forked_child_enqueues_while_the_parents_flush_is_in_flight(r, redis_url, qname):
+    """A fork while the parent's flush is held on the wire and jobs wait behind it: the
+    child's enqueue (on a loop of its own) goes out at once, never behind the parent's
+    gate, and the parent's jobs all land."""
+    import os
+    import threading
+
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+        r.execute_command("CLIENT", "PAUSE", 20_000, "WRITE")
+        try:
+            lead = asyncio.ensure_future(q.enqueue("parent-first"))
+            await wait_until_async(lambda: gate_of(q) is not None and gate_of(q).busy,
+                                   what="the first call in flight")
+            others = [asyncio.ensure_future(q.enqueue(f"parent-{i}")) for i in range(3)]
+            await wait_until_async(lambda: len(gate_of(q).queue) == 3, what="three queued")
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - child
+                code = [1]
+
+                def child() -> None:
+                    async def one() -> None:
+                        r.execute_command("CLIENT", "UNPAUSE")
+                        ref = await asyncio.wait_for(q.enqueue("child"), 20)
+                        code[0] = 0 if ref.status == "pending" else 2
+                    asyncio.run(one())
+                try:
+                    t = threading.Thread(target=child)
+                    t.start()
+                    t.join(30)
+                finally:
+                    os._exit(code[0])
+            for _ in range(3000):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the forked child's enqueue never returned")
+            assert os.waitstatus_to_exitcode(status) == 0
+        finally:
+            r.execute_command("CLIENT", "UNPAUSE")
+        parent = await asyncio.wait_for(asyncio.gather(lead, *others), 30)
+        assert [ref.status for ref in parent] == ["pending"] * 4
+        names = sorted([(await q.get(m.decode())).payload
+                        for m in r.zrange(q.keys.pending, 0, -1)])
+        assert names == sorted(["warm", "child", "parent-first"]
+                               + [f"parent-{i}" for i in range(3)])
+        await q.aclose()
+    asyncio.run(main())

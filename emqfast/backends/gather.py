@@ -31,7 +31,8 @@ from typing import Any, Awaitable, Callable, Dict, Hashable, List, Optional, Set
 from emqfast.core.errors import ReplyLost
 from emqfast.core.ops import Gathered, Op
 
-__all__ = ["submit", "submit_async", "own", "Drive", "DriveAsync"]
+__all__ = ["submit", "submit_async", "submit_to_async", "gate_async", "forks", "own", "Drive",
+           "DriveAsync"]
 
 Drive = Callable[[Op], Any]  # runs a flush operation on the caller's connection
 DriveAsync = Callable[[Op], Awaitable[Any]]
@@ -79,12 +80,22 @@ _registry: "weakref.WeakKeyDictionary[Any, _Gates]" = weakref.WeakKeyDictionary(
 _registry_lock = threading.Lock()
 
 
+_forks = 0  # forks this process descends from: a gate kept by a caller before is its parent's
+
+
 def _reset_after_fork() -> None:
     # The child's only thread is the one that forked: every gate (its lock possibly held,
     # its waiters the parent's threads) stays with the parent.
-    global _registry, _registry_lock
+    global _registry, _registry_lock, _forks
     _registry = weakref.WeakKeyDictionary()
     _registry_lock = threading.Lock()
+    _forks += 1
+
+
+def forks() -> int:
+    """How many forks this process descends from: a caller keeping a gate
+    (:func:`gate_async`) looks it up again when this changed."""
+    return _forks
 
 
 if hasattr(os, "register_at_fork"):
@@ -210,7 +221,19 @@ def _hand_on(gate: _Gate) -> None:
 
 def submit_async(client: Any, req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
     """This item's outcome (see the module doc), to await in the running event loop."""
-    gate: _AsyncGate = _gate(client, req.key, _AsyncGate)
+    return submit_to_async(_gate(client, req.key, _AsyncGate), req, drive)
+
+
+def gate_async(client: Any, key: Hashable) -> "_AsyncGate":
+    """The asyncio gate of ``client`` and ``key``, for a caller to keep and pass to
+    :func:`submit_to_async` (looked up again in its event loop's client, and after a
+    fork: see :func:`forks`)."""
+    gate: _AsyncGate = _gate(client, key, _AsyncGate)
+    return gate
+
+
+def submit_to_async(gate: "_AsyncGate", req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
+    """:func:`submit_async` through a gate the caller kept (:func:`gate_async`)."""
     if gate.busy:
         # the future itself, no coroutine around it: most callers take this way
         future = asyncio.get_running_loop().create_future()

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 from emqfast.backends.gather import own
 from emqfast.backends.scripts import map_error
 from emqfast.backends.transport import LOST, UNSENT
+from emqfast.core import ids
 from emqfast.core.errors import (ConnectionFailed, EmqError, InvalidInput, NotReplicated,
                                  ReplyLost)
 from emqfast.core.keys import QueueKeys
@@ -42,10 +43,11 @@ from emqfast.facade.admission import (ADMITTED, Job, Shared, Wait, check_replica
 from emqfast.facade.enqueue_batch import MANY_CHUNK, many_columns
 from emqfast.facade.job import JobRef, ref_of, refs_of
 
-__all__ = ["Entry", "flush_op", "LIMIT"]
+__all__ = ["Entry", "flush_op", "LIMIT", "UNMINTED"]
 
 LIMIT = MANY_CHUNK  # jobs per flush: each part is at most one enqueue_many.lua call
 
+UNMINTED = ""  # a job id its flush mints, with the flush's others: one lock and clock read
 Outcome = Union[JobRef, BaseException]
 _ENQUEUED = {0: "duplicate", **ADMITTED}  # enqueue(_many).lua's status codes
 
@@ -58,7 +60,9 @@ class Entry(NamedTuple):
 
 
 def flush_op(k: QueueKeys, wait: Wait, entries: Sequence[Entry]) -> Returns[List[Outcome]]:
-    """Send ``entries`` (all of queue ``k``); one outcome per entry, in order."""
+    """Send ``entries`` (all of queue ``k``); one outcome per entry, in order. A job whose
+    id is :data:`UNMINTED` gets a fresh one here, before anything is sent."""
+    entries = _minted(entries)
     if len(entries) == 1:
         return [(yield from _lone(k, wait, entries[0]))]
     parts = _parts(entries)
@@ -70,6 +74,18 @@ def flush_op(k: QueueKeys, wait: Wait, entries: Sequence[Entry]) -> Returns[List
         for i, outcome in zip(picks, got):
             outcomes[i] = outcome
     return outcomes
+
+
+def _minted(entries: Sequence[Entry]) -> Sequence[Entry]:
+    """``entries``, each job with an id (those :data:`UNMINTED` minted together)."""
+    todo = [i for i, entry in enumerate(entries) if not entry.job.id]  # (UNMINTED)
+    if not todo:
+        return entries
+    out = list(entries)
+    for i, job_id in zip(todo, ids.new_ids(len(todo))):
+        job = out[i].job
+        out[i] = Entry(Job(job_id, job.data, job.enc), out[i].shared)
+    return out
 
 
 def _lone(k: QueueKeys, wait: Wait, entry: Entry) -> Returns[Outcome]:
