@@ -451,7 +451,9 @@ class Worker(WorkerMachine):
                 except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
                     self._ack_failed(batch, exc)
                 else:  # written and forgotten: a cancellation from here re-sends nothing
-                    await self._drive(self._write_run_times(batch, replies))
+                    await self._drive(self._write_run_times(batch, replies,
+                                                            later=bool(self._outcomes)))
+        await self._drive(self._write_run_times([], []))  # those kept, if any
 
     async def _release_queued(self) -> None:
         """Release the jobs whose tasks were cancelled (retried for a few seconds, then left

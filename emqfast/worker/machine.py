@@ -34,6 +34,7 @@ from emqfast.core.validation import check_int
 from emqfast.facade import tracing
 from emqfast.facade.deps import DependencyStep
 from emqfast.facade.job import Job
+from emqfast.facade.metrics import Observations
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedules
 from emqfast.worker import calls
@@ -131,6 +132,7 @@ class WorkerMachine:
         self._rows = JobRows(queue.name)
         self._running: Dict[str, RunningJob] = {}
         self._pending_acks = 0  # outcomes (or releases) handed to the acker, not written yet
+        self._times_kept: Optional[Observations] = None  # run times for the next write
         self._groups: List[str] = []  # ready groups named by the last claim
         self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
         self._next_beat = 0.0
@@ -643,8 +645,12 @@ class WorkerMachine:
         """Write a batch of outcomes, count and forget them; the replies (for the run
         times). A stopping worker re-sends until ``_ack_until`` only."""
         plan = AckPlan(self._keys, batch)
-        replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until,
-                                                        self._connections_suspect)))
+        riders, self._times_kept = self._times_kept, None  # kept run times ride along
+        riders = [metrics_call(self._keys, riders)] if riders else []
+        got = yield from until_landed(plan.calls, self._who, self._ack_until,
+                                      self._connections_suspect, riders)
+        self._run_times_landed(got[len(plan.calls):])
+        replies = plan.replies(got[:len(plan.calls)])
         gone = tally(self.stats, batch, replies, plan.retrying)
         if gone:
             self._say_keys_gone(str(gone[0]), len(gone))
@@ -662,20 +668,35 @@ class WorkerMachine:
                   "or obliterate() empties a queue; what is enqueued again runs as usual",
                   self._who, self.queue.name, why, jobs)
 
-    def _write_run_times(self, batch: List[Outcome], replies: List[Any]) -> Logic:
-        """Add the batch's wait/run times to the histograms in one call. Best effort: the
-        outcomes (and the exact counters) are already written, so a failure is logged,
-        not retried."""
+    def _write_run_times(self, batch: List[Outcome], replies: List[Any],
+                         later: bool = False) -> Logic:
+        """Add the batch's wait/run times to the histograms: ``later`` (more outcomes are
+        queued), kept to ride along with the next outcomes write (no round trip of their
+        own); else written now in one call, with any kept before. Best effort: the
+        outcomes (and the exact counters) are written already, so a failure is logged,
+        never re-sent (metrics_add.lua adds: a re-send could count twice)."""
         obs = run_times(batch, replies)
+        kept = self._times_kept
+        if kept is not None:  # (batches are few: a dict merge each is cheap)
+            for field, n in kept.fields.items():
+                obs.fields[field] = obs.fields.get(field, 0) + n
+        self._times_kept = None
         if not obs:
             return
+        if later:
+            self._times_kept = obs
+            return
         try:
-            [reply] = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
-            if isinstance(reply, Exception):
-                raise reply
+            got = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
         except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
-            log.warning("%s: could not record run times of %d jobs (%s)", self._who,
-                        len(batch), exc)
+            got = [exc]
+        self._run_times_landed(got)
+
+    def _run_times_landed(self, replies: Sequence[Any]) -> None:
+        """Log a run-times write that failed (``replies``: metrics_add.lua's, if any)."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                log.warning("%s: could not record some run times (%s)", self._who, reply)
 
     def _forget(self, batch: Sequence[Outcome]) -> None:
         """The batch is written (or abandoned): its runs are over; wake whoever waits."""
