@@ -115,12 +115,12 @@ def machine() -> Machine:
 
 def test_a_turn_claims_starts_and_hands_out_the_claimed_jobs(machine):
     answers = {"WaitForRoom": (2, 2), "claim": claim_reply(("JOBa", "w1:1"), ("JOBb", "w1:2")),
-               "start": start_reply(start_row(), start_row())}
+               "batch:start": [start_reply(start_row(), start_row())]}
     log: List[Any] = []
     done = drive(machine._turn(until_idle=True, wait_scheduled=False),
                  lambda r: answers[name_of(r)], log)
     assert done is False  # jobs were claimed: not idle
-    assert [name_of(r) for r in log] == ["WaitForRoom", "claim", "start"]
+    assert [name_of(r) for r in log] == ["WaitForRoom", "claim", "batch:start"]
     claim = log[1]
     assert claim.args[0] == 2  # no more than the room
     assert [(job.id, token) for job, token in machine.handed] == [("JOBa", "w1:1"),
@@ -163,7 +163,8 @@ def test_a_lost_claim_reply_is_re_sent_with_the_same_request_id(machine):
         if n == "claim":
             sent.append(r)
             return ReplyLost("cut") if len(sent) == 1 else claim_reply(("JOBa", "w1:1"))
-        return {"WaitForRoom": (2, 2), "Sleep": None, "start": start_reply(start_row())}[n]
+        return {"WaitForRoom": (2, 2), "Sleep": None,
+                "batch:start": [start_reply(start_row())]}[n]
 
     drive(machine._turn(until_idle=True, wait_scheduled=False), answer, [])
     assert len(sent) == 2 and sent[0].args == sent[1].args  # same request id: no new pops
@@ -189,7 +190,7 @@ def test_a_busy_server_is_waited_out_and_a_permission_error_stops_the_loop(machi
 
 def _running(machine: Machine, *pairs: Tuple[str, str]) -> None:
     answers = {"WaitForRoom": (2, 2), "claim": claim_reply(*pairs),
-               "start": start_reply(*(start_row() for _ in pairs))}
+               "batch:start": [start_reply(*(start_row() for _ in pairs))]}
     drive(machine._turn(until_idle=True, wait_scheduled=False),
           lambda r: answers[name_of(r)], [])
 
@@ -385,10 +386,33 @@ def test_a_held_job_cancelled_before_it_starts_is_stopped_as_it_starts(machine):
     machine.prefetch = 5
     machine._hold([("JOBa", "w1:1")], [])
     machine._on_cancel("JOBa")  # heard while held: no run to stop yet
-    answers = {"start": start_reply(start_row())}
+    answers = {"batch:start": [start_reply(start_row())]}
     drive(machine._start_held(1), lambda r: answers[name_of(r)], [])
     [(job, _)] = machine.handed
     assert job.cancelled and job.cancel_reason == "cancelled"
+
+
+def test_held_jobs_start_in_chunks_sent_together_and_a_busy_chunk_alone_is_re_sent(machine):
+    from emqfast.worker import calls
+    machine.prefetch = 1000
+    pairs = [(f"JOB{i}", f"w1:{i}") for i in range(calls.START_CHUNK + 2)]
+    machine._hold(pairs, [])
+    sent: List[Any] = []
+
+    def answer(r: Any) -> Any:
+        if isinstance(r, Sleep):
+            return None
+        sent.append([len(c.args) - 1 for c in r.items])  # pairs' values per start call
+        if len(sent) == 1:  # the first chunk lands, the second meets BUSY
+            return [start_reply(*(start_row() for _ in range(calls.START_CHUNK))),
+                    ServerBusy("BUSY")]
+        return [start_reply(start_row(), start_row())]
+
+    drive(machine._start_held(len(pairs)), answer, [])
+    # one round trip for both chunks, then the busy one alone: each job started once
+    assert sent == [[2 * calls.START_CHUNK, 4], [4]]
+    assert [job.id for job, _ in machine.handed] == [i for i, _ in pairs]
+    assert not machine._held
 
 
 # --- a many-queue Worker's members: machines sharing one crew, still without Redis --------
@@ -419,7 +443,7 @@ def test_the_queues_of_a_crew_share_one_budget_of_handler_slots(crew):
     assert crew.room(high) == (2, 2)  # concurrency 2, nothing held anywhere
     answers = {"WaitForRoom": crew.room(high),
                "claim": claim_reply(("JOBa", "t1"), ("JOBb", "t2")),
-               "start": start_reply(start_row(), start_row())}
+               "batch:start": [start_reply(start_row(), start_row())]}
     drive(high._turn(until_idle=True, wait_scheduled=False), lambda r: answers[name_of(r)], [])
     assert len(high._running) == 2
     crew.may_block(high)  # its next claim came back empty: the low queue's turn

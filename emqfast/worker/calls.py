@@ -46,6 +46,7 @@ PROMOTE_BATCH = 500
 # Claimed jobs per start.lua call: one call's Lua run stays ~1-2 ms, well inside the
 # 20 ms a busy host may stretch it to (acks.COMPLETE_CHUNK likewise for complete.lua).
 START_CHUNK = 128
+START_PIPELINE = 8 * START_CHUNK  # jobs a Worker starts per round trip, at most
 # Leases extended / jobs released per script call (bounded server work per call).
 LEASE_CHUNK = 500
 

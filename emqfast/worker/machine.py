@@ -45,8 +45,8 @@ from emqfast.worker.heartbeat import Heartbeat
 from emqfast.worker.leases import SOLO, HeldLease, Prefetch, RunningJob, Solo
 from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats,
                                      job_group, log_context, tally)
-from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_done,
-                                   until_landed, wait_out)
+from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_all,
+                                   until_done, until_landed, wait_out)
 
 log = logging.getLogger("emqfast.worker")
 
@@ -462,7 +462,7 @@ class WorkerMachine:
     def _start_reserved(self, slots: int) -> Logic:
         while slots > 0 and self._held:
             with self._guard:
-                chunk = list(islice(self._held.values(), min(slots, calls.START_CHUNK)))
+                chunk = list(islice(self._held.values(), min(slots, calls.START_PIPELINE)))
                 groups = sorted(self._held_groups)
             yield from self._start_chunk([(h.job_id, h.token) for h in chunk], groups)
             with self._guard:  # handed out (or no longer ours)
@@ -480,15 +480,20 @@ class WorkerMachine:
             slots -= len(chunk)
 
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
-        start = calls.start_call(self._keys, pairs, groups)
+        """Start ``pairs`` in calls of ``START_CHUNK`` sent in one round trip, and hand out
+        those started."""
+        chunks = [pairs[at:at + calls.START_CHUNK]
+                  for at in range(0, len(pairs), calls.START_CHUNK)]
         # re-sent after a lost reply: a job already started by its token is not counted twice
-        rows = yield from until_done(start, "start", self._who, self._stop_overdue,
-                                     self._connections_suspect)
-        if rows is None:  # stopping and Redis still unreachable: the leases will expire
+        replies = yield from until_all([calls.start_call(self._keys, c, groups) for c in chunks],
+                                       "start", self._who, self._stop_overdue,
+                                       self._connections_suspect)
+        if replies is None:  # stopping and Redis still unreachable: the leases will expire
             log.warning("%s: could not start %d claimed jobs before stopping; the reaper "
                         "will hand them back", self._who, len(pairs))
             return
-        started = calls.started_jobs(self._rows, pairs, rows)
+        started = [run for chunk, rows in zip(chunks, replies)
+                   for run in calls.started_jobs(self._rows, chunk, rows)]
         if started:
             yield from self._deps.load_results(started)  # job.dependency_results()
             self._hand_out(started)

@@ -111,6 +111,42 @@ def until_done(call: Any, what: str, who: str, give_up: Callable[[], bool] = nev
             yield Sleep(wait)
 
 
+def until_all(calls: Sequence[Any], what: str, who: str, give_up: Callable[[], bool] = never,
+              lost: Callable[[], None] = nothing) -> Logic:
+    """:func:`until_done` for calls sent together in one pipeline (one round trip), each
+    safe to re-send alone: those a transient fault kept from landing (the whole pipeline
+    on a lost connection or reply) are sent again, with backoff, until every call has its
+    reply, or ``give_up()``: None then. A permanent error (a call's reply included) is
+    raised."""
+    replies: List[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    backoff = Backoff()
+    while True:
+        try:
+            got = yield Batch([calls[i] for i in todo])
+            fault: Any = None
+        except Exception as exc:  # noqa: BLE001 - sorted by transient()
+            fault, got = exc, []
+            if not transient(exc):
+                raise
+            _lost(exc, lost)
+        for i, reply in zip(todo, got):
+            if isinstance(reply, BaseException) and not transient(reply):
+                raise reply
+            replies[i] = reply
+        if got:
+            todo = [todo[j] for j in transient_slots(got)]
+            fault = replies[todo[0]] if todo else None
+        if not todo:
+            return replies
+        if give_up():
+            return None
+        wait = backoff()
+        log.warning("%s: %s failed (%s); re-sending in %.2fs", who, what,
+                    type(typed(fault)).__name__, wait)
+        yield Sleep(wait)
+
+
 def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None,
                  lost: Callable[[], None] = nothing, riders: Sequence[Any] = ()) -> Logic:
     """Every call's reply, re-sending (with backoff) the calls a transient fault kept from
