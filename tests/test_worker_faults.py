@@ -247,8 +247,10 @@ class _LoseFirstReplies:
 
         monkeypatch.setattr(scripts.Script, "__call__", call)
         monkeypatch.setattr(scripts.Script, "call_async", call_async)
-        # the drivers' pipelines of script calls: the acks' Batcher (sync), redis.asyncio
+        # the drivers' pipelines of script calls: the acks' Batcher (sync), the starts'
+        # pipeline over the client (sync), redis.asyncio
         monkeypatch.setattr(drive, "run_calls", batch(drive.run_calls))
+        monkeypatch.setattr(drive, "send", batch(drive.send))
         monkeypatch.setattr(drive, "send_async", batch_async(drive.send_async))
 
 

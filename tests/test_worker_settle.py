@@ -7,23 +7,33 @@ import asyncio
 import pytest
 
 import emqfast.aio as emq
-from emqfast.backends import scripts
+from emqfast.backends import drive, scripts
 from waiting import wait_until_async
 
 
 @pytest.mark.parametrize("script", ["claim", "start"])
 def test_cancelled_run_hands_back_the_jobs_of_a_cut_short_call(redis_url, qname, monkeypatch,
                                                                script):
-    original = scripts.Script.call_async
+    original, original_batch = scripts.Script.call_async, drive.send_async
     ran = {"n": 0}
+
+    async def hold(name, reply):
+        if name == script and isinstance(reply, list) and len(reply) > 3 and not ran["n"]:
+            ran["n"] += 1  # the first only
+            await asyncio.sleep(30)  # cancelled here: the call ran, its reply is never read
 
     async def held_reply(self, client, keys, args):
         reply = await original(self, client, keys, args)
-        if self.name == script and len(reply) > 3 and not ran["n"]:  # the first only
-            ran["n"] += 1
-            await asyncio.sleep(30)  # cancelled here: the call ran, its reply is never read
+        await hold(self.name, reply)
         return reply
+
+    async def held_batch(client, calls, *rest):  # (the starts go as one pipeline)
+        replies = await original_batch(client, calls, *rest)
+        for call, reply in zip(calls, replies):
+            await hold(call[0].name, reply)
+        return replies
     monkeypatch.setattr(scripts.Script, "call_async", held_reply)
+    monkeypatch.setattr(drive, "send_async", held_batch)
 
     async def handler(job):
         raise AssertionError("no handler may run")

@@ -451,8 +451,7 @@ class Worker(WorkerMachine):
                 except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
                     self._ack_failed(batch, exc)
                 else:  # written and forgotten: a cancellation from here re-sends nothing
-                    await self._drive(self._write_run_times(batch, replies,
-                                                            later=bool(self._outcomes)))
+                    await self._drive(self._write_run_times(batch, replies, bool(self._outcomes)))
         await self._drive(self._write_run_times([], []))  # those kept, if any
 
     async def _release_queued(self) -> None:
@@ -470,14 +469,13 @@ class Worker(WorkerMachine):
 
     # --- running handlers: a task per job ----------------------------------------------
 
-
     def _hand_out(self, started: List[Tuple[Job, str]]) -> None:
         """A task per started job (bounded by the semaphore)."""
         now = time.monotonic()
         hooks = self._run_hooks
         for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
-            running = RunningJob(job, token, now)
+            running = self._started_lease(job, token, now)
             self._running[job.id] = running
             self._in_hand += 1
             running.task = tasks.spawn(self._run_job(job, token), name=f"emq-job-{job.id}")

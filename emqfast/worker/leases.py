@@ -1,8 +1,9 @@
-"""What a Worker holds under its leases: the jobs it runs (:class:`RunningJob`), the jobs it
-claimed and has not started (:class:`HeldLease`), and how many it may hold beyond its
-``concurrency`` (:class:`Prefetch`); and the budget of handler slots it shares
-(:class:`Solo`: a Worker of one queue keeps its own; a many-queue Worker's queues share a
-:class:`~emqfast.worker.crew.Crew`, which answers the same questions for all of them).
+"""What a Worker holds under its leases: the jobs it claimed, held until a handler slot
+frees then running (:class:`RunningJob`, one record each from claim to outcome), and how
+many it may hold beyond its ``concurrency`` (:class:`Prefetch`); and the budget of
+handler slots it shares (:class:`Solo`: a Worker of one queue keeps its own; a many-queue
+Worker's queues share a :class:`~emqfast.worker.crew.Crew`, which answers the same
+questions for all of them).
 
 :class:`Prefetch` allows none until handlers have been timed, then enough that a
 waiting job starts within about :data:`PREFETCH_BUDGET_S`. Slow handlers get no
@@ -27,14 +28,20 @@ _EWMA_WEIGHT = 0.1
 
 
 class RunningJob:
-    """A started job this worker holds under a lease: running, or about to be. A plain
-    class with slots, not a dataclass: one is made per job on the hot path."""
+    """A job this worker holds under a lease, one record from its claim to its outcome:
+    held (claimed, waiting for a free handler slot: ``job`` is None until start.lua ran;
+    start.lua runs only when a slot frees, so a paused queue starts none of these), then
+    started (running, or about to be). A plain class with slots, not a dataclass: one is
+    made per job on the hot path."""
 
-    __slots__ = ("job", "token", "extended_at", "task", "lost", "acking")
+    __slots__ = ("job_id", "job", "token", "extended_at", "task", "lost", "acking")
+    job: Job  # None while held (see held): only a started record's is read
 
-    def __init__(self, job: Job, token: str, extended_at: float, task: Optional[Any] = None,
-                 lost: bool = False, acking: bool = False):
-        self.job = job
+    def __init__(self, job: Optional[Job], token: str, extended_at: float,
+                 task: Optional[Any] = None, lost: bool = False, acking: bool = False,
+                 job_id: str = ""):
+        self.job_id = job.id if job is not None else job_id
+        self.job = job  # type: ignore[assignment]  # (None: held)
         self.token = token
         self.extended_at = extended_at  # monotonic seconds of the last lease grant
         self.task = task  # the asyncio driver's task running it
@@ -42,28 +49,18 @@ class RunningJob:
         self.acking = acking  # its outcome (or release) is being written: renew no more
 
     @property
-    def job_id(self) -> str:
-        return self.job.id
+    def held(self) -> bool:
+        """Claimed, not started yet (no handler has it)."""
+        return self.job is None
 
     def __repr__(self) -> str:
-        return f"RunningJob(job_id={self.job.id!r}, token={self.token!r}, lost={self.lost})"
+        return (f"RunningJob(job_id={self.job_id!r}, token={self.token!r}, held={self.held}, "
+                f"lost={self.lost})")
 
 
-class HeldLease:
-    """A job claimed (leased) but not started: prefetched, waiting for a free handler slot.
-    start.lua runs only when a slot frees, so a paused queue starts none of these."""
-
-    __slots__ = ("job_id", "token", "extended_at", "lost", "acking")
-
-    def __init__(self, job_id: str, token: str, extended_at: float, lost: bool = False):
-        self.job_id = job_id
-        self.token = token
-        self.extended_at = extended_at  # monotonic seconds of the last lease grant
-        self.lost = lost
-        self.acking = False  # never: held jobs have no outcome (kept for the lease renewal)
-
-    def __repr__(self) -> str:
-        return f"HeldLease(job_id={self.job_id!r}, token={self.token!r}, lost={self.lost})"
+def held_lease(job_id: str, token: str, extended_at: float) -> RunningJob:
+    """The record of a job just claimed (see :class:`RunningJob`)."""
+    return RunningJob(None, token, extended_at, job_id=job_id)
 
 
 class Prefetch:

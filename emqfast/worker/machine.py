@@ -25,7 +25,7 @@ import time
 import uuid
 from itertools import islice, takewhile
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set,
-                    Tuple, Union)
+                    Tuple)
 
 from emqfast.core.errors import EvictionRisk, PermissionDenied, VersionMismatch
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, PopMarker, WaitDrained,
@@ -42,7 +42,7 @@ from emqfast.worker.calls import (AckPlan, JobRows, cancel_active_call, free_cal
                                   metrics_call, run_times)
 from emqfast.worker.cancels import CANCELLED, Stop, check_timeouts, stop_outcome
 from emqfast.worker.heartbeat import Heartbeat
-from emqfast.worker.leases import SOLO, HeldLease, Prefetch, RunningJob, Solo
+from emqfast.worker.leases import SOLO, Prefetch, RunningJob, Solo, held_lease
 from emqfast.worker.outcomes import (CancelledRun, Failed, Outcome, WorkerStats,
                                      job_group, log_context, tally)
 from emqfast.worker.resend import (Backoff, pipeline_until, transient, typed, until_all,
@@ -54,7 +54,7 @@ TRIM_EVERY_S = 5.0  # retention (trim) runs on the beat at most this often
 ACK_BATCH = 1000  # outcomes written per AckPlan at most
 
 Held = Tuple[str, str, Optional[str]]  # (job id, lease token, group or None)
-Lease = Union[RunningJob, HeldLease]  # a lease this worker renews
+Lease = RunningJob  # a lease this worker renews: held or running
 
 
 class WorkerMachine:
@@ -63,6 +63,7 @@ class WorkerMachine:
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
     _guard: ContextManager[Any]  # the driver's: a lock (threads), a null context (asyncio)
     _members: Sequence["WorkerMachine"] = ()  # a many-queue Worker's (see _lead)
+    _times_kept: Optional[Observations] = None  # run times riding with the next write
 
     # --- what each driver supplies: the machine's interface to it ------------------------
     def _stop_requested(self) -> bool:
@@ -132,7 +133,6 @@ class WorkerMachine:
         self._rows = JobRows(queue.name)
         self._running: Dict[str, RunningJob] = {}
         self._pending_acks = 0  # outcomes (or releases) handed to the acker, not written yet
-        self._times_kept: Optional[Observations] = None  # run times for the next write
         self._groups: List[str] = []  # ready groups named by the last claim
         self._due_hint: Optional[float] = None  # server ms the current wait's run-at is due
         self._next_beat = 0.0
@@ -146,7 +146,7 @@ class WorkerMachine:
         # (prefetched: start.lua runs only when a handler slot is free, so a paused queue
         # starts none of them): what a pause or the shutdown hands back (see _settle)
         self._claiming: Any = None
-        self._held: Dict[str, HeldLease] = {}  # job id -> lease, in claim order
+        self._held: Dict[str, RunningJob] = {}  # job id -> held lease, in claim order
         self._held_groups: Set[str] = set()  # the groups the claims of held jobs served
         self._early: Set[str] = set()  # held jobs asked to cancel (their handler never runs)
         self._keys_gone_said = False  # the queue's keys vanished: said once (see _renew)
@@ -445,7 +445,7 @@ class WorkerMachine:
             self._stats.claimed += len(pairs)
             held = self._held
             for job_id, token in pairs:
-                held[job_id] = HeldLease(job_id, token, now)
+                held[job_id] = held_lease(job_id, token, now)
             if pairs:
                 self._held_groups.update(served)
 
@@ -478,6 +478,14 @@ class WorkerMachine:
                 if not held:
                     self._held_groups.clear()
             slots -= len(chunk)
+
+    def _started_lease(self, job: Job, token: str, now: float) -> RunningJob:
+        """The record of a job just started: its held lease's, now with its job."""
+        run = self._held.get(job.id)
+        if run is None or run.token != token:  # (not held: e.g. a scripted test)
+            return RunningJob(job, token, now)
+        run.job, run.lost = job, False  # started: start.lua found the lease ours
+        return run
 
     def _start_chunk(self, pairs: Sequence[Tuple[str, str]], groups: List[str]) -> Logic:
         """Start ``pairs`` in calls of ``START_CHUNK`` sent in one round trip, and hand out
@@ -571,7 +579,7 @@ class WorkerMachine:
     def _lease_gone(self, r: Lease, quiet: bool = False) -> None:
         """A renewal found the lease gone (reaped after a stall, deleted by hand; ``quiet``:
         with the whole queue, said once already)."""
-        if isinstance(r, HeldLease):
+        if r.job is None:
             if self._held.get(r.job_id) is r:  # never started: just forget it
                 r.lost = True
                 if r.job_id not in self._early and not quiet:  # (cancelled while held:
@@ -650,8 +658,8 @@ class WorkerMachine:
         """Write a batch of outcomes, count and forget them; the replies (for the run
         times). A stopping worker re-sends until ``_ack_until`` only."""
         plan = AckPlan(self._keys, batch)
-        riders, self._times_kept = self._times_kept, None  # kept run times ride along
-        riders = [metrics_call(self._keys, riders)] if riders else []
+        kept, self._times_kept = self._times_kept, None  # kept run times ride along
+        riders = [metrics_call(self._keys, kept)] if kept else []
         got = yield from until_landed(plan.calls, self._who, self._ack_until,
                                       self._connections_suspect, riders)
         self._run_times_landed(got[len(plan.calls):])

@@ -568,7 +568,8 @@ class Worker(WorkerMachine):
         hooks = self._run_hooks
         for job, token in started:  # no per-job callables: cheaper per job
             job._run, job._run_token = hooks, token
-        runs = {job.id: RunningJob(job, token, now) for job, token in started}
+        lease = self._started_lease
+        runs = {job.id: lease(job, token, now) for job, token in started}
         with self._lock:
             self._running.update(runs)
             self._stop_early(started)  # cancelled while held: stopped before a handler sees it
