@@ -451,8 +451,7 @@ class Worker(WorkerMachine):
                 except Exception as exc:  # noqa: BLE001 - the acker must outlive any one batch
                     self._ack_failed(batch, exc)
                 else:  # written and forgotten: a cancellation from here re-sends nothing
-                    await self._drive(self._write_run_times(batch, replies, bool(self._outcomes)))
-        await self._drive(self._write_run_times([], []))  # those kept, if any
+                    await self._drive(self._write_run_times(batch, replies))
 
     async def _release_queued(self) -> None:
         """Release the jobs whose tasks were cancelled (retried for a few seconds, then left

@@ -34,7 +34,6 @@ from emqfast.core.validation import check_int
 from emqfast.facade import tracing
 from emqfast.facade.deps import DependencyStep
 from emqfast.facade.job import Job
-from emqfast.facade.metrics import Observations
 from emqfast.facade.queue import Queue
 from emqfast.facade.schedules import Schedules
 from emqfast.worker import calls
@@ -63,7 +62,6 @@ class WorkerMachine:
     _label = "worker"  # how log lines name this kind of worker (the logger says "emqfast")
     _guard: ContextManager[Any]  # the driver's: a lock (threads), a null context (asyncio)
     _members: Sequence["WorkerMachine"] = ()  # a many-queue Worker's (see _lead)
-    _times_kept: Optional[Observations] = None  # run times riding with the next write
 
     # --- what each driver supplies: the machine's interface to it ------------------------
     def _stop_requested(self) -> bool:
@@ -658,12 +656,8 @@ class WorkerMachine:
         """Write a batch of outcomes, count and forget them; the replies (for the run
         times). A stopping worker re-sends until ``_ack_until`` only."""
         plan = AckPlan(self._keys, batch)
-        kept, self._times_kept = self._times_kept, None  # kept run times ride along
-        riders = [metrics_call(self._keys, kept)] if kept else []
-        got = yield from until_landed(plan.calls, self._who, self._ack_until,
-                                      self._connections_suspect, riders)
-        self._run_times_landed(got[len(plan.calls):])
-        replies = plan.replies(got[:len(plan.calls)])
+        replies = plan.replies((yield from until_landed(plan.calls, self._who, self._ack_until,
+                                                        self._connections_suspect)))
         gone = tally(self.stats, batch, replies, plan.retrying)
         if gone:
             self._say_keys_gone(str(gone[0]), len(gone))
@@ -681,35 +675,20 @@ class WorkerMachine:
                   "or obliterate() empties a queue; what is enqueued again runs as usual",
                   self._who, self.queue.name, why, jobs)
 
-    def _write_run_times(self, batch: List[Outcome], replies: List[Any],
-                         later: bool = False) -> Logic:
-        """Add the batch's wait/run times to the histograms: ``later`` (more outcomes are
-        queued), kept to ride along with the next outcomes write (no round trip of their
-        own); else written now in one call, with any kept before. Best effort: the
-        outcomes (and the exact counters) are written already, so a failure is logged,
-        never re-sent (metrics_add.lua adds: a re-send could count twice)."""
+    def _write_run_times(self, batch: List[Outcome], replies: List[Any]) -> Logic:
+        """Add the batch's wait/run times to the histograms in one call. Best effort: the
+        outcomes (and the exact counters) are already written, so a failure is logged,
+        not retried."""
         obs = run_times(batch, replies)
-        kept = self._times_kept
-        if kept is not None:  # (batches are few: a dict merge each is cheap)
-            for field, n in kept.fields.items():
-                obs.fields[field] = obs.fields.get(field, 0) + n
-        self._times_kept = None
         if not obs:
             return
-        if later:
-            self._times_kept = obs
-            return
         try:
-            got = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
-        except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
-            got = [exc]
-        self._run_times_landed(got)
-
-    def _run_times_landed(self, replies: Sequence[Any]) -> None:
-        """Log a run-times write that failed (``replies``: metrics_add.lua's, if any)."""
-        for reply in replies:
+            [reply] = yield Batch([metrics_call(self._keys, obs)], via_batcher=True)
             if isinstance(reply, Exception):
-                log.warning("%s: could not record some run times (%s)", self._who, reply)
+                raise reply
+        except Exception as exc:  # noqa: BLE001 - never lose the acks over metrics
+            log.warning("%s: could not record run times of %d jobs (%s)", self._who,
+                        len(batch), exc)
 
     def _forget(self, batch: Sequence[Outcome]) -> None:
         """The batch is written (or abandoned): its runs are over; wake whoever waits."""

@@ -148,34 +148,25 @@ def until_all(calls: Sequence[Any], what: str, who: str, give_up: Callable[[], b
 
 
 def until_landed(calls: Sequence[Any], who: str, until: Optional[float] = None,
-                 lost: Callable[[], None] = nothing, riders: Sequence[Any] = ()) -> Logic:
+                 lost: Callable[[], None] = nothing) -> Logic:
     """Every call's reply, re-sending (with backoff) the calls a transient fault kept from
     landing (a lost connection or reply, LOADING after a restart, BUSY, a failover, OOM)
     until Redis takes them: an outcome is never dropped while it can still be written.
     complete.lua and fail.lua are idempotent by token, so a re-sent call whose first send
     ran reports success. Permanent errors are raised, and so is the fault when the next
     try would pass ``until`` (monotonic s; a stopping worker's bound). ``lost()`` runs when
-    a connection was lost.
-
-    ``riders`` (calls that must not run twice, e.g. metrics_add.lua) go along with the
-    first try only, never re-sent: their replies end the list, the fault in place of a
-    reply when that try failed as a whole (they may or may not have run)."""
-    replies: List[Any] = [None] * (len(calls) + len(riders))
+    a connection was lost."""
+    replies: List[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     backoff = Backoff()
-    first = list(riders)
     while True:
         try:
-            sent, first = [*[calls[i] for i in todo], *first], []
-            got = yield Batch(sent, via_batcher=True)
+            got = yield Batch([calls[i] for i in todo], via_batcher=True)
             for i, reply in zip(todo, got):
                 replies[i] = reply
-            replies[len(calls):len(calls) + len(got) - len(todo)] = got[len(todo):]
-            todo = [todo[j] for j in transient_slots(got[:len(todo)])]
+            todo = [todo[j] for j in transient_slots(got)]
             fault: Any = replies[todo[0]] if todo else None
         except Exception as exc:  # noqa: BLE001 - sorted by transient()
-            if len(sent) > len(todo):  # the riders' one try
-                replies[len(calls):] = [exc] * len(riders)
             if not transient(exc):
                 raise
             _lost(exc, lost)

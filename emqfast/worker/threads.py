@@ -716,7 +716,6 @@ class Worker(WorkerMachine):
             while True:
                 batch = self._next_ack_batch()
                 if batch is None:
-                    self._drive(self._write_run_times([], []))  # those kept, if any
                     return
                 try:
                     if self._ack_reconnect:
@@ -775,7 +774,7 @@ class Worker(WorkerMachine):
     def _ack_outcomes(self, batch: List[Outcome]) -> None:
         """Write a batch (``batcher``: the acker's), then its run times."""
         replies = self._drive(self._write_batch(batch))
-        self._drive(self._write_run_times(batch, replies, later=not self._acks.empty()))
+        self._drive(self._write_run_times(batch, replies))
 
     # --- stopping running jobs ---------------------------------------------------------
 
