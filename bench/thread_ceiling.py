@@ -100,7 +100,7 @@ int gc_submit(int job) {
 
 def build() -> Any:
     """The model compiled (cffi API mode) into a temporary directory; its ``lib``."""
-    import cffi
+    import cffi  # type: ignore[import-untyped]  # (a build dependency: no stubs)
 
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)
