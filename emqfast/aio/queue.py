@@ -111,14 +111,13 @@ class Queue(AioQueueWaiting, _SyncQueue):
         # its id is minted by its flush, with the others' (cheaper than one by one)
         entry = entry_of(UNMINTED if job_id is None else check_new_job_id(job_id), data, enc,
                          self._plain_shared())
-        lane = self._lane
-        if lane is None or lane.loop() is not asyncio.get_running_loop() \
-                or lane.forks != gather.forks():
+        loop, lane = asyncio.get_running_loop(), self._lane
+        if lane is None or lane.loop() is not loop or lane.forks != gather.forks():
             lane = self._plain_lane()
         # (the named tuple built as a plain tuple: its Python-level __new__ is per job)
         outcome = await gather.submit_to_async(
             lane.gate, _tuple_new(Gathered, (self._gather_key, entry, self._flush, LIMIT)),
-            lane.drive)
+            lane.drive, loop)
         if isinstance(outcome, BaseException):
             raise outcome
         return self._bind(outcome)
