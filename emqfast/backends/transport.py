@@ -317,7 +317,7 @@ async def _send_async(conn: Any, data: bytes) -> None:
     redis-py's send a task and a timer per call. Else through redis-py's send, under the
     connection's write timeout. Either way a failed write surfaces as a network error, at
     the write or at the read of its reply (counted as sent then: never re-sent blindly)."""
-    writer = getattr(conn, "_writer", None)
+    writer: Any = getattr(conn, "_writer", None)
     transport = getattr(writer, "transport", None)
     if transport is None or transport.is_closing() \
             or transport.get_write_buffer_size() + len(data) > _PACK_BYTES:
