@@ -23,7 +23,7 @@ from emqfast.backends import gather
 from emqfast.backends.drive import run
 from emqfast.core import ids
 from emqfast.facade.admission import Job
-from emqfast.facade.group_commit import Entry, flush_op
+from emqfast.facade.group_commit import UNMINTED, Entry, flush_op
 from waiting import wait_until
 
 
@@ -184,6 +184,26 @@ def test_a_job_the_script_refuses_fails_alone_in_a_shared_call(backend, r, redis
     assert isinstance(out[2], errors.KindError)
     assert [o.status for i, o in enumerate(out) if i != 2] == ["pending"] * 4
     assert r.zcard(q.keys.pending) == 5 and not r.exists(q.keys.job("BAD1"))
+
+
+def test_ids_a_flush_mints_are_the_ones_its_jobs_are_written_and_re_sent_under(
+        backend, r, redis_url, qname):
+    """Jobs without an id (an asyncio plain enqueue's) get theirs from their flush; when
+    the shared call is refused and its jobs are sent again one by one, each goes under the
+    id it was given, so every ref names its own job."""
+    q = emqfast.Queue(qname, redis.Redis.from_url(redis_url))
+    q.enqueue("warm")
+    shared = q._shared(0, None, None, None, None, None)
+    entries = [Entry(Job(UNMINTED, f'"ok{i}"'.encode(), "j"), shared) for i in range(2)]
+    entries.append(Entry(Job("BAD1", b'"bad"', "j"), shared))  # no JOB brand: EMQKIND
+    entries += [Entry(Job(UNMINTED, f'"ok{i}"'.encode(), "j"), shared) for i in range(2, 4)]
+    out = run(q.redis, flush_op(q.keys, None, entries), batcher=q._live_batcher)
+    assert isinstance(out[2], errors.KindError)
+    refs = [o for i, o in enumerate(out) if i != 2]
+    assert [ref.status for ref in refs] == ["pending"] * 4
+    assert len({ref.id for ref in refs}) == 4 and all(ref.id.startswith("JOB") for ref in refs)
+    assert [q.get(ref.id).payload for ref in refs] == [f"ok{i}" for i in range(4)]
+    assert r.zcard(q.keys.pending) == 5
 
 
 def test_same_job_id_from_many_callers_is_one_job(backend, r, redis_url, qname):

@@ -81,6 +81,27 @@ def test_hundred_tasks_free_running(r, redis_url, qname):
     asyncio.run(main())
 
 
+def test_flushes_larger_than_a_write_buffer_land_whole_once(r, redis_url, qname):
+    """A flush's frames go straight into the connection's buffer while it has room and
+    through redis-py's timed send when it has not (here: 30 KB jobs, frames of ~64 KB
+    queued back to back): every job lands once, each payload intact."""
+    async def main() -> None:
+        q = emq.Queue(qname, emq.connect(redis_url))
+        await q.enqueue("warm")
+
+        async def producer(t: int) -> List[Any]:
+            return [await q.enqueue(f"{t}.{i}." + "x" * 30_000) for i in range(3)]
+        got = await asyncio.wait_for(asyncio.gather(*(producer(t) for t in range(40))), 60)
+        refs = [ref for batch in got for ref in batch]
+        assert len({ref.id for ref in refs}) == 120 and {ref.status for ref in refs} == {"pending"}
+        assert r.zcard(q.keys.pending) == 1 + 120
+        for t in (0, 17, 39):
+            for i, ref in enumerate(got[t]):
+                assert (await q.get(ref.id)).payload == f"{t}.{i}." + "x" * 30_000
+        await q.aclose()
+    asyncio.run(main())
+
+
 def test_bad_jobs_fail_alone_same_id_is_one_job(r, redis_url, qname):
     async def main() -> None:
         q = emq.Queue(qname, emq.connect(redis_url), max_payload_bytes=100)

@@ -20,8 +20,7 @@ from emqfast.backends import gather
 from emqfast.core import codec
 from emqfast.core.ops import Gathered
 from emqfast.core.validation import check_new_job_id
-from emqfast.facade.admission import Job
-from emqfast.facade.group_commit import LIMIT, UNMINTED, Entry
+from emqfast.facade.group_commit import LIMIT, UNMINTED, entry_of
 from emqfast.facade.job import JobRef
 
 from emqfast.facade import promote as bulk  # promote_many
@@ -36,6 +35,9 @@ from emqfast.facade.schedules import Schedules as _SyncSchedules
 from emqfast.core.validation import check_int
 from emqfast.aio.connection import LoopClients, resolve
 from emqfast.aio.job_wait import AioQueueWaiting
+
+
+_tuple_new = tuple.__new__
 
 
 class _Lane(NamedTuple):
@@ -107,14 +109,15 @@ class Queue(AioQueueWaiting, _SyncQueue):
         before it joins anything: a bad one fails alone, nothing sent)."""
         data, enc = codec.encode(payload, self.max_payload_bytes)
         # its id is minted by its flush, with the others' (cheaper than one by one)
-        job = Job(UNMINTED if job_id is None else check_new_job_id(job_id), data, enc)
-        lane = self._lane
-        loop = asyncio.get_running_loop()
+        entry = entry_of(UNMINTED if job_id is None else check_new_job_id(job_id), data, enc,
+                         self._plain_shared())
+        loop, lane = asyncio.get_running_loop(), self._lane
         if lane is None or lane.loop() is not loop or lane.forks != gather.forks():
             lane = self._plain_lane()
+        # (the named tuple built as a plain tuple: its Python-level __new__ is per job)
         outcome = await gather.submit_to_async(
-            lane.gate, Gathered(self._gather_key, Entry(job, self._plain_shared()),
-                                self._flush, LIMIT), lane.drive)
+            lane.gate, _tuple_new(Gathered, (self._gather_key, entry, self._flush, LIMIT)),
+            lane.drive, loop)
         if isinstance(outcome, BaseException):
             raise outcome
         return self._bind(outcome)

@@ -232,11 +232,13 @@ def gate_async(client: Any, key: Hashable) -> "_AsyncGate":
     return gate
 
 
-def submit_to_async(gate: "_AsyncGate", req: Gathered, drive: DriveAsync) -> Awaitable[Any]:
-    """:func:`submit_async` through a gate the caller kept (:func:`gate_async`)."""
+def submit_to_async(gate: "_AsyncGate", req: Gathered, drive: DriveAsync,
+                    loop: Optional[asyncio.AbstractEventLoop] = None) -> Awaitable[Any]:
+    """:func:`submit_async` through a gate the caller kept (:func:`gate_async`);
+    ``loop``: the running event loop, when the caller has it at hand."""
     if gate.busy:
         # the future itself, no coroutine around it: most callers take this way
-        future = asyncio.get_running_loop().create_future()
+        future = (loop or asyncio.get_running_loop()).create_future()
         gate.queue.append((req, future))
         return future  # cancelled while queued: the flush skips it (never sent)
     return _lead_async(gate, req, drive)

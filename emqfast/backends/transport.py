@@ -287,7 +287,7 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
     try:
         await conn.connect()
         for data, upto in _frames(conn, commands):
-            await conn.send_packed_command([data], check_health=False)
+            await _send_async(conn, data)
             written = upto
         for timeout in _deadlines(conn, commands):
             try:
@@ -309,6 +309,21 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> List[Any]:
             raise Failed(cut, marked(replies, written, len(commands))) from exc
         raise
     return replies
+
+
+async def _send_async(conn: Any, data: bytes) -> None:
+    """Write one frame on ``conn``. When its transport's buffer has room the bytes go
+    straight to it: such a write cannot block (no deadline needed), and it spares
+    redis-py's send a task and a timer per call. Else through redis-py's send, under the
+    connection's write timeout. Either way a failed write surfaces as a network error, at
+    the write or at the read of its reply (counted as sent then: never re-sent blindly)."""
+    writer: Any = getattr(conn, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is None or transport.is_closing() \
+            or transport.get_write_buffer_size() + len(data) > _PACK_BYTES:
+        await conn.send_packed_command([data], check_health=False)
+        return
+    writer.write(data)
 
 
 async def on_pool_async(client: Any, commands: Sequence[Command]) -> List[Any]:

@@ -173,12 +173,16 @@ def _settle(k: QueueKeys, batch: EnqueueBatch, send: Send, holders: List[Optiona
     return got
 
 
-def many_columns(k: QueueKeys, jobs: Sequence[Job], shared: Shared, wait: Wait) -> Columns:
+def many_columns(k: QueueKeys, jobs: Sequence[Job], shared: Shared, wait: Wait,
+                 job_ids: Optional[Sequence[str]] = None) -> Columns:
     """enqueue_many.lua for ``jobs`` (ungrouped), :data:`MANY_CHUNK` jobs per call, framed
-    as columns: the job keys and (id, payload[, encoding]) per job, the rest once."""
+    as columns: the job keys and (id, payload[, encoding]) per job, the rest once.
+    ``job_ids``: the jobs' ids when not their own (minted by a group-commit flush)."""
     fixed = [Slot(key) for key in (k.pending, k.delayed, k.marker, k.meta, k.counter,
                                    k.events)]
-    columns: List[List[Any]] = [[job.id.encode() for job in jobs], [job.data for job in jobs]]
+    ids_column = [job.id.encode() for job in jobs] if job_ids is None \
+        else [job_id.encode() for job_id in job_ids]
+    columns: List[List[Any]] = [ids_column, [job.data for job in jobs]]
     per_job_args = [Slot(b"", ID_COLUMN, MANY_CHUNK), Slot(b"", PAYLOAD_COLUMN, MANY_CHUNK)]
     encodings = {job.enc for job in jobs}
     if len(encodings) == 1:

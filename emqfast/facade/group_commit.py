@@ -43,7 +43,7 @@ from emqfast.facade.admission import (ADMITTED, Job, Shared, Wait, check_replica
 from emqfast.facade.enqueue_batch import MANY_CHUNK, many_columns
 from emqfast.facade.job import JobRef, ref_of, refs_of
 
-__all__ = ["Entry", "flush_op", "LIMIT", "UNMINTED"]
+__all__ = ["Entry", "entry_of", "flush_op", "LIMIT", "UNMINTED"]
 
 LIMIT = MANY_CHUNK  # jobs per flush: each part is at most one enqueue_many.lua call
 
@@ -59,46 +59,62 @@ class Entry(NamedTuple):
     shared: Shared
 
 
+_tuple_new = tuple.__new__
+
+
+def entry_of(job_id: str, data: bytes, enc: Any, shared: Shared) -> Entry:
+    """``Entry(Job(job_id, data, enc), shared)``, the same objects built without the named
+    tuples' Python-level ``__new__`` (half the cost; one per single enqueue)."""
+    return _tuple_new(Entry, (_tuple_new(Job, (job_id, data, enc)), shared))
+
+
 def flush_op(k: QueueKeys, wait: Wait, entries: Sequence[Entry]) -> Returns[List[Outcome]]:
     """Send ``entries`` (all of queue ``k``); one outcome per entry, in order. A job whose
     id is :data:`UNMINTED` gets a fresh one here, before anything is sent."""
-    entries = _minted(entries)
+    # Each entry's id, kept beside the entries (not in new ones): the common flush, one
+    # enqueue_many.lua call, reads its jobs' ids from this list only.
+    job_ids = _ids(entries)
     if len(entries) == 1:
-        return [(yield from _lone(k, wait, entries[0]))]
+        return [(yield from _lone(k, wait, entries[0], job_ids[0]))]
     parts = _parts(entries)
     if len(parts) == 1 and len(parts[0][0]) == len(entries):  # one call for them all
-        return (yield from _send(k, wait, list(entries), parts[0][1]))
+        return (yield from _send(k, wait, list(entries), job_ids, parts[0][1]))
     outcomes: List[Outcome] = [InvalidInput("not sent")] * len(entries)
     for picks, columnar in parts:
-        got = yield from _send(k, wait, [entries[i] for i in picks], columnar)
+        got = yield from _send(k, wait, [entries[i] for i in picks],
+                               [job_ids[i] for i in picks], columnar)
         for i, outcome in zip(picks, got):
             outcomes[i] = outcome
     return outcomes
 
 
-def _minted(entries: Sequence[Entry]) -> Sequence[Entry]:
-    """``entries``, each job with an id (those :data:`UNMINTED` minted together)."""
-    todo = [i for i, entry in enumerate(entries) if not entry.job.id]  # (UNMINTED)
-    if not todo:
-        return entries
-    out = list(entries)
-    for i, job_id in zip(todo, ids.new_ids(len(todo))):
-        job = out[i].job
-        out[i] = Entry(Job(job_id, job.data, job.enc), out[i].shared)
-    return out
+def _ids(entries: Sequence[Entry]) -> List[str]:
+    """Each entry's job id, those :data:`UNMINTED` minted together (one lock, one clock
+    read)."""
+    job_ids = [entry.job.id for entry in entries]
+    if UNMINTED not in job_ids:
+        return job_ids
+    fresh = iter(ids.new_ids(job_ids.count(UNMINTED)))
+    return [job_id or next(fresh) for job_id in job_ids]
 
 
-def _lone(k: QueueKeys, wait: Wait, entry: Entry) -> Returns[Outcome]:
+def _job(entry: Entry, job_id: str) -> Job:
+    """``entry``'s job, with its id ``job_id`` (minted by the flush)."""
+    job = entry.job
+    return job if job.id == job_id else Job(job_id, job.data, job.enc)
+
+
+def _lone(k: QueueKeys, wait: Wait, entry: Entry, job_id: str) -> Returns[Outcome]:
     """One job alone: the enqueue.lua call a single enqueue has always made (a lost reply
     is :class:`~emqfast.errors.ReplyLost`, as it always was)."""
-    call = enqueue_call(k, entry.job, entry.shared)
+    call = enqueue_call(k, _job(entry, job_id), entry.shared)
     try:
         # Through the Batcher: under C, the calling thread's hiredis connection frames and
         # reads it, skipping redis-py's pool and packer. WAIT follows on that connection.
         replies = yield Batch([call], via_batcher=True, wait=wait)
         if isinstance(replies[0], Exception):
             raise replies[0]
-        ref = ref_of(entry.job.id, ADMITTED.get(int(replies[0]), "duplicate"))
+        ref = ref_of(job_id, ADMITTED.get(int(replies[0]), "duplicate"))
         if wait is not None:
             check_replicated([ref], replies[1], wait)
         return ref
@@ -129,19 +145,21 @@ def _parts(entries: Sequence[Entry]) -> List[Tuple[List[int], bool]]:
     return parts
 
 
-def _request(k: QueueKeys, wait: Wait, part: Sequence[Entry], columnar: bool) -> Request:
+def _request(k: QueueKeys, wait: Wait, part: Sequence[Entry], job_ids: List[str],
+             columnar: bool) -> Request:
     if columnar:
-        return many_columns(k, [e.job for e in part], part[0].shared, wait)
-    return Batch([enqueue_call(k, e.job, e.shared) for e in part], via_batcher=True,
-                 wait=wait)
+        return many_columns(k, [e.job for e in part], part[0].shared, wait, job_ids)
+    return Batch([enqueue_call(k, _job(e, job_id), e.shared)
+                  for e, job_id in zip(part, job_ids)], via_batcher=True, wait=wait)
 
 
-def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
+def _send(k: QueueKeys, wait: Wait, part: List[Entry], job_ids: List[str], columnar: bool,
           again: bool = False) -> Returns[List[Outcome]]:
-    """Send one part; each entry's outcome. ``again``: a re-send after a lost reply."""
+    """Send one part (its jobs' ids ``job_ids``); each entry's outcome. ``again``: a
+    re-send after a lost reply."""
     cut: Optional[ConnectionFailed] = None
     try:
-        got = list((yield _request(k, wait, part, columnar)))
+        got = list((yield _request(k, wait, part, job_ids, columnar)))
     except ConnectionFailed as exc:  # cut part-way: the replies that arrived, then markers
         cut, got = exc, list(getattr(exc, "replies", None) or [])
     except EmqError as exc:  # refused whole before it ran (a transient state, a full pool)
@@ -150,17 +168,16 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
     replies = _per_entry(got, len(part), columnar)
     if cut is None and wait is None and not again:
         try:  # the common case, every reply a status code: one cheap pass
-            return cast(List[Outcome], refs_of([e.job.id for e in part],
-                                               [_ENQUEUED[r] for r in replies]))
+            return cast(List[Outcome], refs_of(job_ids, [_ENQUEUED[r] for r in replies]))
         except (KeyError, TypeError):  # an error or marker among them: one by one
             pass
     if columnar and isinstance(replies[0], Exception) \
             and isinstance(map_error(replies[0]), InvalidInput):
         # refused before any write: send the jobs one by one, so only the bad one fails
-        return (yield from _send(k, wait, part, False, again))
+        return (yield from _send(k, wait, part, job_ids, False, again))
     outcomes: List[Outcome] = []
     lost: List[int] = []
-    for i, (entry, reply) in enumerate(zip(part, replies)):
+    for i, (job_id, reply) in enumerate(zip(job_ids, replies)):
         if reply is LOST:
             lost.append(i)
             outcomes.append(_unknown(cut))
@@ -169,11 +186,11 @@ def _send(k: QueueKeys, wait: Wait, part: List[Entry], columnar: bool,
         elif isinstance(reply, Exception):
             outcomes.append(own(map_error(reply)))
         else:
-            ref = JobRef(entry.job.id, ADMITTED.get(int(reply),
-                                                    "recovered" if again else "duplicate"))
+            ref = JobRef(job_id, ADMITTED.get(int(reply), "recovered" if again else "duplicate"))
             outcomes.append(ref if wait is None else _replicated(ref, acked, wait, cut))
     if lost and not again:
-        found = yield from _recover(k, wait, [part[i] for i in lost], cut)
+        found = yield from _recover(k, wait, [part[i] for i in lost],
+                                    [job_ids[i] for i in lost], cut)
         for i, outcome in zip(lost, found):
             outcomes[i] = outcome
     return outcomes
@@ -188,24 +205,25 @@ def _per_entry(got: List[Any], n: int, columnar: bool) -> List[Any]:
     return got[:n] + [UNSENT] * (n - len(got))
 
 
-def _recover(k: QueueKeys, wait: Wait, lost: List[Entry],
+def _recover(k: QueueKeys, wait: Wait, lost: List[Entry], job_ids: List[str],
              cause: Optional[ConnectionFailed]) -> Returns[List[Outcome]]:
     """After a lost reply: read which jobs were written; send the others once more with
     their ids (a job cannot be written twice by id)."""
     try:
-        there = yield Batch([Cmd.of("EXISTS", k.job(e.job.id)) for e in lost])
+        there = yield Batch([Cmd.of("EXISTS", k.job(job_id)) for job_id in job_ids])
     except EmqError:  # still unreachable: their fate stays unknown
         return [_unknown(cause) for _ in lost]
     outcomes: List[Outcome] = []
     absent: List[int] = []
-    for i, (entry, n) in enumerate(zip(lost, there)):
+    for i, (job_id, n) in enumerate(zip(job_ids, there)):
         if int(n):
-            outcomes.append(_replicated(JobRef(entry.job.id, "recovered"), None, wait, cause))
+            outcomes.append(_replicated(JobRef(job_id, "recovered"), None, wait, cause))
         else:
             absent.append(i)
             outcomes.append(_unknown(cause))
     if absent:
-        again = yield from _send(k, wait, [lost[i] for i in absent], False, again=True)
+        again = yield from _send(k, wait, [lost[i] for i in absent],
+                                 [job_ids[i] for i in absent], False, again=True)
         for i, outcome in zip(absent, again):
             outcomes[i] = outcome
     return outcomes
