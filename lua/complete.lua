@@ -33,7 +33,9 @@
 --          the job was reaped, re-claimed or already ended (that job is left untouched), or
 --          'EMQGONE ...' when the job's hash is gone (the queue's keys were deleted)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version;
---          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write)
+--          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write);
+--          EMQKEYTYPE the active or completed set, the metrics hash, the events stream or
+--          (with dependents) the outbox holds another type (before any write)
 --@include common
 --@include metrics
 --@include finished
@@ -55,12 +57,18 @@ if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
+local cap = emq_events_cap(meta_key)
+-- The keys written after the first job's hash, by type (a key of another type there would
+-- fail the script with some jobs' hashes saying completed in no completed set). The leases
+-- hash is read below before any write.
+local wrong = emq_key_type_error(active_key, 'zset') or emq_key_type_error(completed_key, 'zset')
+  or emq_key_type_error(metrics_key, 'hash') or (cap and emq_key_type_error(events_key, 'stream'))
+if wrong then return redis.error_reply(wrong) end
 local fenced = redis.call('HEXISTS', meta_key, 'version') == 1  -- before the fence writes it
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local finished = emq_int(now)
-local cap = emq_events_cap(meta_key)
 -- Every lease in one read (chunked: Lua's unpack() has a stack limit).
 local held = {}
 for s = 2, #ARGV, 6 * 2000 do

@@ -83,8 +83,8 @@ local function emq_fence_check(have, version)
 end
 
 -- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset',
--- 'hash' or 'stream'), the type the script writes there (nil: it holds that type, or
--- nothing). A key another writer put under the queue's name would otherwise fail a write
+-- 'hash', 'stream' or 'list'), the type the script writes there (nil: it holds that type,
+-- or nothing). A key another writer put under the queue's name would otherwise fail a write
 -- half-way through a script, after earlier writes (a job's hash written, its ZADD
 -- refused). One O(1) read of that type, a command the least-privilege ACL rule already
 -- allows (TYPE is not in it); scripts check only the keys no earlier read has checked.
@@ -94,6 +94,8 @@ local function emq_key_type_error(checked_key, want)
     got = redis.pcall('XREVRANGE', checked_key, '+', '+', 'COUNT', 1)
   elseif want == 'hash' then
     got = redis.pcall('HLEN', checked_key)
+  elseif want == 'list' then
+    got = redis.pcall('LRANGE', checked_key, 0, 0)  -- (LLEN is not in the ACL rule)
   else
     got = redis.pcall('ZCARD', checked_key)
   end
