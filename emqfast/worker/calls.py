@@ -334,8 +334,9 @@ FREE_CHUNK = 2000  # finished grouped jobs per group_free.lua call
 
 
 _VERSION = KEYSPACE_VERSION.encode()
-# complete.lua's sixth argument: b"c" when start.lua found no earlier failure to clear
-_CLEAN = {True: b"c", False: b""}
+# the end of complete.lua's run argument: b":c" when start.lua found no earlier failure to
+# clear
+_CLEAN = {True: b":c", False: b""}
 
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
@@ -355,42 +356,30 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
     waits: List[int] = []
-    # the last attempt and start instant, as bytes: they repeat from job to job (one
-    # start.lua call stamps all its jobs with one instant)
+    # the last run text, as bytes: it repeats from job to job (one start.lua call stamps
+    # all its jobs with one instant and mostly one attempt)
     attempts_was = started_was = -1
-    attempt = at = b""
+    clean_was = None
+    run = b""
     add_key, add_wait = keys.append, waits.append
     for job, token, result in done:
         job_id = job.id.encode()
         add_key(job_key + job_id)
         started = job.started_ms
         if started is None:
-            args += (job_id, token.encode(), result, *run_record(job))
+            args += (job_id, token.encode(), result, b"")  # the script reads the hash
             add_wait(-1)
             continue
         due = job.run_at_ms
         if due is None:
-            due = job.created_ms  # run_record's
+            due = job.created_ms  # the wait runs from when the job was due
         add_wait(-1 if due is None else started - due if started > due else 0)
-        if job.attempts != attempts_was:
-            attempts_was = job.attempts
-            attempt = b"%d" % attempts_was
-        if started != started_was:
-            started_was, at = started, b"%d" % started
-        args += (job_id, token.encode(), result, attempt, at, _CLEAN[job._clean_start])
+        attempts, clean = job.attempts, job._clean_start
+        if started != started_was or attempts != attempts_was or clean is not clean_was:
+            attempts_was, started_was, clean_was = attempts, started, clean
+            run = b"%d:%d%s" % (attempts, started, _CLEAN[clean])
+        args += (job_id, token.encode(), result, run)
     return Call(_COMPLETE, keys, args), waits
-
-
-def run_record(job: Any) -> Tuple[bytes, bytes, bytes]:
-    """(attempt, started ms, wait ms) of a running job for complete.lua, as bytes; empty for
-    all three when the job does not know when it started (the script then reads its hash).
-    The wait runs from when the job was due (its run-at, else its creation) to its start."""
-    started = job.started_ms
-    if started is None:
-        return b"", b"", b""
-    due = job.run_at_ms if job.run_at_ms is not None else job.created_ms
-    wait = max(started - due, 0) if due is not None else -1
-    return b"%d" % job.attempts, b"%d" % started, b"%d" % wait
 
 
 def fail_call(k: QueueKeys, outcome: Failed) -> Tuple[Call, bool]:
