@@ -182,8 +182,10 @@ local function read_job(key)
   local worker, at, exp, cancel, failed = false, false, false, false, false
   for k = 1, #a, 2 do
     local f = a[k]
+    -- (most frequent first: 'ps', in every hash and not needed here, ends its tests early)
     if f == 'payload' then payload = a[k + 1]
     elseif f == 'created' then created = a[k + 1]
+    elseif f == 'ps' then -- not needed here
     elseif f == 'enc' then enc = a[k + 1]
     elseif f == 'attempts' then tries = a[k + 1]
     elseif f == 'worker' then worker = a[k + 1]
