@@ -126,14 +126,28 @@ def started_jobs(rows: JobRows, pairs: Sequence[Pair],
     return rows.jobs(pairs, reply)
 
 
-START_COLUMNS = 9  # start.lua's values per job, in one flat reply
+START_COLUMNS = 9  # a full row of start.lua: the values of one job
 
 
 def start_rows(reply: Sequence[Any]) -> List[Any]:
-    """start.lua's flat reply cut into one entry per job: its row of ``START_COLUMNS``
-    values when it started, else 0 (lease gone, parked, expired)."""
-    return [list(reply[at:at + START_COLUMNS]) if reply[at] else 0
-            for at in range(0, len(reply), START_COLUMNS)]
+    """start.lua's flat reply (its start instant, then a variable-width row per job) as one
+    entry per job: the job's full row of ``START_COLUMNS`` values (``[attempts, payload,
+    enc, opts, created, run_at, started, cancel, failed_before]``) when it started, else 0
+    (lease gone, parked, expired)."""
+    now, rows, at, end = reply[0], [], 1, len(reply)
+    while at < end:
+        first = reply[at]
+        if not first:
+            rows.append(0)
+            at += 1
+        elif first > 0:  # the short row: no opts, run-at, cancel or failure; started now
+            rows.append([first, reply[at + 1], reply[at + 2], None, reply[at + 3], None, now,
+                         None, None])
+            at += 4
+        else:  # -1, then the full row
+            rows.append(list(reply[at + 1:at + 1 + START_COLUMNS]))
+            at += 1 + START_COLUMNS
+    return rows
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -257,17 +271,28 @@ class JobRows:
         return hit
 
     def jobs(self, pairs: Sequence[Pair], reply: Sequence[Any]) -> List[Tuple[Job, str]]:
-        """The running ``(job, token)`` for each job of start.lua's flat reply
-        (``START_COLUMNS`` values per pair; attempts 0: not started). A row with cached
-        options, no cancel mark and no earlier failure takes the short way."""
+        """The running ``(job, token)`` for each job of start.lua's flat reply (its start
+        instant, then per pair a short row, a full row after -1, or 0: not started). A
+        row with cached options, no cancel mark and no earlier failure takes the short
+        way."""
         out = []
         bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
-        width = START_COLUMNS
-        rows = zip(*[iter(reply)] * width)  # the flat reply, a tuple per job
-        for row, (job_id, token) in zip(rows, pairs):
-            attempts, payload, enc, opts, created, run_at, started, cancel, failed = row
-            if not attempts:
+        now, at = reply[0], 1
+        for job_id, token in pairs:
+            first = reply[at]
+            if not first:
+                at += 1
                 continue
+            if first > 0:  # short: no opts, run-at, cancel or failure; started now
+                attempts, payload, enc, created = first, reply[at + 1], reply[at + 2], \
+                    reply[at + 3]
+                opts = run_at = cancel = failed = None
+                started = now
+                at += 4
+            else:
+                attempts, payload, enc, opts, created, run_at, started, cancel, failed = \
+                    reply[at + 1:at + 1 + START_COLUMNS]
+                at += 1 + START_COLUMNS
             if not cancel and not failed and type(created) is int:
                 hit = bases.get(opts or b"")
                 if hit is not None and type(started) is int \
@@ -276,7 +301,9 @@ class JobRows:
                         try:
                             payload = decode(payload, enc)
                         except PayloadError:  # the long way records it
-                            out.append((self.job(job_id, row), token))
+                            out.append((self.job(job_id, [attempts, payload, enc, opts,
+                                                          created, run_at, started, cancel,
+                                                          failed]), token))
                             continue
                     job = new(cls)
                     job.__dict__ = dict(hit[0], id=job_id, payload=payload,
@@ -284,7 +311,8 @@ class JobRows:
                                         run_at_ms=run_at, started_ms=started, extra={})
                     out.append((job, token))
                     continue
-            out.append((self.job(job_id, row), token))
+            out.append((self.job(job_id, [attempts, payload, enc, opts, created, run_at,
+                                          started, cancel, failed]), token))
         return out
 
     def job(self, job_id: str, row: Any) -> Job:
