@@ -262,22 +262,17 @@ local function lease_popped(last)
   -- (numbers as text made once: Redis prints a number argument of redis.call with
   -- snprintf("%.17g"), a cost per job when a shared number goes in per job)
   local deadline, at = emq_int(now + lease), emq_int(now)
-  local zargs, hargs, rargs, ids = {}, {}, {}, {}
+  local zargs, hargs, rargs = {}, {}, {}
   local token_for = token_maker()
+  local base = #out
   for i = 1, count do
     local id = popped[i]
     local token = token_for(last - count + i)
-    zargs[#zargs + 1] = deadline
-    zargs[#zargs + 1] = id
-    hargs[#hargs + 1] = id
-    hargs[#hargs + 1] = token
-    if limited then
-      rargs[#rargs + 1] = at
-      rargs[#rargs + 1] = token
-    end
-    ids[i] = id
-    out[#out + 1] = id
-    out[#out + 1] = token
+    local k = 2 * i  -- (indexes, not #t: a length is a search per use)
+    zargs[k - 1], zargs[k] = deadline, id
+    hargs[k - 1], hargs[k] = id, token
+    if limited then rargs[k - 1], rargs[k] = at, token end
+    out[base + k - 1], out[base + k] = id, token
   end
   local hashed = count >= EMQ_HASHED_FROM
   if hashed then
@@ -296,7 +291,7 @@ local function lease_popped(last)
     redis.call('HDEL', leases_key, EMQ_HASHED_MEMBER)
     redis.call('ZREM', active_key, EMQ_HASHED_MEMBER)
   end
-  return ids
+  return popped
 end
 
 -- Each rate-limited group's window counts its claims too (same token -> instant pairs).

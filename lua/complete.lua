@@ -73,11 +73,13 @@ local finished = emq_int(now)
 -- Every lease in one read (chunked: Lua's unpack() has a stack limit).
 local held = {}
 for s = 2, #ARGV, 4 * 2000 do
-  local ids = {}
-  for a = s, math.min(s + 4 * 2000 - 1, #ARGV), 4 do ids[#ids + 1] = ARGV[a] end
-  for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids))) do held[#held + 1] = v end
+  local ids, n = {}, #held
+  for a = s, math.min(s + 4 * 2000 - 1, #ARGV), 4 do ids[(a - s) / 4 + 1] = ARGV[a] end
+  local got = redis.call('HMGET', leases_key, unpack(ids))
+  for j = 1, #got do held[n + j] = got[j] end
 end
 local out, done, scored, seen, attempts = {}, {}, {}, {}, {}
+local nd = 0  -- jobs done so far (an index kept, not #done: a length is a search per use)
 -- A run text parsed: {attempt text, started ms, clean}, or false for '' (none given).
 local runs = {}
 local function run_of(text)
@@ -110,19 +112,18 @@ for i = 10, #KEYS do
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
     -- an earlier attempt's failure is not this outcome's
     if not (run and run[3]) then redis.call('HDEL', key, 'error', 'traceback') end
-    done[#done + 1] = id
-    attempts[#attempts + 1] = attempt
-    scored[#scored + 1] = finished  -- (text: a number would be printed per job)
-    scored[#scored + 1] = id
-    out[#out + 1] = entry
+    nd = nd + 1
+    done[nd], attempts[nd] = id, attempt
+    scored[2 * nd - 1], scored[2 * nd] = finished, id  -- (text: a number is printed per job)
+    out[i - 9] = entry
   else
     -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
     -- own completion: tokens are unique, so this is the same outcome, not a takeover.
     local f = redis.call('HMGET', key, 'state', 'worker')
     if f[1] == 'completed' and f[2] == token then
-      out[#out + 1] = run and -1 or {-1, -1}  -- timed already
+      out[i - 9] = run and -1 or {-1, -1}  -- timed already
     else
-      out[#out + 1] = emq_lease_lost(key, id, meta_key, fenced)
+      out[i - 9] = emq_lease_lost(key, id, meta_key, fenced)
     end
   end
 end
