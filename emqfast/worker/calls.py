@@ -134,7 +134,8 @@ def start_rows(reply: Sequence[Any]) -> List[Any]:
     entry per job: the job's full row of ``START_COLUMNS`` values (``[attempts, payload,
     enc, opts, created, run_at, started, cancel, failed_before]``) when it started, else 0
     (lease gone, parked, expired)."""
-    now, rows, at, end = reply[0], [], 1, len(reply)
+    rows: List[Any] = []
+    now, at, end = reply[0], 1, len(reply)
     while at < end:
         first = reply[at]
         if not first:
