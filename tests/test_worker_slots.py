@@ -95,6 +95,9 @@ def test_the_short_way_of_many_rows_builds_what_one_row_builds(row):
         assert type(got[1][0]._undecodable) is type(wanted._undecodable)
         assert ("_cancel_at_start" in vars(got[1][0])) == bool(row[7])
         assert got[0][0]._clean_start is wanted._clean_start is (not row[8])
+        first = rows.job("ID1", row)  # the same job from its (maybe short) row
+        assert vars(got[0][0]).keys() == vars(first).keys()
+        assert got[0][0] == first and repr(got[0][0]) == repr(first)
     got[0][0].extra["mine"] = 1  # each job owns its extra dict
     assert "mine" not in got[1][0].extra
 
