@@ -45,7 +45,7 @@ def _complete_bare(q: emqfast.Queue, job_id: str) -> None:
     token = claim[4]
     load("complete")(q.redis, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
                                k.waiters, k.dependents, k.outbox, k.job(job_id)],
-                     [KEYSPACE_VERSION, job_id, token, b"1", "", "", ""])
+                     [KEYSPACE_VERSION, job_id, token, b"1", ""])
 
 
 def one_round(conn: object, n: int, tag: str) -> Dict[str, float]:

@@ -132,6 +132,23 @@ local function token_of(seq)
   -- float print per job; exact below 2^53, where the counter stays)
   return string.format('%s:%d', worker_id, seq)
 end
+-- token_of for a batch's consecutive numbers, without a print per job (a string.format costs
+-- as much as the rest of a job's lease): past 999 a number's text is the text of its
+-- thousands, printed once per thousand, and its last three digits, joined from a table.
+local EMQ_DIGIT = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+local function token_maker()
+  local thousands, head = -1, nil
+  return function(seq)
+    if seq < 1000 then return token_of(seq) end
+    local low = seq % 1000
+    local t = (seq - low) / 1000
+    if t ~= thousands then thousands, head = t, token_of(t) end
+    local units = low % 10
+    local tens = (low - units) / 10 % 10
+    return head .. EMQ_DIGIT[(low - low % 100) / 100 + 1] .. EMQ_DIGIT[tens + 1] ..
+      EMQ_DIGIT[units + 1]
+  end
+end
 
 -- A re-sent claim (its reply was lost) pops nothing: when `rid` is the id of the worker's
 -- last claim, put the pairs its first send leased and this worker still holds in the
@@ -217,13 +234,13 @@ end
 local want = math.min(n, room)
 local popped, rated, rate_open, unpassed = nil, {}, nil, false
 if not grouped then
-  popped = redis.call('ZPOPMIN', pending_key, want)
+  popped = emq_pop_lowest(pending_key, want)
 else
   local t
   t, unpassed = take_grouped(want)
   popped, rated, rate_open = t.popped, t.rated, t.rate_open
 end
-local count = #popped / 2
+local count = #popped
 if count == 0 then return nothing_claimed(unpassed, rate_open) end
 
 -- Leases and deadlines are looked up by job id in every later move (start, complete, reap,
@@ -245,21 +262,17 @@ local function lease_popped(last)
   -- (numbers as text made once: Redis prints a number argument of redis.call with
   -- snprintf("%.17g"), a cost per job when a shared number goes in per job)
   local deadline, at = emq_int(now + lease), emq_int(now)
-  local zargs, hargs, rargs, ids = {}, {}, {}, {}
+  local zargs, hargs, rargs = {}, {}, {}
+  local token_for = token_maker()
+  local base = #out
   for i = 1, count do
-    local id = popped[2 * i - 1]
-    local token = token_of(last - count + i)
-    zargs[#zargs + 1] = deadline
-    zargs[#zargs + 1] = id
-    hargs[#hargs + 1] = id
-    hargs[#hargs + 1] = token
-    if limited then
-      rargs[#rargs + 1] = at
-      rargs[#rargs + 1] = token
-    end
-    ids[i] = id
-    out[#out + 1] = id
-    out[#out + 1] = token
+    local id = popped[i]
+    local token = token_for(last - count + i)
+    local k = 2 * i  -- (indexes, not #t: a length is a search per use)
+    zargs[k - 1], zargs[k] = deadline, id
+    hargs[k - 1], hargs[k] = id, token
+    if limited then rargs[k - 1], rargs[k] = at, token end
+    out[base + k - 1], out[base + k] = id, token
   end
   local hashed = count >= EMQ_HASHED_FROM
   if hashed then
@@ -278,7 +291,7 @@ local function lease_popped(last)
     redis.call('HDEL', leases_key, EMQ_HASHED_MEMBER)
     redis.call('ZREM', active_key, EMQ_HASHED_MEMBER)
   end
-  return ids
+  return popped
 end
 
 -- Each rate-limited group's window counts its claims too (same token -> instant pairs).

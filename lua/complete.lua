@@ -14,16 +14,18 @@
 -- KEYS[8] dependents_key  dependents hash emq:{q}:dependents (jobs other jobs depend on)
 -- KEYS[9] outbox_key      outbox list     emq:{q}:outbox ("completed\0<id>" per completed job with
 --          dependents)
--- KEYS[10..] job hashes   emq:{q}:job:<id>, one per ARGV group of six, same order
+-- KEYS[10..] job hashes   emq:{q}:job:<id>, one per ARGV group of four, same order
 -- ARGV[1] version         keyspace version of the caller
--- ARGV[2..] groups of six: job id, lease token from claim.lua, result (stored as given:
+-- ARGV[2..] groups of four: job id, lease token from claim.lua, result (stored as given:
 --          JSON text, or a bytes result behind the marker "\xffb", see codec.py), then
---          the run as start.lua reported it to the Worker: attempt, started ms (server
---          clock), and 'c' when start.lua's row had no failed_before mark (the hash held
---          no earlier run's failure, and none can be written while this lease holds: only
---          its holder's fail.lua, or a reap that drops it), so there is no 'error' to
---          clear; anything else there (a wait ms, '') clears it; '' for all three: read
---          attempt and started from the job hash
+--          the run as start.lua reported it to the Worker, in one text (a batch's jobs
+--          mostly share it: it is parsed once per distinct text, and each argument costs
+--          Redis more than the Lua that reads it): "<attempt>:<started ms, server
+--          clock>", with ":c" after it when start.lua's row had no failed_before mark (the
+--          hash held no earlier run's failure, and none can be written while this lease
+--          holds: only its holder's fail.lua, or a reap that drops it), so there is no
+--          'error' to clear (without it, any 'error' is cleared); '': read attempt and
+--          started from the job hash (and clear any 'error')
 -- Returns: one entry per job, in order: the run's times for the caller's histograms
 --          (via metrics_add.lua): given the run record, the run ms (started -> now; the
 --          caller knows the wait), else {wait ms, run ms} read from the hash (due ->
@@ -33,7 +35,9 @@
 --          the job was reaped, re-claimed or already ended (that job is left untouched), or
 --          'EMQGONE ...' when the job's hash is gone (the queue's keys were deleted)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major version;
---          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write)
+--          NOPERM the ACL denies PUBLISH on the done channels or RPUSH (before any write);
+--          EMQKEYTYPE the active or completed set, the metrics hash, the events stream or
+--          (with dependents) the outbox holds another type (before any write)
 --@include common
 --@include metrics
 --@include finished
@@ -49,65 +53,77 @@ local dependents_key = KEYS[8]
 local outbox_key = KEYS[9]
 local version = ARGV[1]
 
-if #ARGV < 7 or (#ARGV - 1) % 6 ~= 0 or (#ARGV - 1) / 6 ~= #KEYS - 9 then
-  return redis.error_reply('EMQINPUT complete needs one id/token/result/attempt/started/clean ' ..
-    'group per job key')
+if #ARGV < 5 or (#ARGV - 1) % 4 ~= 0 or (#ARGV - 1) / 4 ~= #KEYS - 9 then
+  return redis.error_reply('EMQINPUT complete needs one id/token/result/run group per job key')
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
+local cap = emq_events_cap(meta_key)
+-- The keys written after the first job's hash, by type (a key of another type there would
+-- fail the script with some jobs' hashes saying completed in no completed set). The leases
+-- hash is read below before any write.
+local wrong = emq_key_type_error(active_key, 'zset') or emq_key_type_error(completed_key, 'zset')
+  or emq_key_type_error(metrics_key, 'hash') or (cap and emq_key_type_error(events_key, 'stream'))
+if wrong then return redis.error_reply(wrong) end
 local fenced = redis.call('HEXISTS', meta_key, 'version') == 1  -- before the fence writes it
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
 local finished = emq_int(now)
-local cap = emq_events_cap(meta_key)
 -- Every lease in one read (chunked: Lua's unpack() has a stack limit).
 local held = {}
-for s = 2, #ARGV, 6 * 2000 do
-  local ids = {}
-  for a = s, math.min(s + 6 * 2000 - 1, #ARGV), 6 do ids[#ids + 1] = ARGV[a] end
-  for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids))) do held[#held + 1] = v end
+for s = 2, #ARGV, 4 * 2000 do
+  local ids, n = {}, #held
+  for a = s, math.min(s + 4 * 2000 - 1, #ARGV), 4 do ids[(a - s) / 4 + 1] = ARGV[a] end
+  local got = redis.call('HMGET', leases_key, unpack(ids))
+  for j = 1, #got do held[n + j] = got[j] end
 end
 local out, done, scored, seen, attempts = {}, {}, {}, {}, {}
-local parsed = {}  -- start instants as numbers, parsed once per distinct text (a batch shares few)
+local nd = 0  -- jobs done so far (an index kept, not #done: a length is a search per use)
+-- A run text parsed: {attempt text, started ms, clean}, or false for '' (none given).
+local runs = {}
+local function run_of(text)
+  local run = runs[text]
+  if run == nil then
+    local attempt, at, clean = string.match(text, '^(%d+):(%d+)(.*)$')
+    run = attempt and (clean == '' or clean == ':c') and {attempt, tonumber(at), clean ~= ''}
+      or false
+    runs[text] = run
+  end
+  return run
+end
 for i = 10, #KEYS do
-  local a = 6 * (i - 10) + 2
+  local a = 4 * (i - 10) + 2
   local id, token, key = ARGV[a], ARGV[a + 1], KEYS[i]
+  local run = run_of(ARGV[a + 3])
   -- (a job named twice in one call: its lease is dropped only at the end, so the
   -- second mention must not pass the lease check again)
   if not seen[id] and held[i - 9] == token then
     seen[id] = true
     local entry, attempt
-    local at = ARGV[a + 4]
-    local started = parsed[at]
-    if started == nil then
-      started = tonumber(at) or false
-      parsed[at] = started
-    end
-    if started then  -- the Worker's own record of the run: no read of the hash, and
+    if run then  -- the Worker's own record of the run: no read of the hash, and
       -- the run alone comes back (the Worker knows the wait it sent)
-      entry, attempt = math.max(now - started, 0), ARGV[a + 3]
+      entry, attempt = math.max(now - run[2], 0), run[1]
     else
-      local wait, run
-      wait, run, attempt = emq_run_times(key, now)  -- one read: times + attempt
-      entry = {wait, run}
+      local wait, elapsed
+      wait, elapsed, attempt = emq_run_times(key, now)  -- one read: times + attempt
+      entry = {wait, elapsed}
     end
     redis.call('HSET', key, 'state', 'completed', 'result', ARGV[a + 2], 'finished', finished)
     -- an earlier attempt's failure is not this outcome's
-    if ARGV[a + 5] ~= 'c' then redis.call('HDEL', key, 'error', 'traceback') end
-    done[#done + 1] = id
-    attempts[#attempts + 1] = attempt
-    scored[#scored + 1] = finished  -- (text: a number would be printed per job)
-    scored[#scored + 1] = id
-    out[#out + 1] = entry
+    if not (run and run[3]) then redis.call('HDEL', key, 'error', 'traceback') end
+    nd = nd + 1
+    done[nd], attempts[nd] = id, attempt
+    scored[2 * nd - 1], scored[2 * nd] = finished, id  -- (text: a number is printed per job)
+    out[i - 9] = entry
   else
     -- An ack re-sent after a lost reply (connection dropped, Redis restarted) finds its
     -- own completion: tokens are unique, so this is the same outcome, not a takeover.
     local f = redis.call('HMGET', key, 'state', 'worker')
     if f[1] == 'completed' and f[2] == token then
-      out[#out + 1] = tonumber(ARGV[a + 4]) and -1 or {-1, -1}  -- timed already
+      out[i - 9] = run and -1 or {-1, -1}  -- timed already
     else
-      out[#out + 1] = emq_lease_lost(key, id, meta_key, fenced)
+      out[i - 9] = emq_lease_lost(key, id, meta_key, fenced)
     end
   end
 end

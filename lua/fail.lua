@@ -30,7 +30,10 @@
 -- Errors:  EMQLEASE the lease is no longer held by this worker; EMQGONE the job's hash is
 --          gone while leased (the queue's keys were deleted); EMQINPUT bad delay;
 --          EMQVERSION keyspace of another major version; NOPERM the ACL denies PUBLISH on
---          the done channels or RPUSH (before any write)
+--          the done channels or RPUSH (before any write); EMQKEYTYPE the active set, the
+--          set the job goes to (failed, delayed or pending), the marker, the metrics hash,
+--          the events stream or (with dependents) the outbox holds another type (before
+--          any write)
 --@include common
 --@include metrics
 --@include finished
@@ -68,13 +71,27 @@ if redis.call('HGET', leases_key, id) ~= token then
 end
 local hook, denied = emq_finish_prepare(waiters_key, dependents_key, outbox_key)
 if denied then return redis.error_reply(denied) end
+-- Every read before the first write (the job hash's included: a key of another type
+-- fails a read with nothing written), then the keys this outcome writes, by type.
+local cap = emq_events_cap(meta_key)
+local wrong = emq_key_type_error(active_key, 'zset')
+  or (delay < 0 and emq_key_type_error(failed_key, 'zset'))
+  or (delay > 0 and emq_key_type_error(delayed_key, 'zset'))
+  or (delay == 0 and emq_key_type_error(pending_key, 'zset'))
+  or (delay >= 0 and emq_key_type_error(marker_key, 'zset'))
+  or emq_key_type_error(metrics_key, 'hash') or (cap and emq_key_type_error(events_key, 'stream'))
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 local now = emq_now()
+local wait, run, attempt = emq_run_times(job_key, now)
+local ps = delay == 0 and tonumber(redis.call('HGET', job_key, 'ps') or '0')
+-- a delay past the representable range waits as long as we can say, it does not
+-- turn into an immediate retry
+local run_at = delay > 0 and math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
+local score = run_at and emq_delayed_score(delayed_key, run_at)
 redis.call('HDEL', leases_key, id)
 redis.call('ZREM', active_key, id)
-local wait, run, attempt = emq_run_times(job_key, now)
-local cap = emq_events_cap(meta_key)
 if delay < 0 then
   redis.call('HSET', job_key, 'state', 'failed', 'error', message, 'traceback', traceback,
     'finished', emq_int(now), 'ftok', token)
@@ -84,15 +101,11 @@ if delay < 0 then
   emq_finished(hook, waiters_key, dependents_key, outbox_key, {id}, 'failed')
   return {0, wait, run}
 end
-local ps = tonumber(redis.call('HGET', job_key, 'ps') or '0')
 if delay > 0 then
-  -- a delay past the representable range waits as long as we can say, it does not
-  -- turn into an immediate retry
-  local run_at = math.min(now + delay, EMQ_EPOCH + EMQ_MAX_OFFSET)
   redis.call('HSET', job_key, 'error', message, 'traceback', traceback, 'run_at', emq_int(run_at),
     'ftok', token)
   redis.call('HDEL', job_key, 'state')  -- waiting again: its set says where
-  redis.call('ZADD', delayed_key, emq_delayed_score(delayed_key, run_at), id)
+  redis.call('ZADD', delayed_key, score, id)
   emq_wake_at(marker_key, run_at)
 else
   -- no delay: straight back to pending, at its original place in its tier

@@ -13,7 +13,8 @@
 -- Errors:  EMQNOJOB unknown id; EMQSTATE the job is not in the failed set;
 --          EMQDEPFAILED the job failed because a dependency did not complete (run again,
 --          its handler would get no result for it: retry the dependency instead);
---          EMQVERSION keyspace of another major version
+--          EMQVERSION keyspace of another major version; EMQKEYTYPE the pending set,
+--          the marker or the events stream holds another type (before any write)
 --@include common
 
 local job_key = KEYS[1]
@@ -35,6 +36,12 @@ if redis.call('HGET', job_key, 'error') == 'dependency failed' then
   return redis.error_reply('EMQDEPFAILED job ' .. id .. ' failed because a dependency ' ..
     'did not complete: retry the dependency, then enqueue this job again')
 end
+-- the keys written after the first write, by type (the job hash and failed set are read
+-- above)
+local cap = emq_events_cap(meta_key)
+local wrong = emq_key_type_error(pending_key, 'zset') or emq_key_type_error(marker_key, 'zset')
+  or (cap and emq_key_type_error(events_key, 'stream'))
+if wrong then return redis.error_reply(wrong) end
 local err = emq_fence(meta_key, version)
 if err then return redis.error_reply(err) end
 redis.call('ZREM', failed_key, id)
@@ -44,5 +51,5 @@ redis.call('HSET', job_key, 'attempts', '0', 'stalls', '0')
 redis.call('HDEL', job_key, 'finished', 'state', 'cancel')
 redis.call('ZADD', pending_key, redis.call('HGET', job_key, 'ps'), id)
 emq_wake(marker_key)
-emq_event(events_key, emq_events_cap(meta_key), 'retried', 'id', id)
+emq_event(events_key, cap, 'retried', 'id', id)
 return 1

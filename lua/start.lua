@@ -43,17 +43,20 @@
 -- ARGV[1] version          keyspace version of the caller
 -- ARGV[2..] pairs: job id, lease token (same order as the job keys), then optionally the
 --          group names of the trailing rate keys (the groups the claim served)
--- Returns: one flat array, nine values per job in pair order (a table per job would cost
---          the reply a few us per job): attempts, payload, enc, opts, created, run_at,
---          started, cancel, failed_before when the lease holds (attempts and the times as
---          integers; enc, opts, run_at nil when the hash omits them;
---          started = the start instant, server ms, which the Worker hands back to
---          complete.lua; cancel '1' when cancel.lua asked for it while the job was held
---          unstarted, so the Worker stops it as it starts, else nil; failed_before 1 when
---          the hash holds an earlier run's failure (an 'error' field) its success must
---          clear, else nil: the Worker tells complete.lua it need not), or 0 and eight nils
---          when it was lost (or the job hash is gone, or the rate window had no room or the
---          queue is paused: the job waits on the delayed set; or it expired: ended)
+-- Returns: one flat array (a table per job would cost the reply a few us per job): the
+--          start instant (server ms), then one row per job in pair order:
+--          started, the short row (most jobs) attempts, payload, enc, created when the job
+--          has no opts, run_at, cancel mark or earlier failure and started at that instant;
+--          else -1 then the full row: attempts, payload, enc, opts, created, run_at,
+--          started, cancel, failed_before (attempts and the times as integers; enc, opts,
+--          run_at nil when the hash omits them; started = when this token started it, the
+--          instant the Worker hands back to complete.lua; cancel '1' when cancel.lua asked
+--          for it while the job was held unstarted, so the Worker stops it as it starts,
+--          else nil; failed_before 1 when the hash holds an earlier run's failure (an
+--          'error' field) its success must clear, else nil: the Worker tells complete.lua
+--          it need not); or a lone 0 when it was not started: its lease was lost (or the
+--          job hash is gone, or the rate window had no room or the queue is paused: the
+--          job waits on the delayed set; or it expired: ended)
 -- Errors:  EMQINPUT mismatched KEYS/ARGV counts; EMQVERSION keyspace of another major
 --          version; NOPERM the finish hook's PUBLISH/RPUSH denied; EMQKEYTYPE the events
 --          stream or metrics hash holds another type (each before any write)
@@ -101,12 +104,11 @@ local now = emq_now()
 local stamp = emq_int(now)
 -- Every lease in one read (one bridge call per job fewer than a per-job HGET).
 local ids = {}
-for i = 14, last_job do ids[#ids + 1] = ARGV[2 * (i - 13)] end
+for j = 1, njobs do ids[j] = ARGV[2 * j] end
 local held = {}
-for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
-  for _, v in ipairs(redis.call('HMGET', leases_key, unpack(ids, s, math.min(s + 3999, #ids)))) do
-    held[#held + 1] = v
-  end
+for s = 1, njobs, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
+  local got = redis.call('HMGET', leases_key, unpack(ids, s, math.min(s + 3999, njobs)))
+  for j = 1, #got do held[s + j - 1] = got[j] end
 end
 
 -- The queue's rate window (includes/rate.lua, as claim.lua's): room is re-checked at the
@@ -182,8 +184,10 @@ local function read_job(key)
   local worker, at, exp, cancel, failed = false, false, false, false, false
   for k = 1, #a, 2 do
     local f = a[k]
+    -- (most frequent first: 'ps', in every hash and not needed here, ends its tests early)
     if f == 'payload' then payload = a[k + 1]
     elseif f == 'created' then created = a[k + 1]
+    elseif f == 'ps' then -- not needed here
     elseif f == 'enc' then enc = a[k + 1]
     elseif f == 'attempts' then tries = a[k + 1]
     elseif f == 'worker' then worker = a[k + 1]
@@ -211,16 +215,25 @@ local function ms(v)
   return n
 end
 
-local out, nout = {}, 0
--- One job's nine values (false: a nil in the reply).
+-- The reply: the start instant, then one row per job (see the header). Most started jobs
+-- take the short row (each reply value costs Redis ~0.5 us of conversion and copying).
+local out, nout = {now}, 1
+-- A started job's row (false: a nil in the reply): short when only its attempts, payload,
+-- enc and created say anything (no options, run-at, cancel mark or earlier failure, and
+-- started now), else -1 and all nine values.
 local function put(attempts, payload, enc, opts, created, run_at, at, cancel, failed)
-  out[nout + 1], out[nout + 2], out[nout + 3] = attempts, payload, enc
-  out[nout + 4], out[nout + 5], out[nout + 6] = opts, created, run_at
-  out[nout + 7], out[nout + 8], out[nout + 9] = at, cancel, failed
-  nout = nout + 9
+  if not (opts or run_at or cancel or failed) and at == now and attempts > 0 then
+    out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4] = attempts, payload, enc, created
+    nout = nout + 4
+    return
+  end
+  out[nout + 1], out[nout + 2], out[nout + 3], out[nout + 4] = -1, attempts, payload, enc
+  out[nout + 5], out[nout + 6], out[nout + 7] = opts, created, run_at
+  out[nout + 8], out[nout + 9], out[nout + 10] = at, cancel, failed
+  nout = nout + 10
 end
 local orphaned = 0
-local started, started_attempts = {}, {}  -- for the batched 'active' events
+local started, started_attempts, nstarted = {}, {}, 0  -- for the batched 'active' events
 for i = 14, last_job do
   local id, token = ARGV[2 * (i - 13)], ARGV[2 * (i - 13) + 1]
   local key = KEYS[i]
@@ -250,16 +263,21 @@ for i = 14, last_job do
         local count = attempts == 1 and '1' or emq_int(attempts)
         redis.call('HSET', key, 'attempts', count, 'state', 'active', 'started', stamp,
           'worker', token)
-        started[#started + 1] = id
-        started_attempts[#started_attempts + 1] = count
-        put(attempts, payload, enc, opts, ms(created), ms(run_at), now, cancel, failed and 1)
+        nstarted = nstarted + 1
+        started[nstarted], started_attempts[nstarted] = id, count
+        -- (the cache looked up here first: a call per job costs more than the lookup)
+        put(attempts, payload, enc, opts, created and (parsed[created] or ms(created)),
+          run_at and ms(run_at), now, cancel, failed and 1)
         ok = true
       else
         defer(id, gw)
       end
     end
   end
-  if not ok then put(0, false, false, false, false, false, false, false, false) end
+  if not ok then  -- not started: the row is a lone 0
+    nout = nout + 1
+    out[nout] = 0
+  end
 end
 if orphaned > 0 then redis.call('HINCRBY', metrics_key, 'orphaned', orphaned) end
 -- one event entry per 16 started jobs (readers expand it: see emq_events_batched)

@@ -116,7 +116,7 @@ def complete_many(q: emqfast.Queue, triples: List[tuple]) -> List[Any]:
     reply = load("complete")(q.redis, [k.active, k.leases, k.completed, k.meta, k.events,
                                        k.metrics, k.waiters, k.dependents, k.outbox,
                                        *k.jobs([t[0] for t in triples])],
-                             [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "", "", "")]])
+                             [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "")]])
     for entry in reply:
         if isinstance(entry, bytes):
             raise emqfast.errors.from_reply(entry.decode())

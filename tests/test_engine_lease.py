@@ -78,7 +78,7 @@ def test_one_complete_call_settles_each_job_by_its_own_lease(r, q, qname):
     triples = [(a, ta, b'"A"'), (b, tb + "0", b'"stolen"'), (c, tc, b'"C"'), (c, tc, b'"C2"')]
     reply = load("complete")(r, [k.active, k.leases, k.completed, k.meta, k.events, k.metrics,
                                  k.waiters, k.dependents, k.outbox, *k.jobs([t[0] for t in triples])],
-                             [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "", "", "")]])
+                             [KEYSPACE_VERSION, *[x for t in triples for x in (*t, "")]])
     assert reply[0][1] >= 0 and reply[2][1] >= 0  # timed runs
     assert reply[1].startswith(b"EMQLEASE")
     assert reply[3] == [-1, -1]  # the second mention: already completed by this token

@@ -417,6 +417,6 @@ def test_call_sites_pass_what_headers_declare(monkeypatch, redis_url, qname, r):
             assert 0 <= jobs <= n_keys - fixed_keys, (n_keys, n_args)
         elif var_keys and var_argv:  # one job key per variadic id (pairs/triples count as one)
             extra_keys, extra_args = n_keys - fixed_keys, n_args - fixed_argv
-            per = 6 if name == "complete" else None  # id, token, result, attempt, started, wait
+            per = 4 if name == "complete" else None  # id, token, result, run
             assert extra_args in ((per * extra_keys,) if per else (extra_keys, 2 * extra_keys)), (
                 name, n_keys, n_args)

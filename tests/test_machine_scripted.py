@@ -96,8 +96,9 @@ def start_row(attempts: int = 1) -> List[Any]:
 
 
 def start_reply(*rows: List[Any]) -> List[Any]:
-    """start.lua's reply: its rows' values in one flat array."""
-    return [x for row in rows for x in row]
+    """start.lua's reply: its start instant, then each row in full after -1 (a lone 0 for
+    a job not started)."""
+    return [NOW - 5, *[x for row in rows for x in ([-1, *row] if row[0] else [0])]]
 
 
 def claim_reply(*pairs: Tuple[str, str], status: int = 1, next_due: int = -1) -> List[Any]:

@@ -5,7 +5,9 @@ before anything is written.
 An enqueue, on every admission path and in both facades: no job hash left in no set, so
 once the key is cleared the same call (same job id) admits the job instead of calling it a
 duplicate. A Worker's claim and start: no job popped and leased to nobody; once the key is
-cleared, the job runs exactly once."""
+cleared, the job runs exactly once. The outcome scripts (complete, fail, release, retry):
+no job hash saying an outcome its sets do not; once the key is cleared, the same call
+writes it."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
@@ -14,8 +16,9 @@ import pytest
 
 from conftest import dump_queue
 import emqfast
-from emqfast.core.errors import KeyTypeConflict
+from emqfast.core.errors import KeyTypeConflict, translate
 from emqfast.core.keys import QueueKeys
+import engine_util
 from engine_util import make_queue, running_worker
 from test_contract_facades import Facade
 from waiting import wait_until
@@ -121,3 +124,94 @@ def test_a_worker_meeting_a_key_of_another_type_stops_typed_and_loses_no_job(
                                        lambda job: ran.append(job.id), lease_ms=300)):
         wait_until(lambda: q.get(ref.id).state == "completed", what="the job ran")
     assert ran == [ref.id]
+
+
+# The outcome scripts: each key a script writes after its first write, with the foreign
+# type put there once the job is running (or failed, for retry). Refused before any write:
+# the job keeps its lease (or stays failed), so once the key is cleared the same call
+# (same token) writes the outcome.
+def _running(q: emqfast.Queue) -> tuple:
+    q.enqueue({"n": 1}, job_id="JOBone")
+    [pair] = engine_util.claim(q, "w1", HOUR_MS)
+    return pair
+
+
+def _refused_untouched(r: Any, qname: str, key: str, call: Callable[[], Any]) -> None:
+    """``call`` refused with KeyTypeConflict while ``key`` is foreign, Redis untouched."""
+    _foreign(r, key, "string")
+    before = dump_queue(r, qname)
+    exc = engine_util.raised(call)
+    assert isinstance(translate(exc) if exc is not None else None, KeyTypeConflict), exc
+    assert dump_queue(r, qname) == before
+    r.delete(key)
+
+
+COMPLETE_KEYS = ["active", "completed", "metrics", "events"]
+
+
+@pytest.mark.parametrize("key_name", COMPLETE_KEYS)
+def test_a_complete_meeting_a_key_of_another_type_writes_nothing(redis_url, qname, r,
+                                                                  key_name):
+    q = make_queue(redis_url, qname)
+    job_id, token = _running(q)
+    _refused_untouched(r, qname, getattr(q.keys, key_name),
+                       lambda: engine_util.complete(q, job_id, token))
+
+    assert r.hget(q.keys.leases, job_id).decode() == token  # still held: the ack may come again
+    engine_util.complete(q, job_id, token)
+    assert q.get(job_id).state == "completed"
+
+
+# fail.lua by outcome: failed for good (-1), retried after a delay, retried at once (0)
+FAIL_CASES = [(-1, "active"), (-1, "failed"), (-1, "metrics"), (-1, "events"),
+              (HOUR_MS, "delayed"), (HOUR_MS, "marker"), (0, "pending"), (0, "marker")]
+
+
+@pytest.mark.parametrize("delay,key_name", FAIL_CASES,
+                         ids=[f"{d}:{k}" for d, k in FAIL_CASES])
+def test_a_fail_meeting_a_key_of_another_type_writes_nothing(redis_url, qname, r, delay,
+                                                              key_name):
+    q = make_queue(redis_url, qname)
+    job_id, token = _running(q)
+    _refused_untouched(r, qname, getattr(q.keys, key_name),
+                       lambda: engine_util.fail(q, job_id, token, delay=delay))
+
+    assert engine_util.fail(q, job_id, token, delay=delay)[0] == (0 if delay < 0 else 1)
+    assert q.get(job_id).state == ("failed" if delay < 0 else
+                                   "scheduled" if delay else "pending")
+
+
+@pytest.mark.parametrize("key_name", ["active", "pending", "marker", "events"])
+def test_a_release_meeting_a_key_of_another_type_writes_nothing(redis_url, qname, r, key_name):
+    q = make_queue(redis_url, qname)
+    job_id, token = _running(q)
+    _refused_untouched(r, qname, getattr(q.keys, key_name),
+                       lambda: engine_util.release(q, job_id, token))
+
+    assert engine_util.release(q, job_id, token) == 1
+    assert q.get(job_id).state == "pending"
+
+
+@pytest.mark.parametrize("key_name", ["pending", "marker", "events"])
+def test_a_retry_meeting_a_key_of_another_type_writes_nothing(facade, redis_url, qname, r,
+                                                               key_name):
+    q = make_queue(redis_url, qname)
+    job_id, token = _running(q)
+    engine_util.fail(q, job_id, token)
+    fq = facade.queue(qname)  # the user's call, in both facades
+    _refused_untouched(r, qname, getattr(q.keys, key_name), lambda: fq.retry(job_id))
+
+    fq.retry(job_id)
+    assert q.get(job_id).state == "pending"
+
+
+def test_an_outcome_with_dependents_meeting_an_outbox_of_another_type_writes_nothing(
+        redis_url, qname, r):
+    q = make_queue(redis_url, qname)
+    job_id, token = _running(q)
+    child = q.enqueue({"n": 2}, depends_on=[job_id])
+    _refused_untouched(r, qname, q.keys.outbox, lambda: engine_util.complete(q, job_id, token))
+
+    engine_util.complete(q, job_id, token)
+    assert q.get(job_id).state == "completed"
+    assert q.get(child.id) is not None

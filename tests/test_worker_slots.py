@@ -35,6 +35,22 @@ def _by_constructor(queue: str, job_id: str, row: List[Any]) -> Job:
                started_ms=int(started) if started is not None else None, extra=dict(extra))
 
 
+def _start_reply(now: int, *rows: Any) -> List[Any]:
+    """start.lua's flat reply: its start instant, then per job a short row (attempts,
+    payload, enc, created) when the full row says nothing more and started ``now``, else
+    -1 and the full row; a lone 0 for a job not started (``None`` here)."""
+    out: List[Any] = [now]
+    for row in rows:
+        if row is None:
+            out.append(0)
+        elif row[3] is None and row[5] is None and row[6] == now and not row[7] \
+                and not row[8]:
+            out += [row[0], row[1], row[2], row[4]]
+        else:
+            out += [-1, *row]
+    return out
+
+
 @pytest.mark.parametrize("row", [
     [1, b"x" * 100, b"b", None, b"1700000000000", None, b"1700000000001"],
     [2, b'{"a": [1, 2]}', None, b'{"a":3,"p":2,"b":{"k":"f","d":10}}', b"5", b"6", b"7"],
@@ -64,13 +80,14 @@ def test_a_row_builds_the_job_the_constructor_builds(row):
     [2, b'"r"', None, None, 5, 6, 7, None, 1],                  # an earlier run failed
 ])
 def test_the_short_way_of_many_rows_builds_what_one_row_builds(row):
-    """start.lua's flat reply (integer times; attempts 0: not started) through ``jobs``:
-    each job equals ``job``'s, field for field, twice (the second from the options cache);
-    jobs not started are skipped; only a job with no earlier failure may skip clearing it."""
+    """start.lua's flat reply (integer times; short rows, full rows, 0: not started)
+    through ``jobs``: each job equals ``job``'s, field for field, twice (the second from the
+    options cache); jobs not started are skipped; only a job with no earlier failure may
+    skip clearing it. The first job took the short row when it could, the last the full."""
     rows = JobRows("q")
     for _ in range(2):
         got = rows.jobs([("ID1", "t1"), ("ID2", "t2"), ("ID3", "t3")],
-                        [*row, 0, *[None] * 8, *row])
+                        _start_reply(row[6], row, None) + [-1, *row])
         assert [t for _, t in got] == ["t1", "t3"]
         wanted = rows.job("ID3", row)
         assert vars(got[1][0]).keys() == vars(wanted).keys()
@@ -78,6 +95,9 @@ def test_the_short_way_of_many_rows_builds_what_one_row_builds(row):
         assert type(got[1][0]._undecodable) is type(wanted._undecodable)
         assert ("_cancel_at_start" in vars(got[1][0])) == bool(row[7])
         assert got[0][0]._clean_start is wanted._clean_start is (not row[8])
+        first = rows.job("ID1", row)  # the same job from its (maybe short) row
+        assert vars(got[0][0]).keys() == vars(first).keys()
+        assert got[0][0] == first and repr(got[0][0]) == repr(first)
     got[0][0].extra["mine"] = 1  # each job owns its extra dict
     assert "mine" not in got[1][0].extra
 

@@ -127,14 +127,29 @@ def started_jobs(rows: JobRows, pairs: Sequence[Pair],
     return rows.jobs(pairs, reply)
 
 
-START_COLUMNS = 9  # start.lua's values per job, in one flat reply
+START_COLUMNS = 9  # a full row of start.lua: the values of one job
 
 
 def start_rows(reply: Sequence[Any]) -> List[Any]:
-    """start.lua's flat reply cut into one entry per job: its row of ``START_COLUMNS``
-    values when it started, else 0 (lease gone, parked, expired)."""
-    return [list(reply[at:at + START_COLUMNS]) if reply[at] else 0
-            for at in range(0, len(reply), START_COLUMNS)]
+    """start.lua's flat reply (its start instant, then a variable-width row per job) as one
+    entry per job: the job's full row of ``START_COLUMNS`` values (``[attempts, payload,
+    enc, opts, created, run_at, started, cancel, failed_before]``) when it started, else 0
+    (lease gone, parked, expired)."""
+    rows: List[Any] = []
+    now, at, end = reply[0], 1, len(reply)
+    while at < end:
+        first = reply[at]
+        if not first:
+            rows.append(0)
+            at += 1
+        elif first > 0:  # the short row: no opts, run-at, cancel or failure; started now
+            rows.append([first, reply[at + 1], reply[at + 2], None, reply[at + 3], None, now,
+                         None, None])
+            at += 4
+        else:  # -1, then the full row
+            rows.append(list(reply[at + 1:at + 1 + START_COLUMNS]))
+            at += 1 + START_COLUMNS
+    return rows
 
 
 # --- leases -------------------------------------------------------------------------------
@@ -258,17 +273,28 @@ class JobRows:
         return hit
 
     def jobs(self, pairs: Sequence[Pair], reply: Sequence[Any]) -> List[Tuple[Job, str]]:
-        """The running ``(job, token)`` for each job of start.lua's flat reply
-        (``START_COLUMNS`` values per pair; attempts 0: not started). A row with cached
-        options, no cancel mark and no earlier failure takes the short way."""
+        """The running ``(job, token)`` for each job of start.lua's flat reply (its start
+        instant, then per pair a short row, a full row after -1, or 0: not started). A
+        row with cached options, no cancel mark and no earlier failure takes the short
+        way."""
         out = []
         bases, new, cls, decode = self._bases, _new_job, Job, codec.decode
-        width = START_COLUMNS
-        rows = zip(*[iter(reply)] * width)  # the flat reply, a tuple per job
-        for row, (job_id, token) in zip(rows, pairs):
-            attempts, payload, enc, opts, created, run_at, started, cancel, failed = row
-            if not attempts:
+        now, at = reply[0], 1
+        for job_id, token in pairs:
+            first = reply[at]
+            if not first:
+                at += 1
                 continue
+            if first > 0:  # short: no opts, run-at, cancel or failure; started now
+                attempts, payload, enc, created = first, reply[at + 1], reply[at + 2], \
+                    reply[at + 3]
+                opts = run_at = cancel = failed = None
+                started = now
+                at += 4
+            else:
+                attempts, payload, enc, opts, created, run_at, started, cancel, failed = \
+                    reply[at + 1:at + 1 + START_COLUMNS]
+                at += 1 + START_COLUMNS
             if not cancel and not failed and type(created) is int:
                 hit = bases.get(opts or b"")
                 if hit is not None and type(started) is int \
@@ -277,7 +303,9 @@ class JobRows:
                         try:
                             payload = decode(payload, enc)
                         except PayloadError:  # the long way records it
-                            out.append((self.job(job_id, row), token))
+                            out.append((self.job(job_id, [attempts, payload, enc, opts,
+                                                          created, run_at, started, cancel,
+                                                          failed]), token))
                             continue
                     job = new(cls)
                     job.__dict__ = dict(hit[0], id=job_id, payload=payload,
@@ -285,7 +313,8 @@ class JobRows:
                                         run_at_ms=run_at, started_ms=started, extra={})
                     out.append((job, token))
                     continue
-            out.append((self.job(job_id, row), token))
+            out.append((self.job(job_id, [attempts, payload, enc, opts, created, run_at,
+                                          started, cancel, failed]), token))
         return out
 
     def job(self, job_id: str, row: Any) -> Job:
@@ -335,8 +364,9 @@ FREE_CHUNK = 2000  # finished grouped jobs per group_free.lua call
 
 
 _VERSION = KEYSPACE_VERSION.encode()
-# complete.lua's sixth argument: b"c" when start.lua found no earlier failure to clear
-_CLEAN = {True: b"c", False: b""}
+# the end of complete.lua's run argument: b":c" when start.lua found no earlier failure to
+# clear
+_CLEAN = {True: b":c", False: b""}
 
 
 def complete_call(k: QueueKeys, done: Sequence[Done]) -> Call:
@@ -356,42 +386,30 @@ def _complete(k: QueueKeys, done: Sequence[Done]) -> Tuple[Call, List[int]]:
     job_key = k.job("").encode()
     args: List[Any] = [_VERSION]
     waits: List[int] = []
-    # the last attempt and start instant, as bytes: they repeat from job to job (one
-    # start.lua call stamps all its jobs with one instant)
+    # the last run text, as bytes: it repeats from job to job (one start.lua call stamps
+    # all its jobs with one instant and mostly one attempt)
     attempts_was = started_was = -1
-    attempt = at = b""
+    clean_was = None
+    run = b""
     add_key, add_wait = keys.append, waits.append
     for job, token, result in done:
         job_id = job.id.encode()
         add_key(job_key + job_id)
         started = job.started_ms
         if started is None:
-            args += (job_id, token.encode(), result, *run_record(job))
+            args += (job_id, token.encode(), result, b"")  # the script reads the hash
             add_wait(-1)
             continue
         due = job.run_at_ms
         if due is None:
-            due = job.created_ms  # run_record's
+            due = job.created_ms  # the wait runs from when the job was due
         add_wait(-1 if due is None else started - due if started > due else 0)
-        if job.attempts != attempts_was:
-            attempts_was = job.attempts
-            attempt = b"%d" % attempts_was
-        if started != started_was:
-            started_was, at = started, b"%d" % started
-        args += (job_id, token.encode(), result, attempt, at, _CLEAN[job._clean_start])
+        attempts, clean = job.attempts, job._clean_start
+        if started != started_was or attempts != attempts_was or clean is not clean_was:
+            attempts_was, started_was, clean_was = attempts, started, clean
+            run = b"%d:%d%s" % (attempts, started, _CLEAN[clean])
+        args += (job_id, token.encode(), result, run)
     return Call(_COMPLETE, keys, args), waits
-
-
-def run_record(job: Any) -> Tuple[bytes, bytes, bytes]:
-    """(attempt, started ms, wait ms) of a running job for complete.lua, as bytes; empty for
-    all three when the job does not know when it started (the script then reads its hash).
-    The wait runs from when the job was due (its run-at, else its creation) to its start."""
-    started = job.started_ms
-    if started is None:
-        return b"", b"", b""
-    due = job.run_at_ms if job.run_at_ms is not None else job.created_ms
-    wait = max(started - due, 0) if due is not None else -1
-    return b"%d" % job.attempts, b"%d" % started, b"%d" % wait
 
 
 def fail_call(k: QueueKeys, outcome: Failed) -> Tuple[Call, bool]:

@@ -44,6 +44,18 @@ local function emq_due_bound(now)
   return emq_pack_delayed(now, 4095)
 end
 
+-- ZPOPMIN without the scores: the ids of the `n` lowest members of zset `lowest_of` (score, then
+-- member order), removed. ZPOPMIN prints every score it pops (a %.17g float print per
+-- member, and a string for Lua to intern); one ZRANGE and one ZREM of the ids read cost
+-- less, and both are in the least-privilege ACL rule. `n` <= 10000 (one claim's most).
+local function emq_pop_lowest(lowest_of, n)
+  local ids = redis.call('ZRANGE', lowest_of, 0, n - 1)
+  for s = 1, #ids, 4000 do  -- (chunks: Lua's unpack() has a stack limit)
+    redis.call('ZREM', lowest_of, unpack(ids, s, math.min(s + 3999, #ids)))
+  end
+  return ids
+end
+
 -- Integer to string without Lua's %.14g rounding of large numbers.
 local function emq_int(n)
   return string.format('%.0f', n)
@@ -83,8 +95,8 @@ local function emq_fence_check(have, version)
 end
 
 -- An EMQKEYTYPE error text when `checked_key` holds another type than `want` ('zset',
--- 'hash' or 'stream'), the type the script writes there (nil: it holds that type, or
--- nothing). A key another writer put under the queue's name would otherwise fail a write
+-- 'hash', 'stream' or 'list'), the type the script writes there (nil: it holds that type,
+-- or nothing). A key another writer put under the queue's name would otherwise fail a write
 -- half-way through a script, after earlier writes (a job's hash written, its ZADD
 -- refused). One O(1) read of that type, a command the least-privilege ACL rule already
 -- allows (TYPE is not in it); scripts check only the keys no earlier read has checked.
@@ -94,6 +106,8 @@ local function emq_key_type_error(checked_key, want)
     got = redis.pcall('XREVRANGE', checked_key, '+', '+', 'COUNT', 1)
   elseif want == 'hash' then
     got = redis.pcall('HLEN', checked_key)
+  elseif want == 'list' then
+    got = redis.pcall('LRANGE', checked_key, 0, 0)  -- (LLEN is not in the ACL rule)
   else
     got = redis.pcall('ZCARD', checked_key)
   end

@@ -10,11 +10,14 @@
 
 -- Before the first write: nil when nothing waits or depends on any job of the queue (the
 -- common case: nothing more to do), else the hook emq_finished uses; or nil plus an error
--- reply text when the ACL denies a command the hook would need (7.0+ can tell beforehand).
+-- reply text when the ACL denies a command the hook would need (7.0+ can tell beforehand)
+-- or the outbox it would push to holds another type (EMQKEYTYPE).
 local function emq_finish_prepare(kw, kd, ko)
   local w = redis.call('HLEN', kw) > 0
   local d = redis.call('HLEN', kd) > 0
   if not w and not d then return nil end
+  local wrong = d and emq_key_type_error(ko, 'list')
+  if wrong then return nil, wrong end
   local base = string.sub(kw, 1, #kw - #'waiters')
   if redis.acl_check_cmd then
     if w and not redis.acl_check_cmd('PUBLISH', base .. 'done:x', 'x') then

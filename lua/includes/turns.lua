@@ -6,7 +6,7 @@
 -- to `quantum` jobs each per round, round after round until the claim is full or every
 -- source is done (empty, parked at its cap or with a full window, or served its one turn).
 -- The serving state `t`: {now, want = jobs wanted, quantum, cap_poll = ms until a capped
--- group's re-check, flat_only = the flat set takes one turn only, popped = {id, score, ...},
+-- group's re-check, flat_only = the flat set takes one turn only, popped = {id, ...},
 -- rated = {[job index] = its rate-limited source}, rate_open = earliest opening of a window
 -- that turned a group away, open = sources not done, live = sources served this round,
 -- first = in the first round}.
@@ -90,14 +90,14 @@ local function emq_turn_pop(t, s, left, ring, gactive)
   local turn = t.quantum
   if t.open == 1 and not t.flat_only then turn = t.want end
   local popped = t.popped
-  local take = math.min(turn, t.want - #popped / 2, left or turn, (g and s.rleft) or turn)
-  local some = redis.call('ZPOPMIN', KEYS[s.k], take)
-  for j = 1, #some, 2 do
-    popped[#popped + 1], popped[#popped + 2] = some[j], some[j + 1]
+  local take = math.min(turn, t.want - #popped, left or turn, (g and s.rleft) or turn)
+  local some = emq_pop_lowest(KEYS[s.k], take)
+  for j = 1, #some do
+    popped[#popped + 1] = some[j]
     if left then redis.call('ZADD', gactive, 0, g .. '\0' .. some[j]) end
-    if g and s.rleft then t.rated[#popped / 2] = s end
+    if g and s.rleft then t.rated[#popped] = s end
   end
-  if g and s.rleft then s.rleft = s.rleft - #some / 2 end
+  if g and s.rleft then s.rleft = s.rleft - #some end
   if some[1] then
     s.served = true
     t.live = t.live + 1
@@ -111,10 +111,10 @@ end
 -- Serve the sources round after round until t.want jobs are popped or none is left.
 local function emq_turn_serve(t, sources, ring, gactive, glimit, grate, leases)
   t.live, t.open, t.first = #sources, #sources, true
-  while #t.popped / 2 < t.want and t.live > 0 do
+  while #t.popped < t.want and t.live > 0 do
     t.live = 0
     for _, s in ipairs(sources) do
-      if #t.popped / 2 >= t.want then break end
+      if #t.popped >= t.want then break end
       if not s.done then
         local held, left = emq_turn_held(t, s, ring, gactive, glimit, grate, leases)
         if not held then emq_turn_pop(t, s, left, ring, gactive) end
