@@ -10,6 +10,7 @@ no job hash saying an outcome its sets do not; once the key is cleared, the same
 writes it."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable, Dict
 
 import pytest
@@ -160,6 +161,47 @@ def test_a_complete_meeting_a_key_of_another_type_writes_nothing(redis_url, qnam
     assert r.hget(q.keys.leases, job_id).decode() == token  # still held: the ack may come again
     engine_util.complete(q, job_id, token)
     assert q.get(job_id).state == "completed"
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_worker_whose_outcomes_meet_a_key_of_another_type_stops_typed(redis_url, qname, r,
+                                                                       kind):
+    # an outcome that can never be written must stop the Worker: going on would run job
+    # after job whose completion is refused, each re-run by the reaper
+    q = make_queue(redis_url, qname)
+    refs = q.enqueue_many([{"n": i} for i in range(3)])
+    ran: list = []
+
+    def handler(job: Any) -> None:
+        ran.append(job.id)
+        if len(ran) == 1:  # before the first outcome is written, and never cleared again
+            _foreign(r, q.keys.completed, "string")
+
+    if kind == "threads":
+        with pytest.raises(KeyTypeConflict):
+            emqfast.Worker(q, handler, lease_ms=300, concurrency=1).run_until_idle(
+                timeout_s=30)
+    else:
+        import emqfast.aio as emq
+
+        async def main() -> None:
+            aq = emq.Queue(qname, emq.connect(redis_url))
+            try:
+                await emq.Worker(aq, handler, lease_ms=300, concurrency=1).run_until_idle(
+                    timeout_s=30)
+            finally:
+                await aq.aclose()
+
+        with pytest.raises(KeyTypeConflict):
+            asyncio.run(main())
+    assert ran and len(set(ran)) == len(ran)  # it stopped instead of re-running them
+    assert all(q.get(ref.id).state != "completed" for ref in refs)
+
+    r.delete(q.keys.completed)  # cleared: the unwritten runs come back after their lease
+    with running_worker(emqfast.Worker(make_queue(redis_url, qname), lambda job: None,
+                                       lease_ms=300)):
+        wait_until(lambda: all(q.get(ref.id).state == "completed" for ref in refs),
+                   timeout=30, what="every job completed once the key is cleared")
 
 
 # fail.lua by outcome: failed for good (-1), retried after a delay, retried at once (0)

@@ -27,7 +27,8 @@ from itertools import islice, takewhile
 from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set,
                     Tuple)
 
-from emqfast.core.errors import EvictionRisk, PermissionDenied, VersionMismatch
+from emqfast.core.errors import (EvictionRisk, KeyTypeConflict, PermissionDenied,
+                                 VersionMismatch)
 from emqfast.core.ops import (Batch, Cmd, Hook, Logic, PopMarker, WaitDrained,
                               WaitForRoom)
 from emqfast.core.validation import check_int
@@ -51,6 +52,9 @@ log = logging.getLogger("emqfast.worker")
 
 TRIM_EVERY_S = 5.0  # retention (trim) runs on the beat at most this often
 ACK_BATCH = 1000  # outcomes written per AckPlan at most
+# refusals no re-run gets past (the ACL, the keyspace version, a foreign key type): the
+# Worker stops and ``run`` raises them instead of running jobs whose outcomes can't land
+PERMANENT = (PermissionDenied, VersionMismatch, KeyTypeConflict)
 
 Held = Tuple[str, str, Optional[str]]  # (job id, lease token, group or None)
 Lease = RunningJob  # a lease this worker renews: held or running
@@ -662,6 +666,10 @@ class WorkerMachine:
         if gone:
             self._say_keys_gone(str(gone[0]), len(gone))
         self._forget(batch)
+        for reply in replies:  # a job's refusal that no re-run can get past stops us
+            if isinstance(reply, PERMANENT):
+                self._stop_fatally(reply)
+                break
         return replies
 
     def _say_keys_gone(self, why: str, jobs: int) -> None:
@@ -707,13 +715,19 @@ class WorkerMachine:
     def _ack_failed(self, batch: Sequence[Outcome], exc: BaseException) -> None:
         """A batch could not be written: forget its jobs (no longer extending their leases
         hands them to the reaper: re-run, never lost, never hung). A permanent error
-        stops the worker, and its ``run`` raises it."""
+        stops the worker, and its ``run`` raises it: going on would run handler after
+        handler whose outcomes can never be written."""
         error = typed(exc)
         log.error("%s: could not write %d outcomes (%s: %s); their leases will expire and "
                   "the reaper will re-run them", self._who, len(batch), type(error).__name__,
                   error)
         self._forget(batch)
-        if isinstance(error, (PermissionDenied, VersionMismatch)) and self._fatal is None:
+        if isinstance(error, PERMANENT):
+            self._stop_fatally(error)
+
+    def _stop_fatally(self, error: BaseException) -> None:
+        """Stop the worker on an error that re-running cannot get past; ``run`` raises it."""
+        if self._fatal is None:
             self._fatal = error
             self.stop()
 
