@@ -347,11 +347,9 @@ def as_bytes(value: Any) -> bytes:
 # Bounded work per script call: promote/reap/trim hand a script at most this
 # many jobs (the scripts refuse more than 4,000), so a 1M backlog is many calls of a few
 # ms each, never one call that blocks Redis for seconds. Larger limits loop.
-# Sized for ~2-4 ms of Redis time per call (SLOWLOG, bench/slowlog.py: ~7.5 us per trimmed
-# job, ~15 us per reaped one, ~5 us per promoted one), leaving room under the 20 ms target
-# on a busy host. Promote takes 500: each call also pays a fixed part (the fence, the head
-# check, the trim), 250 -> 500 cut Redis CPU per promoted job by ~3% (bench/server_cost).
-PROMOTE_BATCH = 500
+# Sized for ~2-4 ms of Redis time per call (SLOWLOG, bench/slowlog.py: ~7.5 us per promoted
+# or trimmed job, ~15 us per reaped one), leaving room under the 20 ms target on a busy host.
+PROMOTE_BATCH = 250
 DUE_BATCH = 4000      # due ids read per due.lua call (its maximum); promote moves them in
                       # PROMOTE_BATCH calls pipelined together: few round trips per 1M
 REAP_BATCH = 250      # reap does the most per job (lease, counters, events)
