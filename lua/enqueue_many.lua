@@ -171,11 +171,12 @@ if dscore then emq_wake_at(marker_key, run_at) else emq_wake(marker_key) end
 -- The 'enqueued' events, written after the writes (nobody reads the stream inside the
 -- script) and trimmed once at the end. When every admitted id has one length and all
 -- but its last 4 characters in common (ids minted in one call: JOB + mint ms + process
--- nonce, then a 4-character counter), one entry per EMQ_TAILS_BATCH jobs (common.lua)
--- holds that head once and the tails concatenated: 4 bytes per job in the stream instead
--- of an XADD per job (about a quarter of the call's Redis CPU). Readers
--- (facade/events.py) expand it into one event per job, in job order. Other ids get one
--- entry per job, as enqueue.lua writes them.
+-- nonce, then a 4-character counter), one entry per EMQ_TAILS_BATCH jobs holds that head
+-- once and the tails concatenated: 4 bytes per job in the stream instead of an XADD per
+-- job (about a quarter of the call's Redis CPU). Readers (facade/events.py) expand it
+-- into one event per job, in job order. Other ids get one entry per job, as enqueue.lua
+-- writes them.
+local EMQ_TAILS_BATCH = 100
 if cap then
   local state = 'pending'
   if dscore then state = 'scheduled' end

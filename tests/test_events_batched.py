@@ -1,6 +1,5 @@
 """Batched events: promote.lua, start.lua and complete.lua write one stream entry
-per 16 jobs (promote.lua up to 100 for ids minted together), and every reader still sees
-one event per job, with its own fields, in order."""
+per 16 jobs, and every reader still sees one event per job, with its own fields, in order."""
 from __future__ import annotations
 
 import emqfast

@@ -5,7 +5,6 @@ gets one 'promoted' event. The script is called directly here, with lists due.lu
 never return, so the fallback paths run too."""
 from __future__ import annotations
 
-import json
 from typing import List, Sequence
 
 import redis
@@ -34,7 +33,7 @@ def _park(q: emqfast.Queue, n: int, head_start_ms: int) -> tuple:
 
 
 def _promoted_events(r: redis.Redis, q: emqfast.Queue) -> List[str]:
-    # promote.lua batches its events (many jobs per entry): read them as users do
+    # promote.lua batches its events (one entry per 64 jobs): read them as users do
     return [e.job_id for entry_id, f in r.xrange(q.keys.events)
             for e in parse_entry(entry_id, f) if e.name == "promoted"]
 
@@ -92,28 +91,6 @@ def test_thousands_of_ids_move_with_their_own_scores(redis_url, qname, r):
     assert all(score == ps[m.decode()] for m, score in pending)
     assert _promoted_events(r, q) == [*ids[4_000:], *ids[:4_000]]
     assert {q.get(i).state for i in ids[::97]} == {"pending"}
-
-
-def test_ids_minted_together_share_entries_and_every_event_keeps_list_order(
-        redis_url, qname, r):
-    """A run of ids minted together (one enqueue_many: one head, 4-character tails) goes
-    in 'head' + 'tails' entries of up to 100 jobs; ids of another head, and non-ASCII
-    ones (readers split the tails every 4 characters), go in 'ids' entries between them.
-    A reader sees one 'promoted' event per released job, in list order."""
-    q = make_queue(redis_url, qname)
-    q.configure_events(1 << 20)  # keep every entry, to count them
-    bulk, run_at = _park(q, 260, 1_500)
-    own = [q.enqueue_at(None, run_at, job_id=i).id
-           for i in ("JOBown-1", "JOBother-22", "JOBsame-head0001", "JOBsame-headAé1", "JOBé-000")]
-    wait_server_past(r, run_at)
-    listed = [*bulk[:150], own[0], own[1], *bulk[150:], *own[2:]]
-    before = r.xlen(q.keys.events)
-    assert _promote(q, listed) == len(listed)
-    assert _promoted_events(r, q) == listed
-    entries = [f for _, f in r.xrange(q.keys.events)][before:]
-    assert [(len(f[b"tails"]) // 4 if b"tails" in f else len(json.loads(f[b"ids"])))
-            for f in entries] == [100, 50, 2, 100, 10, 3]
-    assert {f[b"head"] for f in entries if b"tails" in f} == {bulk[0][:-4].encode()}
 
 
 def test_promoted_events_respect_the_cap_or_are_off(redis_url, qname, r):

@@ -8,12 +8,11 @@ entry per 16 jobs (``ids`` and per-job fields as JSON arrays, or as one plain va
 it is the same for every job of the entry: an XADD per job was a third of a promote's
 Redis CPU). ``enqueue_many`` writes one ``enqueued`` entry per 100 jobs
 whose ids were minted together (their shared head once, then each id's last 4
-characters: 4 bytes a job), else one per job; a promote does the same for each run of
-such ids it releases (``ids`` entries of 16 between runs). :func:`read_op` expands them, so readers
+characters: 4 bytes a job), else one per job. :func:`read_op` expands them, so readers
 see one :class:`Event` per job, those of one entry sharing its stream id. The stream's
 cap is the queue's ``events`` setting (``Queue.configure_events``; 0 turns events off),
 counted in stream entries: a batched entry counts once, so a busy queue's stream keeps
-more events than ``events`` (up to 16x, or 100x for jobs minted together). :func:`read_op` is
+more events than ``events`` (up to 16x, or 100x for bulk enqueues). :func:`read_op` is
 the sans-IO read both facades iterate.
 """
 from __future__ import annotations

@@ -101,40 +101,37 @@ end
 -- returns how many were released. Per job, in list order: its pending score and its run-at
 -- stamp (the text made once per delayed score met: a batch shares a few). A due id whose
 -- hash is gone still leaves delayed (an orphan) but is not released. The events go in
--- batched entries (emq_events_by_head: up to 100 jobs minted together per entry, else 16),
--- trimmed once at the end (a single entry, as emq_event writes it, by its own XADD).
+-- batched entries (emq_events_batched: one per 16 jobs), trimmed once at the end (a single
+-- entry, as emq_event writes it, by its own XADD).
 local function emq_promote_ids(kd, kp, km, ke, cap, bound, a0, k0, n)
   local due, one_ms, removed = emq_promote_due(kd, bound, a0, n)
-  local call = redis.call  -- (two calls per job: no global look-up for each)
-  local gone, scored = {}, {}  -- ids leaving delayed (for a ZREM only); (ps, id) pairs
+  local gone, scored = {}, {}  -- ids leaving delayed; (ps, id) pairs joining pending
   local released = {}  -- ids joining pending, for their batched 'promoted' events
-  local ngone, moved = 0, 0
-  local last_score, run_at = nil, one_ms
+  local last_score, run_at = nil, nil
   for j = 1, n do
     local score = due[j]
     if score then
       local id, key = ARGV[a0 + j], KEYS[k0 + j]
-      if not removed then
-        ngone = ngone + 1
-        gone[ngone] = id
-      end
-      local ps = call('HGET', key, 'ps')
+      gone[#gone + 1] = id
+      local ps = redis.call('HGET', key, 'ps')
       if ps then
-        scored[2 * moved + 1] = ps
-        scored[2 * moved + 2] = id
-        moved = moved + 1
-        released[moved] = id
-        if not one_ms and score ~= last_score then
+        scored[#scored + 1] = ps
+        scored[#scored + 1] = id
+        if one_ms then
+          run_at = one_ms
+        elseif score ~= last_score then
           last_score, run_at = score, emq_int(emq_unpack_delayed(score))
         end
-        call('HSET', key, 'run_at', run_at)
+        redis.call('HSET', key, 'run_at', run_at)
+        released[#released + 1] = id
       end
     end
   end
+  local moved = #released
   if moved <= EMQ_EVENT_BATCH then  -- at most one entry: its XADD trims as it appends
     if moved > 0 then emq_event(ke, cap, 'promoted', 'ids', cjson.encode(released)) end
   else
-    emq_events_by_head(ke, cap, 'promoted', released)
+    emq_events_batched(ke, cap, 'promoted', released)
     emq_trim_events(ke, cap)
   end
   local chunk = EMQ_PROMOTE_CHUNK
