@@ -23,6 +23,7 @@ from emqfast import Backoff, Leaderboard, Queue, Worker, promote_many
 from emqfast.facade import schedules
 from emqfast.tools import cli
 from emqfast.core.keys import QueueKeys
+from emqfast.core.ops import PROMOTE_BATCH
 from emqfast.backends.scripts import load
 from emqfast.core.version import KEYSPACE_VERSION
 
@@ -343,6 +344,22 @@ def test_batched_promote_across_queues_on_every_master(cluster, conn, backend):
         assert q.job_ids("pending") == refs[q.name]
         assert q.counts()["scheduled"] == 0
     assert promote_many(conn, names) == {n: 0 for n in names}  # nothing left to move
+
+
+def test_a_promoted_backlog_streams_to_its_master(cluster, conn, backend):
+    """Queue.promote of more due jobs than one promote.lua call takes: the round's calls
+    go as one streamed bulk to the queue's master, every job moved once, in order."""
+    name = names_over_masters(cluster, 1, f"backlog-{time.monotonic_ns()}")[0]
+    q = Queue(name, conn)
+    n = 2 * PROMOTE_BATCH + 11
+    run_at = q.server_time_ms() + 1_500
+    ids = [r.id for r in q.enqueue_many(list(range(n)), run_at_ms=run_at)]
+    wait_until(lambda: q.server_time_ms() > run_at, 10, "the jobs to fall due",
+               interval=POLL_S)
+    assert q.promote(limit=10_000) == n
+    assert q.job_ids("pending") == ids
+    assert q.counts()["scheduled"] == 0
+    assert q.promote(limit=10_000) == 0
 
 
 def test_cli_stats_and_jobs_on_cluster(cluster, conn):

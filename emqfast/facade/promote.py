@@ -4,8 +4,10 @@ same :func:`promote_call` for many queues at once (:func:`promote_many`, below).
 
 Each round reads up to :data:`DUE_BATCH` due ids with ``due.lua`` (read-only, so the next
 step can declare the jobs' keys) and moves them with ``promote.lua``, :data:`PROMOTE_BATCH`
-ids per call, a round's calls in one pipelined batch through the backend Batcher
-(hiredis under C; a round of one call goes on the client's own connection). Ids and keys stay bytes from the due reply to the wire: a promoted job
+ids per call, a round's calls in one bulk through the backend Batcher, framed from the
+ids and streamed in C under the C backend (:func:`ungrouped_columns`: Redis starts on the
+first calls while the rest are framed; a round of one call goes on the client's own
+connection). Ids and keys stay bytes from the due reply to the wire: a promoted job
 costs no text decode or encode on the client.
 """
 from __future__ import annotations
@@ -16,10 +18,11 @@ import redis
 
 from emqfast.backends import select as backend
 from emqfast.backends.drive import run
-from emqfast.backends.scripts import load
+from emqfast.backends.scripts import load, map_error
 from emqfast.core.errors import InvalidInput
 from emqfast.core.keys import QueueKeys
-from emqfast.core.ops import DUE_BATCH, PROMOTE_BATCH, Batch, Call, Cmd, Op, Returns, batches
+from emqfast.core.ops import (DUE_BATCH, PROMOTE_BATCH, Batch, Call, Cmd, Columns, Op, Returns,
+                              Slot, batches)
 from emqfast.core.validation import check_int
 from emqfast.core.version import KEYSPACE_VERSION
 from emqfast.facade import lanes
@@ -142,6 +145,17 @@ def ungrouped_calls(k: QueueKeys, ids: List[bytes]) -> List[Call]:
             for s in range(0, len(ids), PROMOTE_BATCH)]
 
 
+def ungrouped_columns(k: QueueKeys, ids: List[bytes]) -> Columns:
+    """The same promote calls as :func:`ungrouped_calls` (``PROMOTE_BATCH`` ids each), as
+    one :class:`~emqfast.core.ops.Columns` bulk: under the C backend the calls are framed
+    in C from the ids and streamed, so Redis runs the first calls while the client frames
+    the rest, and no per-call lists are built in Python."""
+    delayed, marker, meta, events, prefix, pending = _framed(k)
+    slots = [Slot(delayed), Slot(pending), Slot(marker), Slot(meta), Slot(events),
+             Slot(prefix, 0, PROMOTE_BATCH), Slot(_VERSION), Slot(b"", 0, PROMOTE_BATCH)]
+    return Columns(PROMOTE, 6, slots, [ids])
+
+
 def grouped_calls(k: QueueKeys, ids: List[bytes],
                   group_of: Dict[str, Optional[str]]) -> List[Call]:
     """The calls for due ``ids`` of a queue that has held grouped jobs: a ring join first
@@ -171,19 +185,36 @@ def _round(k: QueueKeys, asked: int) -> Op:
     grouped, ids = due_reply((yield due_call(k, asked)))
     if not ids:
         return 0, 0
-    if grouped:
-        # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
-        # standing in for its pending set (queues that never had groups skip the lookup)
-        by_group = yield from lanes.groups_of(k, [i.decode() for i in ids])
-        group_of = {j: g for g, members in by_group.items() for j in members}
-        calls = grouped_calls(k, ids, group_of)
-    else:
-        calls = ungrouped_calls(k, ids)
-    if len(calls) == 1:  # a beat's few due jobs: one call on the client's own connection
+    if not grouped:
+        if len(ids) <= PROMOTE_BATCH:  # a beat's few due jobs: one call, own connection
+            return len(ids), int((yield promote_call(k, k.pending, ids)))
+        # a backlog: the round's calls streamed through the Batcher
+        return len(ids), (yield from _streamed(ungrouped_columns(k, ids)))
+    # a grouped job rejoins its lane: promote.lua runs once per lane, with the lane
+    # standing in for its pending set (queues that never had groups skip the lookup)
+    by_group = yield from lanes.groups_of(k, [i.decode() for i in ids])
+    group_of = {j: g for g, members in by_group.items() for j in members}
+    calls = grouped_calls(k, ids, group_of)
+    if len(calls) == 1:
         return len(ids), int((yield calls[0]))
-    # a backlog: the round's calls pipelined through the Batcher (framed in C)
-    replies = yield Batch(calls, via_batcher=True)
+    replies = yield Batch(calls, via_batcher=True)  # pipelined through the Batcher
     return len(ids), lanes.combine_moves(calls, replies, lambda moves: sum(map(int, moves)))
+
+
+def _streamed(bulk: Columns) -> Op:
+    """Jobs moved by the promote calls of ``bulk``, the first error reply raised (typed).
+    A connection lost part-way raises :class:`~emqfast.backends.transport.BatchCut`, as a
+    pipelined :class:`~emqfast.core.ops.Batch` does; nothing is re-sent (promote is
+    idempotent per id: the caller's next promote re-reads what is due)."""
+    replies = yield bulk
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise _typed(reply)
+    return sum(map(int, replies))
+
+
+def _typed(reply: Any) -> Any:
+    return map_error(reply) if isinstance(reply, redis.RedisError) else reply
 
 
 _DUE = load("due")
